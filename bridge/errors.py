@@ -1,0 +1,81 @@
+"""The exception tree of worker-bridge.
+
+Expected outcomes (a worker exiting non-zero, a failed check, a refused accept) are *results*,
+not exceptions. Exceptions are for bad input and for the unexpected::
+
+    BridgeError                      (RuntimeError)  root; .message is one actionable sentence
+    ├── InvalidSpec                  (ValueError)    the spec or an argument is wrong   -> exit 2
+    │   ├── UnknownWorker
+    │   └── InvalidRepository
+    ├── ConfigError                  (ValueError)    config.yaml / env is wrong         -> exit 2
+    ├── TaskNotFound                 (LookupError)   no task with that id               -> exit 2
+    ├── InvalidTransition                            a status change the table forbids
+    ├── EngineUnavailable            (ConnectionError) the Docker engine cannot be reached -> exit 1
+    ├── ImageMissing                 (LookupError)   an image a task needs is not built  -> exit 1
+    ├── GitError                                     a git command failed unexpectedly
+    └── SandboxError                                 the engine refused or failed a container op
+
+Third-party errors (docker-py, sqlite, subprocess) are translated at the edge that calls them,
+with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class BridgeError(RuntimeError):
+    """Root of every error worker-bridge raises on purpose."""
+
+    exit_code = 1
+    kind = "internal"
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidSpec(BridgeError, ValueError):
+    exit_code = 2
+    kind = "invalid_spec"
+
+
+class UnknownWorker(InvalidSpec):
+    pass
+
+
+class InvalidRepository(InvalidSpec):
+    pass
+
+
+class ConfigError(BridgeError, ValueError):
+    exit_code = 2
+    kind = "invalid_spec"
+
+
+class TaskNotFound(BridgeError, LookupError):
+    exit_code = 2
+
+
+class InvalidTransition(BridgeError):
+    pass
+
+
+class EngineUnavailable(BridgeError, ConnectionError):
+    kind = "sandbox"
+
+
+class ImageMissing(BridgeError, LookupError):
+    kind = "sandbox"
+
+
+class GitError(BridgeError):
+    def __init__(self, message: str, *, args: list[str] | None = None, stderr: str = "") -> None:
+        super().__init__(message, args=args or [], stderr=stderr)
+        self.stderr = stderr
+
+
+class SandboxError(BridgeError):
+    kind = "sandbox"

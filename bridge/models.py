@@ -1,0 +1,153 @@
+"""The domain vocabulary: the task spec users submit, task statuses and their transition table.
+
+Pydantic models at the boundary (specs come from JSON, CLI flags and MCP calls); every model
+forbids unknown keys so a typo is an error that names the key.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bridge.errors import InvalidSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Workspace(_Strict):
+    repository: str = Field(description="Absolute path to a git work tree on the host.")
+    base_ref: str = Field("HEAD", description="Commit-ish the task starts from.")
+
+
+class Verification(_Strict):
+    commands: list[str] = Field(default_factory=list, description="Shell commands run by sh -c.")
+    image: str | None = Field(None, description="Verification image; default from config.")
+    protected_paths: list[str] = Field(
+        default_factory=list, description="Glob patterns the worker must not change."
+    )
+
+
+class Limits(_Strict):
+    timeout_seconds: int | None = Field(None, ge=1, description="One deadline for the whole task.")
+    memory_mb: int | None = Field(None, ge=16)
+    cpus: float | None = Field(None, gt=0)
+    pids: int | None = Field(None, ge=16)
+
+
+class Network(_Strict):
+    mode: Literal["none", "allowlist"] = "none"
+    domains: list[str] = Field(default_factory=list)
+
+
+Permission = Literal["read_only", "workspace_write", "full_access"]
+TaskType = Literal["chore", "feature", "hotfix", "refactor"]
+
+
+class TaskSpec(_Strict):
+    """The task document of the contract (`tasks create --spec FILE` takes the same JSON)."""
+
+    objective: str = Field(min_length=1, description="What the worker should do.")
+    worker: str = Field("mock", min_length=1)
+    workspace: Workspace
+    verification: Verification = Field(default_factory=Verification)
+    permission: Permission = "workspace_write"
+    limits: Limits = Field(default_factory=Limits)
+    network: Network = Field(default_factory=Network)
+    priority: int = Field(50, ge=0, le=100)
+    idempotency_key: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("objective")
+    @classmethod
+    def _objective_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("objective must not be blank")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_type(cls, value: dict[str, Any]) -> dict[str, Any]:
+        kind = value.get("type")
+        if kind is not None and kind not in ("chore", "feature", "hotfix", "refactor"):
+            raise ValueError("metadata.type must be one of chore, feature, hotfix, refactor")
+        return value
+
+
+def parse_spec(data: Any) -> TaskSpec:
+    """Validate a spec document, turning pydantic's report into one sentence naming the field."""
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidSpec(describe_validation_error(exc, "task spec")) from exc
+
+
+def describe_validation_error(exc: ValidationError, what: str) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"]) or what
+    if err["type"] == "extra_forbidden":
+        return f"Unknown key '{where}' in the {what}; remove it or check its spelling."
+    if err["type"] == "missing":
+        return f"The {what} is missing the required key '{where}'."
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"Invalid value for '{where}' in the {what}: {msg}."
+
+
+class Status(StrEnum):
+    CREATED = "created"
+    QUEUED = "queued"
+    RUNNING = "running"
+    VERIFYING = "verifying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+TERMINAL = frozenset(
+    {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.ACCEPTED,
+     Status.REJECTED}
+)
+
+_ENDINGS = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT}
+
+# The only status changes the store will write; each is a compare-and-set against the keys.
+# A terminal status is never left, except succeeded -> accepted|rejected and a follow-up turn
+# (succeeded|failed -> queued) that is asked for explicitly.
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.CREATED: frozenset({Status.QUEUED, Status.CANCELLED, Status.FAILED}),
+    Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED} | _ENDINGS),
+    Status.RUNNING: frozenset({Status.VERIFYING, Status.SUCCEEDED} | _ENDINGS),
+    Status.VERIFYING: frozenset({Status.SUCCEEDED, Status.RUNNING} | _ENDINGS),
+    Status.SUCCEEDED: frozenset({Status.ACCEPTED, Status.REJECTED, Status.QUEUED}),
+    Status.FAILED: frozenset({Status.QUEUED}),
+    Status.CANCELLED: frozenset(),
+    Status.TIMED_OUT: frozenset(),
+    Status.ACCEPTED: frozenset(),
+    Status.REJECTED: frozenset(),
+}
+
+# Leaving a terminal status needs the caller to say so (accept, reject, follow-up).
+EXPLICIT_ONLY = {
+    (Status.SUCCEEDED, Status.QUEUED),
+    (Status.FAILED, Status.QUEUED),
+}
+
+ERROR_KINDS = (
+    "invalid_spec", "worker_exit", "verification_failed", "protected_path", "symlink_escape",
+    "timeout", "out_of_memory", "cancelled", "sandbox", "internal",
+)
+
+
+def allowed_sources(target: Status, *, explicit: bool = False) -> frozenset[Status]:
+    """Statuses from which ``target`` may be reached."""
+    return frozenset(
+        src
+        for src, dests in TRANSITIONS.items()
+        if target in dests and (explicit or (src, target) not in EXPLICIT_ONLY)
+    )

@@ -1,0 +1,304 @@
+"""Store: one SQLite file (WAL) shared by every bridge process on the host.
+
+Status changes are compare-and-set writes against the transition table in `bridge.models`,
+committed in the same transaction as their `task.status` event.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from bridge.errors import InvalidTransition, TaskNotFound
+from bridge.models import TRANSITIONS, Status, allowed_sources
+from bridge.store.migrations import MIGRATIONS
+
+JSON_COLUMNS = ("spec", "config", "error", "verification", "changed_files", "timings")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Store:
+    """Tasks, events, leases and artifacts. Safe to share between threads of one process."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            str(path), timeout=30, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA busy_timeout = 30000")
+        self.db = sqlite_utils.Database(conn)
+        if str(path) != ":memory:":
+            self.db.enable_wal()
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self._lock = threading.RLock()
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: takes the write lock up front, so read-check-write cannot race."""
+        with self._lock:
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
+            )
+            done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
+            for name, migrate in MIGRATIONS:
+                if name not in done:
+                    migrate(self.db)
+                    conn.execute(
+                        "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (name, now_iso())
+                    )
+
+    @staticmethod
+    def _decode(row: dict[str, Any]) -> dict[str, Any]:
+        for column in JSON_COLUMNS:
+            if row.get(column) is not None:
+                row[column] = json.loads(row[column])
+        return row
+
+    @staticmethod
+    def _encode(fields: dict[str, Any]) -> dict[str, Any]:
+        return {
+            key: json.dumps(value) if key in JSON_COLUMNS and value is not None else value
+            for key, value in fields.items()
+        }
+
+    def _insert_event(
+        self, conn: sqlite3.Connection, task_id: str, kind: str, data: dict[str, Any]
+    ) -> int:
+        cur = conn.execute(
+            "INSERT INTO events (task_id, kind, at, data) VALUES (?, ?, ?, ?)",
+            (task_id, kind, now_iso(), json.dumps(data)),
+        )
+        return int(cur.lastrowid or 0)
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def insert_task(self, row: dict[str, Any], event: dict[str, Any]) -> tuple[str, bool]:
+        """Insert a new task with its `task.created` event. Returns (task_id, created).
+
+        With an idempotency key already used, returns the existing task instead (created=False);
+        the unique index makes this hold across processes.
+        """
+        row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
+        with self.transaction() as conn:
+            key = row.get("idempotency_key")
+            if key:
+                found = conn.execute(
+                    "SELECT task_id FROM tasks WHERE idempotency_key = ?", (key,)
+                ).fetchone()
+                if found:
+                    return found[0], False
+            encoded = self._encode(row)
+            columns = ", ".join(encoded)
+            marks = ", ".join("?" for _ in encoded)
+            conn.execute(f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(encoded.values()))
+            self._insert_event(conn, row["task_id"], "task.created", event)
+            self._insert_event(
+                conn, row["task_id"], "task.status", {"from": None, "to": row["status"]}
+            )
+        return row["task_id"], True
+
+    def get_task(self, task_id: str) -> dict[str, Any]:
+        cur = self.db.conn.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
+        found = cur.fetchone()
+        if found is None:
+            raise TaskNotFound(
+                f"No task '{task_id}' in this store; `worker-bridge tasks list` shows the ids."
+            )
+        return self._decode(dict(zip([c[0] for c in cur.description], found, strict=True)))
+
+    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+        sql = "SELECT * FROM tasks"
+        params: list[Any] = []
+        if status:
+            sql += " WHERE status = ?"
+            params.append(status)
+        sql += " ORDER BY created_at DESC, rowid DESC"
+        if limit:
+            sql += " LIMIT ?"
+            params.append(limit)
+        cur = self.db.conn.execute(sql, params)
+        names = [c[0] for c in cur.description]
+        return [self._decode(dict(zip(names, r, strict=True))) for r in cur.fetchall()]
+
+    def update_task(self, task_id: str, **fields: Any) -> None:
+        """Write non-status fields (results, paths, timings)."""
+        if "status" in fields:
+            raise ValueError("status changes go through transition()")
+        encoded = self._encode({**fields, "updated_at": now_iso()})
+        sets = ", ".join(f"{key} = ?" for key in encoded)
+        with self.transaction() as conn:
+            conn.execute(
+                f"UPDATE tasks SET {sets} WHERE task_id = ?", (*encoded.values(), task_id)
+            )
+
+    def transition(
+        self,
+        task_id: str,
+        target: Status,
+        *,
+        explicit: bool = False,
+        expect: set[Status] | None = None,
+        event: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Compare-and-set the status. Returns False (writing nothing) when the task is no longer
+        in a status from which ``target`` is allowed (e.g. it was cancelled meanwhile)."""
+        sources = allowed_sources(target, explicit=explicit)
+        if expect is not None:
+            sources = sources & expect
+        if not sources:
+            raise InvalidTransition(f"No status may move to '{target}'.")
+        encoded = self._encode({**fields, "status": str(target), "updated_at": now_iso()})
+        sets = ", ".join(f"{key} = ?" for key in encoded)
+        marks = ", ".join("?" for _ in sources)
+        with self.transaction() as conn:
+            before = conn.execute(
+                "SELECT status FROM tasks WHERE task_id = ?", (task_id,)
+            ).fetchone()
+            if before is None:
+                raise TaskNotFound(f"No task '{task_id}' in this store.")
+            cur = conn.execute(
+                f"UPDATE tasks SET {sets} WHERE task_id = ? AND status IN ({marks})",
+                (*encoded.values(), task_id, *(str(s) for s in sources)),
+            )
+            if cur.rowcount != 1:
+                return False
+            self._insert_event(
+                conn, task_id, "task.status", {"from": before[0], "to": str(target), **(event or {})}
+            )
+        return True
+
+    # -- events -----------------------------------------------------------------------------
+
+    def add_event(self, task_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
+        """Store one event. Callers redact ``data`` first (see bridge.redact)."""
+        with self.transaction() as conn:
+            return self._insert_event(conn, task_id, kind, data or {})
+
+    def add_events(self, task_id: str, items: list[tuple[str, dict[str, Any]]]) -> None:
+        with self.transaction() as conn:
+            for kind, data in items:
+                self._insert_event(conn, task_id, kind, data)
+
+    def events(self, task_id: str, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        cur = self.db.conn.execute(
+            "SELECT event_id, task_id, kind, at, data FROM events"
+            " WHERE task_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
+            (task_id, after, limit),
+        )
+        return [
+            {"event_id": r[0], "task_id": r[1], "kind": r[2], "at": r[3], "data": json.loads(r[4])}
+            for r in cur.fetchall()
+        ]
+
+    def count_events(self, task_id: str, kind: str) -> int:
+        cur = self.db.conn.execute(
+            "SELECT count(*) FROM events WHERE task_id = ? AND kind = ?", (task_id, kind)
+        )
+        return int(cur.fetchone()[0])
+
+    # -- artifacts --------------------------------------------------------------------------
+
+    def add_artifact(self, task_id: str, name: str, path: Path, size: int, sha256: str) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO artifacts (task_id, name, path, size, sha256, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (task_id, name, str(path), size, sha256, now_iso()),
+            )
+
+    def artifacts(self, task_id: str) -> dict[str, str]:
+        cur = self.db.conn.execute(
+            "SELECT name, path FROM artifacts WHERE task_id = ? ORDER BY name", (task_id,)
+        )
+        return {name: path for name, path in cur.fetchall()}
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def acquire_leases(
+        self, task_id: str, owner: str, scopes: dict[str, int], ttl: float
+    ) -> bool:
+        """Take one lease in every scope (scope -> limit) atomically, or none.
+
+        A lease whose ``expires_at`` has passed is free; its row is swept here.
+        """
+        now = time.time()
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
+            for scope, limit in scopes.items():
+                held = conn.execute(
+                    "SELECT count(*) FROM leases WHERE scope = ? AND task_id != ?",
+                    (scope, task_id),
+                ).fetchone()[0]
+                if held >= limit:
+                    return False
+            for scope in scopes:
+                conn.execute(
+                    "INSERT INTO leases (lease_id, scope, task_id, owner, acquired_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (uuid.uuid4().hex, scope, task_id, owner, now, now + ttl),
+                )
+        return True
+
+    def renew_leases(self, owner: str, ttl: float) -> int:
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE leases SET expires_at = ? WHERE owner = ?", (time.time() + ttl, owner)
+            )
+            return cur.rowcount
+
+    def release_leases(self, task_id: str, owner: str | None = None) -> None:
+        with self.transaction() as conn:
+            if owner:
+                conn.execute("DELETE FROM leases WHERE task_id = ? AND owner = ?", (task_id, owner))
+            else:
+                conn.execute("DELETE FROM leases WHERE task_id = ?", (task_id,))
+
+    def live_leases(self, scope: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM leases WHERE expires_at > ?"
+        params: list[Any] = [time.time()]
+        if scope:
+            sql += " AND scope = ?"
+            params.append(scope)
+        cur = self.db.conn.execute(sql, params)
+        names = [c[0] for c in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def transition_table() -> dict[str, list[str]]:
+    """The declared table, for docs and `doctor`."""
+    return {str(k): sorted(str(v) for v in vs) for k, vs in TRANSITIONS.items()}
