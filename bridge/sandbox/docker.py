@@ -1,0 +1,265 @@
+"""How a task container comes up, streams its output, is waited for, killed and removed.
+
+Every container gets the same hardening: no network, all capabilities dropped,
+no-new-privileges, read-only root with tmpfs /tmp and home, pid/memory/CPU limits, a non-root
+user, and io.worker-bridge.* labels so any process can find (and clean up) it later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.types
+import requests.exceptions
+
+from bridge.errors import EngineUnavailable, ImageMissing, SandboxError
+
+LABEL = "io.worker-bridge"
+
+
+def home_id(home: Path) -> str:
+    return hashlib.sha256(str(home).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass
+class ContainerSpec:
+    image: str
+    command: list[str]
+    user: str
+    labels: dict[str, str]
+    mounts: list[Mount] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/workspace"
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    pids: int = 512
+    runtime: str | None = None
+    tmpfs: tuple[str, ...] = ("/tmp", "/home/worker")
+
+
+@dataclass
+class ExitInfo:
+    exit_code: int | None
+    oom_killed: bool
+    timed_out: bool = False
+    output_tail: str = ""
+
+
+def _engine_down(exc: Exception) -> EngineUnavailable:
+    return EngineUnavailable(
+        "Cannot reach the Docker engine; start it (`dockerd &` or `systemctl start docker`) "
+        f"or set DOCKER_HOST ({exc.__class__.__name__})."
+    )
+
+
+class DockerSandbox:
+    """The only place worker-bridge talks to the container engine."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            try:
+                self._client = docker.from_env(timeout=120)
+                self._client.ping()
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                self._client = None
+                raise _engine_down(exc) from exc
+        return self._client
+
+    def ping(self) -> str:
+        """Engine version, or EngineUnavailable."""
+        try:
+            return str(self.client.version().get("Version", "?"))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise _engine_down(exc) from exc
+
+    def engine_info(self) -> dict:
+        return self.client.info()
+
+    def image_present(self, ref: str) -> bool:
+        try:
+            self.client.images.get(ref)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise _engine_down(exc) from exc
+
+    def require_image(self, ref: str, target: str) -> None:
+        if not self.image_present(ref):
+            raise ImageMissing(
+                f"Image {ref} is not built; build it with `worker-bridge images build {target}`."
+            )
+
+    # -- containers -------------------------------------------------------------------------
+
+    def start(self, spec: ContainerSpec) -> str:
+        """Create and start a hardened container; returns its id. Removes it if start fails."""
+        mounts = [
+            docker.types.Mount(m.target, str(m.source), type="bind", read_only=m.read_only)
+            for m in spec.mounts
+        ]
+        try:
+            container = self.client.containers.create(
+                spec.image,
+                spec.command,
+                user=spec.user,
+                working_dir=spec.workdir,
+                environment=spec.env,
+                labels=spec.labels,
+                mounts=mounts,
+                network_mode="none",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                read_only=True,
+                tmpfs={path: "rw,nosuid,nodev,mode=1777" for path in spec.tmpfs},
+                mem_limit=f"{spec.memory_mb}m",
+                memswap_limit=f"{spec.memory_mb}m",
+                nano_cpus=int(spec.cpus * 1e9),
+                pids_limit=spec.pids,
+                runtime=spec.runtime,
+                stdin_open=False,
+                tty=False,
+                detach=True,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise ImageMissing(f"Image {spec.image} is not present; build it first.") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"The engine refused to create the container: {exc.explanation}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+        try:
+            container.start()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            self.remove(container.id)
+            raise SandboxError(f"The container would not start: {exc}") from exc
+        return str(container.id)
+
+    def stream_lines(self, container_id: str) -> Iterator[str]:
+        """Output lines (stdout and stderr) from the start until the container exits."""
+        container = self.client.containers.get(container_id)
+        pending = b""
+        for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace").rstrip("\r")
+        if pending:
+            yield pending.decode(errors="replace")
+
+    def wait(self, container_id: str, timeout: float | None) -> ExitInfo:
+        """Wait for exit; on timeout the container is killed (with everything in it)."""
+        container = self.client.containers.get(container_id)
+        timed_out = False
+        try:
+            result = container.wait(timeout=timeout)
+            code = result.get("StatusCode")
+        except requests.exceptions.ConnectionError as exc:
+            # docker-py surfaces a read timeout as ConnectionError(ReadTimeoutError)
+            if "timed out" not in str(exc).lower():
+                raise _engine_down(exc) from exc
+            timed_out = True
+        except requests.exceptions.ReadTimeout:
+            timed_out = True
+        if timed_out:
+            self.kill(container_id)
+            code = container.wait(timeout=60).get("StatusCode")
+        container.reload()
+        state = container.attrs.get("State", {})
+        return ExitInfo(exit_code=code, oom_killed=bool(state.get("OOMKilled")),
+                        timed_out=timed_out)
+
+    def kill(self, container_id: str) -> None:
+        try:
+            self.client.containers.get(container_id).kill()
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not running any more
+                raise SandboxError(f"Could not kill container {container_id[:12]}: {exc}") from exc
+
+    def remove(self, container_id: str) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # removal already in progress
+                raise SandboxError(f"Could not remove container {container_id[:12]}: {exc}") from exc
+
+    def exec(
+        self,
+        container_id: str,
+        command: list[str],
+        *,
+        user: str,
+        workdir: str,
+        env: dict[str, str],
+        tail_chars: int,
+        on_output: Callable[[str, str], None] | None = None,
+    ) -> tuple[int | None, str, str]:
+        """Run a command in a running container; returns (exit_code, stdout_tail, stderr_tail)."""
+        api = self.client.api
+        exec_id = api.exec_create(container_id, command, user=user, workdir=workdir,
+                                  environment=env)["Id"]
+        tails = {"stdout": _Tail(tail_chars), "stderr": _Tail(tail_chars)}
+        for out, err in api.exec_start(exec_id, stream=True, demux=True):
+            for name, data in (("stdout", out), ("stderr", err)):
+                if data:
+                    text = data.decode(errors="replace")
+                    tails[name].add(text)
+                    if on_output:
+                        on_output(name, text)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        return code, tails["stdout"].text(), tails["stderr"].text()
+
+    def containers(self, labels: dict[str, str], *, all: bool = True) -> list[dict]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        return [
+            {"id": c.id, "status": c.status, "labels": c.labels}
+            for c in self.client.containers.list(all=all, filters=filters)
+        ]
+
+    def remove_by_labels(self, labels: dict[str, str]) -> int:
+        found = self.containers(labels)
+        for item in found:
+            self.remove(item["id"])
+        return len(found)
+
+
+class _Tail:
+    """The last ``limit`` characters of a stream, cheap to append to."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: deque[str] = deque()
+        self.size = 0
+        self._lock = threading.Lock()
+
+    def add(self, text: str) -> None:
+        with self._lock:
+            self.parts.append(text)
+            self.size += len(text)
+            while self.parts and self.size - len(self.parts[0]) >= self.limit:
+                self.size -= len(self.parts.popleft())
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(self.parts)[-self.limit:]

@@ -1,0 +1,106 @@
+"""Build the worker-bridge images from images/<name>/Dockerfile with docker-py.
+
+`base` builds FROM the configured base image (a build argument, so it works with a local
+debootstrap import where no registry is reachable); every other image builds FROM `base`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import docker.errors
+import requests.exceptions
+
+from bridge.config import Config
+from bridge.errors import BridgeError, InvalidSpec
+from bridge.sandbox.docker import DockerSandbox, _engine_down
+
+DEFAULT_TARGETS = ("base", "verify", "mock")
+
+
+def images_dir() -> Path:
+    override = os.environ.get("WORKER_BRIDGE_IMAGES_DIR")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "images"
+
+
+def available_targets() -> list[str]:
+    root = images_dir()
+    return sorted(p.name for p in root.iterdir() if (p / "Dockerfile").is_file())
+
+
+def _context(name: str, extra_ca: Path | None) -> bytes:
+    """The build context as a tar: the image's folder, plus extra-ca.pem for `base`."""
+    folder = images_dir() / name
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(folder.rglob("*")):
+            if path.name == "extra-ca.pem":
+                continue
+            tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
+        if name == "base":
+            data = extra_ca.read_bytes() if extra_ca else b""
+            info = tarfile.TarInfo("extra-ca.pem")
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def build_images(
+    config: Config,
+    sandbox: DockerSandbox,
+    targets: list[str] | None = None,
+    base_image: str | None = None,
+    on_line: Callable[[str], None] = print,
+) -> list[str]:
+    """Build ``targets`` (default base, verify, mock) in dependency order; returns the tags."""
+    known = available_targets()
+    wanted = list(targets or DEFAULT_TARGETS)
+    for name in wanted:
+        if name not in known:
+            raise InvalidSpec(
+                f"No image named '{name}'; choose from: {', '.join(known)}."
+            )
+    base_ref = config.image_for("base")
+    if "base" not in wanted and not sandbox.image_present(base_ref):
+        wanted.insert(0, "base")
+    ordered = (["base"] if "base" in wanted else []) + [n for n in wanted if n != "base"]
+    if config.extra_ca_file and not config.extra_ca_file.is_file():
+        raise BridgeError(f"extra_ca_file {config.extra_ca_file} does not exist; fix the config.")
+    built = []
+    for name in ordered:
+        tag = config.image_for(name)
+        parent = (base_image or config.base_image) if name == "base" else base_ref
+        on_line(f"==> building {tag} (FROM {parent})")
+        _build_one(sandbox, name, tag, parent, config.extra_ca_file, on_line)
+        built.append(tag)
+    return built
+
+
+def _build_one(sandbox: DockerSandbox, name: str, tag: str, parent: str, extra_ca: Path | None,
+               on_line: Callable[[str], None]) -> None:
+    try:
+        stream = sandbox.client.api.build(
+            fileobj=io.BytesIO(_context(name, extra_ca)),
+            custom_context=True,
+            tag=tag,
+            buildargs={"BASE_IMAGE": parent},
+            rm=True,
+            forcerm=True,
+            decode=True,
+            labels={"io.worker-bridge.image": name},
+        )
+        for item in stream:
+            if "error" in item:
+                raise BridgeError(f"Building {tag} failed: {item['error'].strip()}")
+            text = (item.get("stream") or "").rstrip()
+            if text:
+                on_line(text)
+    except docker.errors.APIError as exc:
+        raise BridgeError(f"Building {tag} failed: {exc.explanation}") from exc
+    except requests.exceptions.ConnectionError as exc:
+        raise _engine_down(exc) from exc

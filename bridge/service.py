@@ -1,0 +1,217 @@
+"""WorkerBridge: the library facade. The CLI and the MCP server are thin layers over it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
+from bridge.errors import BridgeError, InvalidSpec
+from bridge.models import Status, TaskSpec, parse_spec
+from bridge.pipeline.context import Context
+from bridge.pipeline.results import task_result
+from bridge.pipeline.runner import TaskRunner
+from bridge.sandbox import DockerSandbox
+from bridge.store import Store
+from bridge.store.db import now_iso
+from bridge.workers import all_workers, check_mock_metadata, get_worker
+from bridge.workspace.accept import apply_snapshot
+from bridge.workspace.changes import list_changes
+from bridge.workspace.git import Git, repository_root
+from bridge.workspace.worktree import TaskWorkspace, check_disjoint, remove_workspace
+
+
+class WorkerBridge:
+    """Create, run, inspect and accept delegated tasks.
+
+    >>> bridge = WorkerBridge()                      # config from env + config.yaml
+    >>> task = bridge.create_task({...spec...})      # validated, nothing allocated yet
+    >>> result = await bridge.start_task(task["task_id"])
+    """
+
+    def __init__(self, config: Config | None = None, *, sandbox: DockerSandbox | None = None,
+                 **overrides: Any) -> None:
+        self.config = config or load_config(**overrides)
+        self.config.home.mkdir(parents=True, exist_ok=True)
+        self._sandbox = sandbox
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.config.store_path)
+        return self._store
+
+    @property
+    def sandbox(self) -> DockerSandbox:
+        if self._sandbox is None:
+            self._sandbox = DockerSandbox()
+        return self._sandbox
+
+    def context(self) -> Context:
+        return Context(self.config, self.store, self.sandbox)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def create_task(self, spec: dict[str, Any] | TaskSpec) -> dict[str, Any]:
+        """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
+        what is wrong; nothing is allocated for a rejected spec."""
+        if isinstance(spec, TaskSpec):
+            spec = spec.model_dump()
+        parsed = parse_spec(spec)
+        worker = get_worker(self.config, parsed.worker)
+        if worker.name == "mock":
+            check_mock_metadata(parsed.metadata)
+        if parsed.network.mode != "none":
+            raise InvalidSpec(
+                "network.mode 'allowlist' is not available in this version; use 'none'."
+            )
+        repo = repository_root(parsed.workspace.repository)
+        check_disjoint(self.config.home, repo)
+        base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
+        limits = self.config.limits.model_dump()
+        limits.update(parsed.limits.model_dump(exclude_none=True))
+        effective = self.config.model_dump(mode="json")
+        effective["effective_limits"] = limits
+        task_id = secrets.token_hex(6)
+        stored_spec = parsed.model_dump(mode="json")
+        task_id, _ = self.store.insert_task(
+            {
+                "task_id": task_id,
+                "status": str(Status.CREATED),
+                "worker": parsed.worker,
+                "objective": parsed.objective,
+                "repository": str(repo),
+                "base_ref": parsed.workspace.base_ref,
+                "base_commit": base_commit,
+                "priority": parsed.priority,
+                "idempotency_key": parsed.idempotency_key,
+                "spec": stored_spec,
+                "config": effective,
+            },
+            {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit},
+        )
+        return self.get_task(task_id)
+
+    def run_task(self, task_id: str) -> dict[str, Any]:
+        """Run a task in this thread until it reaches a terminal status."""
+        task = self.store.get_task(task_id)
+        if task["status"] not in (Status.CREATED, Status.QUEUED):
+            raise BridgeError(
+                f"Task {task_id} is already {task['status']}; only a created or queued task starts."
+            )
+        TaskRunner(self.context(), task_id).run()
+        return self.get_task(task_id)
+
+    async def start_task(self, task_id: str) -> dict[str, Any]:
+        """Run a task to completion without blocking the event loop; returns the task result."""
+        return await asyncio.to_thread(self.run_task, task_id)
+
+    def start_detached(self, task_id: str) -> dict[str, Any]:
+        """Queue the task and run it in a detached runner process; returns at once."""
+        task = self.store.get_task(task_id)
+        if task["status"] not in (Status.CREATED, Status.QUEUED):
+            raise BridgeError(
+                f"Task {task_id} is already {task['status']}; only a created or queued task starts."
+            )
+        self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
+        logs = self.config.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "WORKER_BRIDGE_HOME": str(self.config.home)}
+        with open(logs / f"runner-{task_id}.log", "ab") as log:
+            subprocess.Popen(
+                [sys.executable, "-m", "bridge.pipeline.detached", task_id],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                start_new_session=True, close_fds=True,
+            )
+        return self.get_task(task_id)
+
+    def get_task(self, task_id: str) -> dict[str, Any]:
+        task = self.store.get_task(task_id)
+        return task_result(task, self.store.artifacts(task_id))
+
+    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+        if status and status not in {s.value for s in Status}:
+            raise InvalidSpec(
+                f"Unknown status '{status}'; use one of {', '.join(s.value for s in Status)}."
+            )
+        rows = self.store.list_tasks(status=status, limit=limit)
+        return [task_result(row, self.store.artifacts(row["task_id"])) for row in rows]
+
+    def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+        self.store.get_task(task_id)
+        events = self.store.events(task_id, after=after, limit=limit)
+        return {"events": events, "next_after": events[-1]["event_id"] if events else after}
+
+    # -- accept -----------------------------------------------------------------------------
+
+    def accept_task(self, task_id: str, *, allow_unverified: bool = False) -> dict[str, Any]:
+        """Write the verified snapshot into the user's working tree (uncommitted).
+
+        Returns ``{"accepted": bool, "task_id", "applied": [...], "reason": str|None}``.
+        """
+        task = self.store.get_task(task_id)
+
+        def refused(reason: str) -> dict[str, Any]:
+            return {"accepted": False, "task_id": task_id, "applied": [], "reason": reason}
+
+        if task["status"] != Status.SUCCEEDED:
+            return refused(f"Task {task_id} is {task['status']}; only a succeeded task can be "
+                           "accepted.")
+        ok = (task.get("verification") or {}).get("ok")
+        if ok is not True and not allow_unverified:
+            return refused(f"Task {task_id} was not verified (it has no verify commands); review "
+                           "its diff and accept with --allow-unverified.")
+        repo = Path(task["repository"])
+        changes = list_changes(repo, task["base_commit"], task["snapshot_commit"])
+        diff = Path(self.store.artifacts(task_id)["diff"])
+        outcome = apply_snapshot(self.config.home, repo, changes, diff)
+        if not outcome.ok:
+            return refused(outcome.refusal or "refused")
+        if not self.store.transition(task_id, Status.ACCEPTED, expect={Status.SUCCEEDED},
+                                     event={"applied": len(outcome.applied)},
+                                     finished_at=now_iso()):
+            return refused(f"Task {task_id} changed status while accepting; check it again.")
+        self.store.add_event(task_id, "task.accepted", {"files": outcome.applied})
+        ws = TaskWorkspace.plan(self.config.home, repo, task_id)
+        remove_workspace(self.config.home, ws)
+        return {"accepted": True, "task_id": task_id, "applied": outcome.applied, "reason": None}
+
+    # -- workers and images -------------------------------------------------------------------
+
+    def list_workers(self) -> list[dict[str, Any]]:
+        try:
+            self.sandbox.ping()
+            engine = True
+        except BridgeError:
+            engine = False
+        out = []
+        for name, worker in sorted(all_workers(self.config).items()):
+            image = worker.image(self.config)
+            installed = engine and self.sandbox.image_present(image)
+            out.append({
+                "name": name,
+                "installed": installed,
+                "healthy": installed,
+                "image": image,
+                "capabilities": list(worker.capabilities),
+            })
+        return out
+
+    def link_worker(self, name: str, command: list[str], image: str | None = None) -> None:
+        if name in ("mock",):
+            raise InvalidSpec(f"'{name}' is a built-in worker; choose another name.")
+        if not command or not all(isinstance(part, str) for part in command):
+            raise InvalidSpec("--command-json must be a JSON list of strings.")
+        save_linked_worker(self.config, name, LinkedWorker(command=command, image=image))
+        self.config = load_config(home=self.config.home)

@@ -1,0 +1,34 @@
+"""A command-line agent linked with `worker-bridge workers link`: argv with '{prompt}' filled in."""
+
+from __future__ import annotations
+
+from bridge.config import Config, LinkedWorker
+from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaunch
+
+
+class LinkedCliWorker(Worker):
+    capabilities = ("follow_up",)
+
+    def __init__(self, name: str, spec: LinkedWorker) -> None:
+        self.name = name
+        self.spec = spec
+
+    def image(self, config: Config) -> str:
+        return self.spec.image or config.image_for("base")
+
+    @property
+    def build_target(self) -> str:
+        return "base" if self.spec.image is None else self.name
+
+    def launch(self, turn: Turn) -> WorkerLaunch:
+        prompt = turn.prompt
+        command = [part.replace("{prompt}", prompt) for part in self.spec.command]
+        return WorkerLaunch(
+            command=command,
+            env={"WB_PROMPT_FILE": f"{INPUTS_DIR}/prompt.txt"},
+            files={"prompt.txt": prompt},
+        )
+
+    def parse_line(self, line: str) -> ParsedLine:
+        # A plain CLI's last non-empty line is its final message.
+        return ParsedLine(progress=line, summary=line if line.strip() else None)

@@ -1,0 +1,56 @@
+"""The deterministic `mock` worker: performs what `metadata.mock` says (see images/mock)."""
+
+from __future__ import annotations
+
+import json
+
+from bridge.config import Config
+from bridge.errors import InvalidSpec
+from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaunch
+
+_KEYS = {"write", "delete", "script", "sleep", "exit_code", "summary", "on_follow_up"}
+
+
+def check_mock_metadata(metadata: dict) -> None:
+    mock = metadata.get("mock", {})
+    if not isinstance(mock, dict):
+        raise InvalidSpec("metadata.mock must be an object; see the mock worker in the contract.")
+    for where, actions in (("metadata.mock", mock),
+                           ("metadata.mock.on_follow_up", mock.get("on_follow_up") or {})):
+        unknown = sorted(set(actions) - _KEYS)
+        if unknown:
+            raise InvalidSpec(f"Unknown key '{where}.{unknown[0]}' for the mock worker.")
+        if not isinstance(actions.get("write", {}), dict):
+            raise InvalidSpec(f"{where}.write must map paths to file contents.")
+        if not isinstance(actions.get("delete", []), list):
+            raise InvalidSpec(f"{where}.delete must be a list of paths.")
+
+
+class MockWorker(Worker):
+    name = "mock"
+    capabilities = ("write", "delete", "script", "follow_up")
+
+    def image(self, config: Config) -> str:
+        return config.image_for("mock")
+
+    def launch(self, turn: Turn) -> WorkerLaunch:
+        mock = turn.metadata.get("mock") or {}
+        chosen = mock if turn.number == 0 else (mock.get("on_follow_up") or {})
+        actions = {key: value for key, value in chosen.items() if key != "on_follow_up"}
+        return WorkerLaunch(
+            command=["mock-worker"],
+            env={"WB_MOCK_FILE": f"{INPUTS_DIR}/mock.json"},
+            files={"mock.json": json.dumps(actions), "prompt.txt": turn.prompt},
+        )
+
+    def parse_line(self, line: str) -> ParsedLine:
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                return ParsedLine(progress=line)
+            if event.get("type") == "result":
+                return ParsedLine(summary=str(event.get("summary", "")))
+            if event.get("type") == "progress":
+                return ParsedLine(progress=str(event.get("message", "")))
+        return ParsedLine(progress=line)

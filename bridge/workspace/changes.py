@@ -1,0 +1,165 @@
+"""What a task changed, always computed on the host from base commit to snapshot commit:
+the binary diff, the manifest (path, change kind, size, mode) and the protected-path check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from bridge.workspace.git import Git
+
+_KINDS = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed", "T": "type_changed",
+          "C": "added"}
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    change: str
+    old_path: str | None = None
+    old_mode: str | None = None
+    mode: str | None = None
+    sha: str | None = None
+    size: int | None = None
+
+    def result_entry(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"path": self.path, "change": self.change}
+        if self.change == "renamed":
+            entry["from"] = self.old_path
+        return entry
+
+    def manifest_entry(self) -> dict[str, Any]:
+        entry = self.result_entry()
+        entry.update(mode=self.mode, old_mode=self.old_mode, size=self.size, sha=self.sha)
+        entry["symlink"] = self.mode == "120000"
+        return entry
+
+    @property
+    def paths(self) -> list[str]:
+        return [self.path] + ([self.old_path] if self.old_path else [])
+
+
+def list_changes(repo: Path, base: str, snapshot: str) -> list[Change]:
+    """Parse `git diff --raw -z -M` (safe for any file name: spaces, unicode, newlines)."""
+    git = Git(repo)
+    raw = git.run("diff", "--raw", "-z", "-M", "--no-abbrev", "--no-ext-diff", base, snapshot).stdout
+    fields = raw.split(b"\0")
+    changes: list[Change] = []
+    i = 0
+    while i < len(fields) and fields[i]:
+        meta = fields[i].decode().lstrip(":").split()
+        old_mode, new_mode, _old_sha, new_sha, status = meta
+        letter = status[0]
+        if letter in "RC":
+            old_path, path = fields[i + 1].decode(), fields[i + 2].decode()
+            i += 3
+        else:
+            old_path, path = None, fields[i + 1].decode()
+            i += 2
+        deleted = letter == "D"
+        changes.append(
+            Change(
+                path=path,
+                change=_KINDS.get(letter, "modified"),
+                old_path=old_path if letter == "R" else None,
+                old_mode=None if old_mode == "000000" else old_mode,
+                mode=None if deleted else new_mode,
+                sha=None if deleted else new_sha,
+            )
+        )
+    return _with_sizes(git, changes)
+
+
+def _with_sizes(git: Git, changes: list[Change]) -> list[Change]:
+    wanted = [c.sha for c in changes if c.sha and c.mode != "160000"]
+    if not wanted:
+        return changes
+    out = git.run("cat-file", "--batch-check=%(objectname) %(objectsize)",
+                  input="\n".join(wanted).encode() + b"\n").stdout.decode()
+    sizes = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            sizes[parts[0]] = int(parts[1])
+    return [
+        Change(**{**c.__dict__, "size": sizes.get(c.sha)}) if c.sha else c for c in changes
+    ]
+
+
+def write_diff(repo: Path, base: str, snapshot: str, dest: Path) -> tuple[int, str]:
+    """Write `git diff --binary` base -> snapshot to ``dest``; return (size, sha256)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    data = Git(repo).run(
+        "diff", "--binary", "--full-index", "-M", "--no-color", "--no-ext-diff", "--no-textconv",
+        base, snapshot,
+    ).stdout
+    dest.write_bytes(data)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def write_manifest(changes: list[Change], base: str, snapshot: str, dest: Path) -> tuple[int, str]:
+    doc = {
+        "base_commit": base,
+        "snapshot_commit": snapshot,
+        "files": [c.manifest_entry() for c in changes],
+    }
+    data = json.dumps(doc, indent=2, ensure_ascii=False).encode()
+    dest.write_bytes(data)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+@lru_cache(maxsize=256)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """`**` spans directories, `*` and `?` stay within one; a bare directory covers its files."""
+    pattern = pattern.strip().lstrip("/")
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    body = "".join(out).rstrip("/")
+    return re.compile(f"^{body}(?:/.*)?$", re.DOTALL)
+
+
+def protected_violations(changes: list[Change], patterns: list[str]) -> list[str]:
+    """Paths the task changed that match a protected pattern."""
+    hits = []
+    for change in changes:
+        for path in change.paths:
+            if any(_glob_regex(p).match(path) for p in patterns if p.strip()):
+                hits.append(path)
+    return hits
+
+
+def export_snapshot(repo: Path, snapshot: str, dest: Path, scratch: Path) -> None:
+    """A clean checkout of exactly the snapshot's tree in ``dest`` (no .git, no ignored files).
+
+    read-tree + checkout-index rather than `git archive`: archive honours export-ignore and
+    export-subst from .gitattributes, which the worker controls.
+    """
+    dest.mkdir(parents=True, exist_ok=False)
+    index = scratch / "verify.index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    git = Git(repo)
+    try:
+        git.run("read-tree", snapshot, env=env)
+        git.run("checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
+    finally:
+        index.unlink(missing_ok=True)

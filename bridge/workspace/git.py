@@ -1,0 +1,116 @@
+"""Every git call goes through `Git.run`: hooks disabled, no prompts, refs validated first."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from bridge.errors import GitError, InvalidRepository, InvalidSpec
+
+# Options on every call: no hooks (a repository's hooks are code we did not ask to run), no
+# fsmonitor daemons, no signing prompts, and worktrees owned by the sandbox uid are trusted.
+_SAFE_OPTIONS = (
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "commit.gpgsign=false",
+    "-c", "gc.auto=0",
+    "-c", "safe.directory=*",
+    "-c", "core.quotePath=false",
+)
+
+_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_AUTHOR_NAME": "worker-bridge",
+    "GIT_AUTHOR_EMAIL": "worker-bridge@localhost",
+    "GIT_COMMITTER_NAME": "worker-bridge",
+    "GIT_COMMITTER_EMAIL": "worker-bridge@localhost",
+    "LC_ALL": "C",
+}
+
+_SHA = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
+
+
+class Git:
+    """Runs git in one directory (a repository or one of its worktrees)."""
+
+    def __init__(self, cwd: Path | str) -> None:
+        self.cwd = Path(cwd)
+
+    def run(
+        self,
+        *args: str,
+        input: bytes | None = None,
+        env: dict[str, str] | None = None,
+        check: bool = True,
+        timeout: float | None = 600,
+    ) -> subprocess.CompletedProcess[bytes]:
+        full_env = {**os.environ, **_ENV, **(env or {})}
+        full_env.pop("GIT_DIR", None)
+        full_env.pop("GIT_WORK_TREE", None)
+        cmd = ["git", *_SAFE_OPTIONS, *args]
+        try:
+            proc = subprocess.run(
+                cmd, cwd=self.cwd, input=input, capture_output=True, env=full_env, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise GitError(f"git {args[0]} timed out after {timeout} s in {self.cwd}.",
+                           args=list(args)) from exc
+        if check and proc.returncode != 0:
+            stderr = proc.stderr.decode(errors="replace").strip()
+            last = stderr.splitlines()[-1] if stderr else f"exit {proc.returncode}"
+            raise GitError(f"git {args[0]} failed in {self.cwd}: {last}", args=list(args),
+                           stderr=stderr)
+        return proc
+
+    def out(self, *args: str, **kwargs) -> str:
+        return self.run(*args, **kwargs).stdout.decode().strip()
+
+    def resolve_commit(self, ref: str) -> str:
+        """The commit a ref names, or InvalidSpec naming the ref."""
+        if not ref or ref.startswith("-") or any(c in ref for c in "\0\n\r"):
+            raise InvalidSpec(f"'{ref}' is not a valid git ref; give a branch, tag or commit.")
+        proc = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
+                        check=False)
+        sha = proc.stdout.decode().strip()
+        if proc.returncode != 0 or not _SHA.match(sha):
+            raise InvalidSpec(
+                f"base_ref '{ref}' does not resolve to a commit in {self.cwd}; "
+                "give an existing branch, tag or commit."
+            )
+        return sha
+
+
+def validate_branch_name(name: str) -> str:
+    proc = subprocess.run(["git", "check-ref-format", "--branch", name], capture_output=True)
+    if proc.returncode != 0 or name.startswith("-"):
+        raise InvalidSpec(f"'{name}' is not a valid branch name.")
+    return name
+
+
+def repository_root(path_text: str) -> Path:
+    """Check that ``path_text`` is an absolute path to a git work tree; return its top level."""
+    if not path_text:
+        raise InvalidRepository("workspace.repository is empty; give an absolute path to a git work tree.")
+    path = Path(path_text)
+    if not path.is_absolute():
+        raise InvalidRepository(
+            f"Repository path '{path_text}' is relative; give an absolute path to a git work tree."
+        )
+    if not path.is_dir():
+        raise InvalidRepository(f"Repository '{path_text}' does not exist or is not a directory.")
+    proc = Git(path).run("rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False)
+    lines = proc.stdout.decode().split("\n")
+    if proc.returncode != 0 or lines[0].strip() != "true":
+        raise InvalidRepository(
+            f"'{path_text}' is not a git work tree; run `git init` there or pass a repository path."
+        )
+    return Path(lines[1].strip()).resolve()
+
+
+def common_git_dir(repo: Path) -> Path:
+    """The repository's shared .git directory (where objects and refs live)."""
+    raw = Git(repo).out("rev-parse", "--git-common-dir")
+    path = Path(raw)
+    return (path if path.is_absolute() else repo / path).resolve()
