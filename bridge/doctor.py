@@ -1,0 +1,58 @@
+"""`worker-bridge doctor`: can tasks run here? One actionable line per problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+from bridge.errors import BridgeError
+from bridge.service import WorkerBridge
+
+
+def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
+    config = bridge.config
+    checks: list[dict[str, Any]] = []
+
+    def add(name: str, ok: bool, detail: str, severity: str = "error") -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail,
+                       "severity": "ok" if ok else severity})
+
+    try:
+        version = bridge.sandbox.ping()
+        add("engine", True, f"Docker engine {version} reachable")
+        engine = True
+    except BridgeError as exc:
+        add("engine", False, exc.message)
+        engine = False
+    try:
+        bridge.store.add_event("doctor", "doctor.check", {})
+        add("store", True, f"store {config.store_path} writable")
+    except Exception as exc:  # any failure here means tasks cannot be recorded
+        add("store", False, f"store {config.store_path} is not writable ({exc}); fix its "
+            "permissions or set WORKER_BRIDGE_STORE.")
+    if engine:
+        for name, ref in (("mock", config.image_for("mock")), ("verify", config.verify_image_ref)):
+            present = bridge.sandbox.image_present(ref)
+            add(f"image:{name}", present, f"{ref} present" if present else
+                f"{ref} is missing; run `worker-bridge images build {name}`.")
+        if config.runtime:
+            runtimes = bridge.sandbox.engine_info().get("Runtimes", {})
+            ok = config.runtime in runtimes
+            add("runtime", ok, f"runtime {config.runtime} registered" if ok else
+                f"runtime {config.runtime} is not registered with the engine; add it to "
+                "/etc/docker/daemon.json and restart dockerd.")
+    free = shutil.disk_usage(config.home).free
+    add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")
+    return checks
+
+
+def run_doctor(bridge: WorkerBridge, as_json: bool = False) -> int:
+    checks = _checks(bridge)
+    failed = [c for c in checks if c["severity"] == "error"]
+    if as_json:
+        print(json.dumps({"ok": not failed, "checks": checks}, indent=2))
+    else:
+        for c in checks:
+            print(f"[{c['severity']:<7}] {c['check']:<13} {c['detail']}")
+    return 1 if failed else 0
