@@ -1,0 +1,159 @@
+"""Shared fixtures: a throwaway state root and repository per test (on /dev/shm when present,
+because the root disk here is slow at create-after-delete), the image set built once per
+session, the CLI as a subprocess, and cleanup of every container a test's state root started."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+TEST_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+BASE_IMAGE = os.environ.get("WORKER_BRIDGE_TEST_BASE_IMAGE", "worker-bridge/rootfs:bookworm")
+REQUIRE_DOCKER = os.environ.get("WORKER_BRIDGE_REQUIRE_DOCKER") == "1"
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {args} failed: {proc.stderr.decode()}")
+    return proc.stdout.decode()
+
+
+@pytest.fixture
+def workdir(request):
+    """A private folder for one test (state root, repository, scratch)."""
+    base = Path(TEST_ROOT) if TEST_ROOT else Path(request.config._tmp_path_factory.getbasetemp())
+    path = base / f"wb-test-{uuid.uuid4().hex[:10]}"
+    path.mkdir(parents=True)
+    yield path
+    _remove_containers(path / "home")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_containers(home: Path) -> None:
+    try:
+        from bridge.sandbox import DockerSandbox
+        from bridge.sandbox.docker import home_id
+
+        DockerSandbox().remove_by_labels({"io.worker-bridge.home": home_id(home)})
+    except Exception:
+        pass
+
+
+@pytest.fixture
+def home(workdir: Path) -> Path:
+    path = workdir / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def repo(workdir: Path) -> Path:
+    """A small committed repository: a module, its test, a .gitignore."""
+    path = workdir / "repo"
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (path / "tests").mkdir()
+    (path / "tests" / "test_calc.py").write_text(
+        "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    )
+    (path / ".gitignore").write_text("*.log\n__pycache__/\n")
+    (path / "README.md").write_text("# demo\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "initial")
+    return path
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def cli(home: Path):
+    """Run `worker-bridge ...` as a subprocess against the test's state root."""
+    script = Path(sys.executable).parent / "worker-bridge"
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "bridge.cli"]
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> CliResult:
+        full_env = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
+        proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=full_env,
+                              timeout=timeout)
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def bridge(home: Path):
+    from bridge import WorkerBridge
+
+    instance = WorkerBridge(home=home)
+    yield instance
+    instance.close()
+
+
+@pytest.fixture(scope="session")
+def docker_images():
+    """The engine is reachable and the image set (base, mock, verify) is built."""
+    from bridge.config import load_config
+    from bridge.errors import BridgeError
+    from bridge.sandbox import DockerSandbox
+    from bridge.sandbox.images import build_images
+
+    sandbox = DockerSandbox()
+    try:
+        sandbox.ping()
+    except BridgeError as exc:
+        if REQUIRE_DOCKER:
+            pytest.fail(f"WORKER_BRIDGE_REQUIRE_DOCKER=1 but: {exc}")
+        pytest.skip(str(exc))
+    config = load_config(env={"WORKER_BRIDGE_HOME": "/nonexistent-wb-home"})
+    wanted = [config.image_for("mock"), config.verify_image_ref]
+    if not all(sandbox.image_present(ref) for ref in wanted):
+        build_images(config, sandbox, ["base", "verify", "mock"], BASE_IMAGE, on_line=lambda _: None)
+    return config
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests that use the engine are marked `docker` by fixture use, so `-m "not docker"` works.
+    for item in items:
+        if "docker_images" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def mock_task(repo: Path, mock: dict, *, verify: list[str] | None = None, **extra) -> dict:
+    """A spec for the mock worker."""
+    spec = {
+        "objective": extra.pop("objective", "test task"),
+        "worker": "mock",
+        "workspace": {"repository": str(repo)},
+        "verification": {"commands": verify or []},
+        "metadata": {"mock": mock},
+    }
+    for key, value in extra.items():
+        spec[key] = value
+    return spec
