@@ -1,4 +1,5 @@
-"""worker-bridge: delegate coding tasks to CLI agents in disposable containers, verified on the host."""
+"""worker-bridge: delegate coding tasks to CLI agents in disposable containers, verified on
+the host. The library facade is `WorkerBridge`; errors derive from `BridgeError`."""
 
 __version__ = "0.1.0"
 

@@ -42,8 +42,11 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         spec["objective"] = args.objective
     if args.worker is not None:
         spec["worker"] = args.worker
-    workspace = spec.setdefault("workspace", {}) if isinstance(spec.get("workspace", {}), dict) \
+    workspace = (
+        spec.setdefault("workspace", {})
+        if isinstance(spec.get("workspace", {}), dict)
         else spec["workspace"]
+    )
     if args.repo is not None:
         workspace["repository"] = str(Path(args.repo).expanduser().absolute())
     if args.base_ref is not None:
@@ -128,8 +131,10 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
     if result["status"] != "succeeded":
         if not args.json:
             reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
-            print(f"worker-bridge: task {result['task_id']} {result['status']}: {reason}",
-                  file=sys.stderr)
+            print(
+                f"worker-bridge: task {result['task_id']} {result['status']}: {reason}",
+                file=sys.stderr,
+            )
         return 1
     return 0
 
@@ -146,8 +151,10 @@ def cmd_tasks_start(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     if args.json:
         _out_json(result)
     else:
-        print(f"task {result['task_id']}: {result['status']} (running in the background; "
-              f"`worker-bridge tasks show {result['task_id']}`)")
+        print(
+            f"task {result['task_id']}: {result['status']} (running in the background; "
+            f"`worker-bridge tasks show {result['task_id']}`)"
+        )
     return 0
 
 
@@ -166,8 +173,10 @@ def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         _out_json({"tasks": tasks})
         return 0
     for task in tasks:
-        print(f"{task['task_id']}  {task['status']:<10} {task['worker']:<10} "
-              f"{task['created_at']}  {task['objective'].strip()[:60]}")
+        print(
+            f"{task['task_id']}  {task['status']:<10} {task['worker']:<10} "
+            f"{task['created_at']}  {task['objective'].strip()[:60]}"
+        )
     return 0
 
 
@@ -203,8 +212,10 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         print(f"worker-bridge: {outcome['reason']}", file=sys.stderr)
         return 1
     if not args.json:
-        print(f"task {args.task_id}: accepted; {len(outcome['applied'])} file(s) written to the "
-              "working tree as uncommitted changes")
+        print(
+            f"task {args.task_id}: accepted; {len(outcome['applied'])} file(s) written to the "
+            "working tree as uncommitted changes"
+        )
         for path in outcome["applied"]:
             print(f"  {path}")
     return 0
@@ -236,8 +247,13 @@ def cmd_workers_link(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     from bridge.sandbox.images import build_images
 
-    tags = build_images(bridge.config, bridge.sandbox, args.names or None, args.base_image,
-                        on_line=lambda line: print(line, flush=True))
+    tags = build_images(
+        bridge.config,
+        bridge.sandbox,
+        args.names or None,
+        args.base_image,
+        on_line=lambda line: print(line, flush=True),
+    )
     print("built: " + ", ".join(tags))
     return 0
 
@@ -262,8 +278,9 @@ def _task_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", help="path to the git repository (made absolute)")
     p.add_argument("--worker", help="worker name (`workers list`)")
     p.add_argument("--verify", action="append", metavar="CMD", help="verify command (repeatable)")
-    p.add_argument("--protect", action="append", metavar="GLOB",
-                   help="protected path pattern (repeatable)")
+    p.add_argument(
+        "--protect", action="append", metavar="GLOB", help="protected path pattern (repeatable)"
+    )
     p.add_argument("--type", choices=["chore", "feature", "hotfix", "refactor"])
     p.add_argument("--spec", metavar="FILE", help="JSON task spec; flags override its fields")
     p.add_argument("--priority", type=int)

@@ -80,8 +80,17 @@ class Config(BaseModel):
 
 # Scalar keys that may come from the environment as WORKER_BRIDGE_<KEY>.
 _ENV_KEYS = (
-    "store", "max_concurrency", "repo_concurrency", "image_tag", "base_image", "verify_image",
-    "runtime", "sandbox_uid", "extra_ca_file", "auto_repair", "retention_days",
+    "store",
+    "max_concurrency",
+    "repo_concurrency",
+    "image_tag",
+    "base_image",
+    "verify_image",
+    "runtime",
+    "sandbox_uid",
+    "extra_ca_file",
+    "auto_repair",
+    "retention_days",
 )
 
 
@@ -101,7 +110,9 @@ def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path} is not valid YAML ({exc.__class__.__name__}); fix it.") from exc
+            raise ConfigError(
+                f"{path} is not valid YAML ({exc.__class__.__name__}); fix it."
+            ) from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping of keys to values.")
         data.update(loaded)

@@ -15,8 +15,9 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
 
     def add(name: str, ok: bool, detail: str, severity: str = "error") -> None:
-        checks.append({"check": name, "ok": ok, "detail": detail,
-                       "severity": "ok" if ok else severity})
+        checks.append(
+            {"check": name, "ok": ok, "detail": detail, "severity": "ok" if ok else severity}
+        )
 
     try:
         version = bridge.sandbox.ping()
@@ -29,19 +30,33 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
         bridge.store.add_event("doctor", "doctor.check", {})
         add("store", True, f"store {config.store_path} writable")
     except Exception as exc:  # any failure here means tasks cannot be recorded
-        add("store", False, f"store {config.store_path} is not writable ({exc}); fix its "
-            "permissions or set WORKER_BRIDGE_STORE.")
+        add(
+            "store",
+            False,
+            f"store {config.store_path} is not writable ({exc}); fix its "
+            "permissions or set WORKER_BRIDGE_STORE.",
+        )
     if engine:
         for name, ref in (("mock", config.image_for("mock")), ("verify", config.verify_image_ref)):
             present = bridge.sandbox.image_present(ref)
-            add(f"image:{name}", present, f"{ref} present" if present else
-                f"{ref} is missing; run `worker-bridge images build {name}`.")
+            add(
+                f"image:{name}",
+                present,
+                f"{ref} present"
+                if present
+                else f"{ref} is missing; run `worker-bridge images build {name}`.",
+            )
         if config.runtime:
             runtimes = bridge.sandbox.engine_info().get("Runtimes", {})
             ok = config.runtime in runtimes
-            add("runtime", ok, f"runtime {config.runtime} registered" if ok else
-                f"runtime {config.runtime} is not registered with the engine; add it to "
-                "/etc/docker/daemon.json and restart dockerd.")
+            add(
+                "runtime",
+                ok,
+                f"runtime {config.runtime} registered"
+                if ok
+                else f"runtime {config.runtime} is not registered with the engine; add it to "
+                "/etc/docker/daemon.json and restart dockerd.",
+            )
     free = shutil.disk_usage(config.home).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")
     return checks

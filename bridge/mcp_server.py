@@ -6,8 +6,11 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("worker-bridge: the MCP server is not available in this version yet; "
-          "use the `worker-bridge` CLI or the Python library.", file=sys.stderr)
+    print(
+        "worker-bridge: the MCP server is not available in this version yet; "
+        "use the `worker-bridge` CLI or the Python library.",
+        file=sys.stderr,
+    )
     return 2
 
 

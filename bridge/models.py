@@ -110,8 +110,14 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset(
-    {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.ACCEPTED,
-     Status.REJECTED}
+    {
+        Status.SUCCEEDED,
+        Status.FAILED,
+        Status.CANCELLED,
+        Status.TIMED_OUT,
+        Status.ACCEPTED,
+        Status.REJECTED,
+    }
 )
 
 _ENDINGS = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT}
@@ -139,8 +145,16 @@ EXPLICIT_ONLY = {
 }
 
 ERROR_KINDS = (
-    "invalid_spec", "worker_exit", "verification_failed", "protected_path", "symlink_escape",
-    "timeout", "out_of_memory", "cancelled", "sandbox", "internal",
+    "invalid_spec",
+    "worker_exit",
+    "verification_failed",
+    "protected_path",
+    "symlink_escape",
+    "timeout",
+    "out_of_memory",
+    "cancelled",
+    "sandbox",
+    "internal",
 )
 
 

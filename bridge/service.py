@@ -34,8 +34,13 @@ class WorkerBridge:
     >>> result = await bridge.start_task(task["task_id"])
     """
 
-    def __init__(self, config: Config | None = None, *, sandbox: DockerSandbox | None = None,
-                 **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        sandbox: DockerSandbox | None = None,
+        **overrides: Any,
+    ) -> None:
         self.config = config or load_config(**overrides)
         self.config.home.mkdir(parents=True, exist_ok=True)
         self._sandbox = sandbox
@@ -131,8 +136,12 @@ class WorkerBridge:
         with open(logs / f"runner-{task_id}.log", "ab") as log:
             subprocess.Popen(
                 [sys.executable, "-m", "bridge.pipeline.detached", task_id],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                start_new_session=True, close_fds=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
             )
         return self.get_task(task_id)
 
@@ -166,21 +175,28 @@ class WorkerBridge:
             return {"accepted": False, "task_id": task_id, "applied": [], "reason": reason}
 
         if task["status"] != Status.SUCCEEDED:
-            return refused(f"Task {task_id} is {task['status']}; only a succeeded task can be "
-                           "accepted.")
+            return refused(
+                f"Task {task_id} is {task['status']}; only a succeeded task can be accepted."
+            )
         ok = (task.get("verification") or {}).get("ok")
         if ok is not True and not allow_unverified:
-            return refused(f"Task {task_id} was not verified (it has no verify commands); review "
-                           "its diff and accept with --allow-unverified.")
+            return refused(
+                f"Task {task_id} was not verified (it has no verify commands); review "
+                "its diff and accept with --allow-unverified."
+            )
         repo = Path(task["repository"])
         changes = list_changes(repo, task["base_commit"], task["snapshot_commit"])
         diff = Path(self.store.artifacts(task_id)["diff"])
         outcome = apply_snapshot(self.config.home, repo, changes, diff)
         if not outcome.ok:
             return refused(outcome.refusal or "refused")
-        if not self.store.transition(task_id, Status.ACCEPTED, expect={Status.SUCCEEDED},
-                                     event={"applied": len(outcome.applied)},
-                                     finished_at=now_iso()):
+        if not self.store.transition(
+            task_id,
+            Status.ACCEPTED,
+            expect={Status.SUCCEEDED},
+            event={"applied": len(outcome.applied)},
+            finished_at=now_iso(),
+        ):
             return refused(f"Task {task_id} changed status while accepting; check it again.")
         self.store.add_event(task_id, "task.accepted", {"files": outcome.applied})
         ws = TaskWorkspace.plan(self.config.home, repo, task_id)
@@ -199,13 +215,15 @@ class WorkerBridge:
         for name, worker in sorted(all_workers(self.config).items()):
             image = worker.image(self.config)
             installed = engine and self.sandbox.image_present(image)
-            out.append({
-                "name": name,
-                "installed": installed,
-                "healthy": installed,
-                "image": image,
-                "capabilities": list(worker.capabilities),
-            })
+            out.append(
+                {
+                    "name": name,
+                    "installed": installed,
+                    "healthy": installed,
+                    "image": image,
+                    "capabilities": list(worker.capabilities),
+                }
+            )
         return out
 
     def link_worker(self, name: str, command: list[str], image: str | None = None) -> None:

@@ -23,8 +23,13 @@ REQUIRE_DOCKER = os.environ.get("WORKER_BRIDGE_REQUIRE_DOCKER") == "1"
 
 
 def git(repo: Path, *args: str, check: bool = True) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
     proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"git {args} failed: {proc.stderr.decode()}")
@@ -95,8 +100,9 @@ def cli(home: Path):
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> CliResult:
         full_env = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
-        proc = subprocess.run([*prefix, *args], capture_output=True, text=True, env=full_env,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [*prefix, *args], capture_output=True, text=True, env=full_env, timeout=timeout
+        )
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
     return run
@@ -129,7 +135,9 @@ def docker_images():
     config = load_config(env={"WORKER_BRIDGE_HOME": "/nonexistent-wb-home"})
     wanted = [config.image_for("mock"), config.verify_image_ref]
     if not all(sandbox.image_present(ref) for ref in wanted):
-        build_images(config, sandbox, ["base", "verify", "mock"], BASE_IMAGE, on_line=lambda _: None)
+        build_images(
+            config, sandbox, ["base", "verify", "mock"], BASE_IMAGE, on_line=lambda _: None
+        )
     return config
 
 

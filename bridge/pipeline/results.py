@@ -14,8 +14,9 @@ def redactor_for(task: dict[str, Any]) -> Redactor:
     return redactor
 
 
-def task_result(task: dict[str, Any], artifacts: dict[str, str],
-                redactor: Redactor | None = None) -> dict[str, Any]:
+def task_result(
+    task: dict[str, Any], artifacts: dict[str, str], redactor: Redactor | None = None
+) -> dict[str, Any]:
     redactor = redactor or redactor_for(task)
     return {
         "task_id": task["task_id"],

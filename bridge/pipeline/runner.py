@@ -90,7 +90,10 @@ class TaskRunner:
             if not self._acquire_leases():
                 return self.store.get_task(self.task_id)
             if not self.store.transition(
-                self.task_id, Status.RUNNING, expect={Status.QUEUED}, phase="allocating",
+                self.task_id,
+                Status.RUNNING,
+                expect={Status.QUEUED},
+                phase="allocating",
                 started_at=now_iso(),
             ):
                 return self.store.get_task(self.task_id)  # someone else claimed or cancelled it
@@ -104,8 +107,11 @@ class TaskRunner:
             self.emit("task.internal_error", {"traceback": traceback.format_exc()[-4000:]})
             outcome = _Outcome(
                 Status.FAILED,
-                _error("internal", f"worker-bridge hit an internal error ({exc.__class__.__name__}: "
-                                   f"{str(exc)[:200]}); see `worker-bridge tasks logs`."),
+                _error(
+                    "internal",
+                    f"worker-bridge hit an internal error ({exc.__class__.__name__}: "
+                    f"{str(exc)[:200]}); see `worker-bridge tasks logs`.",
+                ),
             )
         finally:
             self._stop_heartbeat.set()
@@ -178,58 +184,90 @@ class TaskRunner:
         if exit_info.timed_out:
             return _Outcome(Status.TIMED_OUT, self._timeout_error("the worker was running"))
         if exit_info.oom_killed:
-            return _Outcome(Status.FAILED, _error(
-                "out_of_memory",
-                f"The worker ran out of memory (limit {self.limits['memory_mb']} MB, "
-                "limits.memory_mb); raise the limit or narrow the task."))
+            return _Outcome(
+                Status.FAILED,
+                _error(
+                    "out_of_memory",
+                    f"The worker ran out of memory (limit {self.limits['memory_mb']} MB, "
+                    "limits.memory_mb); raise the limit or narrow the task.",
+                ),
+            )
         if exit_info.exit_code != 0:
             last = self.redactor.redact(tail.strip().splitlines()[-1][:300]) if tail.strip() else ""
-            return _Outcome(Status.FAILED, _error(
-                "worker_exit",
-                f"The worker exited with status {exit_info.exit_code}"
-                + (f" (last output: {last})" if last else "")
-                + f"; see `worker-bridge tasks logs {self.task_id}`."))
+            return _Outcome(
+                Status.FAILED,
+                _error(
+                    "worker_exit",
+                    f"The worker exited with status {exit_info.exit_code}"
+                    + (f" (last output: {last})" if last else "")
+                    + f"; see `worker-bridge tasks logs {self.task_id}`.",
+                ),
+            )
         hits = protected_violations(changes, self.spec.verification.protected_paths)
         if hits:
-            return _Outcome(Status.FAILED, _error(
-                "protected_path",
-                f"The worker changed protected path '{self.redactor.redact(hits[0])}' "
-                "(verification.protected_paths); the change was not verified."))
+            return _Outcome(
+                Status.FAILED,
+                _error(
+                    "protected_path",
+                    f"The worker changed protected path '{self.redactor.redact(hits[0])}' "
+                    "(verification.protected_paths); the change was not verified.",
+                ),
+            )
         return self._verify(ws, snapshot, turn)
 
     def _verify(self, ws: TaskWorkspace, snapshot: str, turn: Turn) -> _Outcome:
         commands = self.spec.verification.commands
         if not commands:
-            return _Outcome(Status.SUCCEEDED, fields={"verification": {
-                "ok": None, "image": None, "commands": []}})
-        if not self.store.transition(self.task_id, Status.VERIFYING, expect={Status.RUNNING},
-                                     phase="verifying"):
+            return _Outcome(
+                Status.SUCCEEDED,
+                fields={"verification": {"ok": None, "image": None, "commands": []}},
+            )
+        if not self.store.transition(
+            self.task_id, Status.VERIFYING, expect={Status.RUNNING}, phase="verifying"
+        ):
             raise _Superseded()
         self.emit("verification.started", {"commands": commands, "image": self._verify_image()})
         t0 = time.monotonic()
         outcome = run_verification(
-            self.ctx, ws, snapshot, commands, self._verify_image(), self.limits,
-            self.remaining(), self.redactor, self.emit, turn.number,
+            self.ctx,
+            ws,
+            snapshot,
+            commands,
+            self._verify_image(),
+            self.limits,
+            self.remaining(),
+            self.redactor,
+            self.emit,
+            turn.number,
         )
         self.timings["verify_s"] = round(time.monotonic() - t0, 3)
         doc = outcome.document()
         self.emit("verification.completed", {"ok": outcome.ok})
         if outcome.timed_out:
-            return _Outcome(Status.TIMED_OUT, self._timeout_error("verification was running"),
-                            {"verification": doc})
+            return _Outcome(
+                Status.TIMED_OUT,
+                self._timeout_error("verification was running"),
+                {"verification": doc},
+            )
         if not outcome.ok:
             bad = next(c for c in outcome.commands if c["exit_code"] != 0)
-            return _Outcome(Status.FAILED, _error(
-                "verification_failed",
-                f"Verification command `{bad['command']}` exited with status {bad['exit_code']}."),
-                {"verification": doc})
+            return _Outcome(
+                Status.FAILED,
+                _error(
+                    "verification_failed",
+                    f"Verification command `{bad['command']}` exited with status "
+                    f"{bad['exit_code']}.",
+                ),
+                {"verification": doc},
+            )
         return _Outcome(Status.SUCCEEDED, fields={"verification": doc})
 
     def _timeout_error(self, phase: str) -> dict[str, str]:
         return _error(
             "timeout",
             f"The task passed its {self.limits['timeout_seconds']} s deadline while {phase} "
-            "(limits.timeout_seconds); raise the limit or narrow the task.")
+            "(limits.timeout_seconds); raise the limit or narrow the task.",
+        )
 
     # -- the worker container -----------------------------------------------------------------
 
@@ -271,15 +309,22 @@ class TaskRunner:
             )
         )
         self.store.update_task(self.task_id, container_id=container_id)
-        self.emit("worker.started", {"container": container_id[:12], "turn": turn.number,
-                                     "worker": worker.name})
+        self.emit(
+            "worker.started",
+            {"container": container_id[:12], "turn": turn.number, "worker": worker.name},
+        )
         reader = _OutputReader(self, worker, container_id)
         reader.start()
         exit_info = self.ctx.sandbox.wait(container_id, timeout=max(self.remaining(), 0.01))
         reader.join(timeout=30)
-        self.emit("worker.completed", {"exit_code": exit_info.exit_code,
-                                       "oom_killed": exit_info.oom_killed,
-                                       "timed_out": exit_info.timed_out})
+        self.emit(
+            "worker.completed",
+            {
+                "exit_code": exit_info.exit_code,
+                "oom_killed": exit_info.oom_killed,
+                "timed_out": exit_info.timed_out,
+            },
+        )
         self.ctx.sandbox.remove(container_id)
         summary = reader.summary
         if summary is None:
@@ -354,8 +399,9 @@ class _OutputReader(threading.Thread):
                 if self.count <= limit:
                     self.runner.emit("worker.progress", {"line": parsed.progress[:MAX_LINE]})
                 elif self.count == limit + 1:
-                    self.runner.emit("worker.progress", {
-                        "line": f"[worker-bridge: output beyond {limit} lines is not recorded]"})
+                    self.runner.emit(
+                        "worker.progress",
+                        {"line": f"[worker-bridge: output beyond {limit} lines is not recorded]"},
+                    )
         except Exception as exc:  # a broken log stream must not break the run
             self.runner.emit("worker.progress", {"line": f"[output stream ended: {exc}]"})
-

@@ -83,8 +83,12 @@ def run_verification(
             shown = redactor.redact(command)
             started = time.monotonic()
             code, out, err = ctx.sandbox.exec(
-                container_id, ["sh", "-c", command], user=user, workdir="/workspace",
-                env={"HOME": "/home/worker"}, tail_chars=ctx.config.output_tail_chars,
+                container_id,
+                ["sh", "-c", command],
+                user=user,
+                workdir="/workspace",
+                env={"HOME": "/home/worker"},
+                tail_chars=ctx.config.output_tail_chars,
             )
             record = {
                 "command": shown,

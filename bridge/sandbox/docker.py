@@ -142,7 +142,9 @@ class DockerSandbox:
         except docker.errors.ImageNotFound as exc:
             raise ImageMissing(f"Image {spec.image} is not present; build it first.") from exc
         except docker.errors.APIError as exc:
-            raise SandboxError(f"The engine refused to create the container: {exc.explanation}") from exc
+            raise SandboxError(
+                f"The engine refused to create the container: {exc.explanation}"
+            ) from exc
         except requests.exceptions.RequestException as exc:
             raise _engine_down(exc) from exc
         try:
@@ -183,8 +185,9 @@ class DockerSandbox:
             code = container.wait(timeout=60).get("StatusCode")
         container.reload()
         state = container.attrs.get("State", {})
-        return ExitInfo(exit_code=code, oom_killed=bool(state.get("OOMKilled")),
-                        timed_out=timed_out)
+        return ExitInfo(
+            exit_code=code, oom_killed=bool(state.get("OOMKilled")), timed_out=timed_out
+        )
 
     def kill(self, container_id: str) -> None:
         try:
@@ -202,7 +205,9 @@ class DockerSandbox:
             pass
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # removal already in progress
-                raise SandboxError(f"Could not remove container {container_id[:12]}: {exc}") from exc
+                raise SandboxError(
+                    f"Could not remove container {container_id[:12]}: {exc}"
+                ) from exc
 
     def exec(
         self,
@@ -217,8 +222,9 @@ class DockerSandbox:
     ) -> tuple[int | None, str, str]:
         """Run a command in a running container; returns (exit_code, stdout_tail, stderr_tail)."""
         api = self.client.api
-        exec_id = api.exec_create(container_id, command, user=user, workdir=workdir,
-                                  environment=env)["Id"]
+        exec_id = api.exec_create(
+            container_id, command, user=user, workdir=workdir, environment=env
+        )["Id"]
         tails = {"stdout": _Tail(tail_chars), "stderr": _Tail(tail_chars)}
         for out, err in api.exec_start(exec_id, stream=True, demux=True):
             for name, data in (("stdout", out), ("stderr", err)):
@@ -262,4 +268,4 @@ class _Tail:
 
     def text(self) -> str:
         with self._lock:
-            return "".join(self.parts)[-self.limit:]
+            return "".join(self.parts)[-self.limit :]

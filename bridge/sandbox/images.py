@@ -62,9 +62,7 @@ def build_images(
     wanted = list(targets or DEFAULT_TARGETS)
     for name in wanted:
         if name not in known:
-            raise InvalidSpec(
-                f"No image named '{name}'; choose from: {', '.join(known)}."
-            )
+            raise InvalidSpec(f"No image named '{name}'; choose from: {', '.join(known)}.")
     base_ref = config.image_for("base")
     if "base" not in wanted and not sandbox.image_present(base_ref):
         wanted.insert(0, "base")
@@ -81,8 +79,14 @@ def build_images(
     return built
 
 
-def _build_one(sandbox: DockerSandbox, name: str, tag: str, parent: str, extra_ca: Path | None,
-               on_line: Callable[[str], None]) -> None:
+def _build_one(
+    sandbox: DockerSandbox,
+    name: str,
+    tag: str,
+    parent: str,
+    extra_ca: Path | None,
+    on_line: Callable[[str], None],
+) -> None:
     try:
         stream = sandbox.client.api.build(
             fileobj=io.BytesIO(_context(name, extra_ca)),

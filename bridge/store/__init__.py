@@ -1,4 +1,5 @@
-"""The host's SQLite store: tasks, events, leases and artifacts (sqlite-utils is imported only here)."""
+"""The host's SQLite store: tasks, events, leases and artifacts.
+sqlite-utils (and sqlite3) are imported only in this package."""
 
 from bridge.store.db import Store
 

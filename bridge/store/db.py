@@ -37,9 +37,7 @@ class Store:
         self.path = Path(path)
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            str(path), timeout=30, isolation_level=None, check_same_thread=False
-        )
+        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout = 30000")
         self.db = sqlite_utils.Database(conn)
         if str(path) != ":memory:":
@@ -161,9 +159,7 @@ class Store:
         encoded = self._encode({**fields, "updated_at": now_iso()})
         sets = ", ".join(f"{key} = ?" for key in encoded)
         with self.transaction() as conn:
-            conn.execute(
-                f"UPDATE tasks SET {sets} WHERE task_id = ?", (*encoded.values(), task_id)
-            )
+            conn.execute(f"UPDATE tasks SET {sets} WHERE task_id = ?", (*encoded.values(), task_id))
 
     def transition(
         self,
@@ -198,7 +194,10 @@ class Store:
             if cur.rowcount != 1:
                 return False
             self._insert_event(
-                conn, task_id, "task.status", {"from": before[0], "to": str(target), **(event or {})}
+                conn,
+                task_id,
+                "task.status",
+                {"from": before[0], "to": str(target), **(event or {})},
             )
         return True
 
@@ -249,9 +248,7 @@ class Store:
 
     # -- leases -----------------------------------------------------------------------------
 
-    def acquire_leases(
-        self, task_id: str, owner: str, scopes: dict[str, int], ttl: float
-    ) -> bool:
+    def acquire_leases(self, task_id: str, owner: str, scopes: dict[str, int], ttl: float) -> bool:
         """Take one lease in every scope (scope -> limit) atomically, or none.
 
         A lease whose ``expires_at`` has passed is free; its row is swept here.

@@ -29,6 +29,14 @@ def get_worker(config: Config, name: str) -> Worker:
 
 
 __all__ = [
-    "INPUTS_DIR", "LinkedCliWorker", "MockWorker", "ParsedLine", "Turn", "Worker", "WorkerLaunch",
-    "all_workers", "check_mock_metadata", "get_worker",
+    "INPUTS_DIR",
+    "LinkedCliWorker",
+    "MockWorker",
+    "ParsedLine",
+    "Turn",
+    "Worker",
+    "WorkerLaunch",
+    "all_workers",
+    "check_mock_metadata",
+    "get_worker",
 ]

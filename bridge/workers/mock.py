@@ -15,8 +15,10 @@ def check_mock_metadata(metadata: dict) -> None:
     mock = metadata.get("mock", {})
     if not isinstance(mock, dict):
         raise InvalidSpec("metadata.mock must be an object; see the mock worker in the contract.")
-    for where, actions in (("metadata.mock", mock),
-                           ("metadata.mock.on_follow_up", mock.get("on_follow_up") or {})):
+    for where, actions in (
+        ("metadata.mock", mock),
+        ("metadata.mock.on_follow_up", mock.get("on_follow_up") or {}),
+    ):
         unknown = sorted(set(actions) - _KEYS)
         if unknown:
             raise InvalidSpec(f"Unknown key '{where}.{unknown[0]}' for the mock worker.")

@@ -47,8 +47,9 @@ def apply_snapshot(home: Path, repo: Path, changes: list[Change], diff: Path) ->
         paths = sorted({p for change in changes for p in change.paths})
         if paths:
             specs = [f":(literal){p}" for p in paths]
-            dirty = git.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--",
-                            *specs).stdout.decode(errors="replace")
+            dirty = git.run(
+                "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *specs
+            ).stdout.decode(errors="replace")
             if dirty:
                 first = dirty.split("\0")[0][3:]
                 return AcceptOutcome(

@@ -13,8 +13,14 @@ from typing import Any
 
 from bridge.workspace.git import Git
 
-_KINDS = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed", "T": "type_changed",
-          "C": "added"}
+_KINDS = {
+    "A": "added",
+    "M": "modified",
+    "D": "deleted",
+    "R": "renamed",
+    "T": "type_changed",
+    "C": "added",
+}
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,9 @@ class Change:
 def list_changes(repo: Path, base: str, snapshot: str) -> list[Change]:
     """Parse `git diff --raw -z -M` (safe for any file name: spaces, unicode, newlines)."""
     git = Git(repo)
-    raw = git.run("diff", "--raw", "-z", "-M", "--no-abbrev", "--no-ext-diff", base, snapshot).stdout
+    raw = git.run(
+        "diff", "--raw", "-z", "-M", "--no-abbrev", "--no-ext-diff", base, snapshot
+    ).stdout
     fields = raw.split(b"\0")
     changes: list[Change] = []
     i = 0
@@ -79,25 +87,37 @@ def _with_sizes(git: Git, changes: list[Change]) -> list[Change]:
     wanted = [c.sha for c in changes if c.sha and c.mode != "160000"]
     if not wanted:
         return changes
-    out = git.run("cat-file", "--batch-check=%(objectname) %(objectsize)",
-                  input="\n".join(wanted).encode() + b"\n").stdout.decode()
+    out = git.run(
+        "cat-file",
+        "--batch-check=%(objectname) %(objectsize)",
+        input="\n".join(wanted).encode() + b"\n",
+    ).stdout.decode()
     sizes = {}
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             sizes[parts[0]] = int(parts[1])
-    return [
-        Change(**{**c.__dict__, "size": sizes.get(c.sha)}) if c.sha else c for c in changes
-    ]
+    return [Change(**{**c.__dict__, "size": sizes.get(c.sha)}) if c.sha else c for c in changes]
 
 
 def write_diff(repo: Path, base: str, snapshot: str, dest: Path) -> tuple[int, str]:
     """Write `git diff --binary` base -> snapshot to ``dest``; return (size, sha256)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    data = Git(repo).run(
-        "diff", "--binary", "--full-index", "-M", "--no-color", "--no-ext-diff", "--no-textconv",
-        base, snapshot,
-    ).stdout
+    data = (
+        Git(repo)
+        .run(
+            "diff",
+            "--binary",
+            "--full-index",
+            "-M",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            base,
+            snapshot,
+        )
+        .stdout
+    )
     dest.write_bytes(data)
     return len(data), hashlib.sha256(data).hexdigest()
 

@@ -12,12 +12,18 @@ from bridge.errors import GitError, InvalidRepository, InvalidSpec
 # Options on every call: no hooks (a repository's hooks are code we did not ask to run), no
 # fsmonitor daemons, no signing prompts, and worktrees owned by the sandbox uid are trusted.
 _SAFE_OPTIONS = (
-    "-c", "core.hooksPath=/dev/null",
-    "-c", "core.fsmonitor=false",
-    "-c", "commit.gpgsign=false",
-    "-c", "gc.auto=0",
-    "-c", "safe.directory=*",
-    "-c", "core.quotePath=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "gc.auto=0",
+    "-c",
+    "safe.directory=*",
+    "-c",
+    "core.quotePath=false",
 )
 
 _ENV = {
@@ -55,13 +61,15 @@ class Git:
                 cmd, cwd=self.cwd, input=input, capture_output=True, env=full_env, timeout=timeout
             )
         except subprocess.TimeoutExpired as exc:
-            raise GitError(f"git {args[0]} timed out after {timeout} s in {self.cwd}.",
-                           args=list(args)) from exc
+            raise GitError(
+                f"git {args[0]} timed out after {timeout} s in {self.cwd}.", args=list(args)
+            ) from exc
         if check and proc.returncode != 0:
             stderr = proc.stderr.decode(errors="replace").strip()
             last = stderr.splitlines()[-1] if stderr else f"exit {proc.returncode}"
-            raise GitError(f"git {args[0]} failed in {self.cwd}: {last}", args=list(args),
-                           stderr=stderr)
+            raise GitError(
+                f"git {args[0]} failed in {self.cwd}: {last}", args=list(args), stderr=stderr
+            )
         return proc
 
     def out(self, *args: str, **kwargs) -> str:
@@ -71,8 +79,9 @@ class Git:
         """The commit a ref names, or InvalidSpec naming the ref."""
         if not ref or ref.startswith("-") or any(c in ref for c in "\0\n\r"):
             raise InvalidSpec(f"'{ref}' is not a valid git ref; give a branch, tag or commit.")
-        proc = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
-                        check=False)
+        proc = self.run(
+            "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False
+        )
         sha = proc.stdout.decode().strip()
         if proc.returncode != 0 or not _SHA.match(sha):
             raise InvalidSpec(
@@ -92,7 +101,9 @@ def validate_branch_name(name: str) -> str:
 def repository_root(path_text: str) -> Path:
     """Check that ``path_text`` is an absolute path to a git work tree; return its top level."""
     if not path_text:
-        raise InvalidRepository("workspace.repository is empty; give an absolute path to a git work tree.")
+        raise InvalidRepository(
+            "workspace.repository is empty; give an absolute path to a git work tree."
+        )
     path = Path(path_text)
     if not path.is_absolute():
         raise InvalidRepository(

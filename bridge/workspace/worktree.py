@@ -54,8 +54,9 @@ def check_disjoint(home: Path, repository: Path) -> None:
         )
 
 
-def create_workspace(home: Path, ws: TaskWorkspace, base_commit: str, owner: tuple[int, int] | None
-                     ) -> None:
+def create_workspace(
+    home: Path, ws: TaskWorkspace, base_commit: str, owner: tuple[int, int] | None
+) -> None:
     """Add the worktree and the container's private git dir. On any failure, undo both."""
     check_disjoint(home, ws.repository)
     ws.worktree.parent.mkdir(parents=True, exist_ok=True)

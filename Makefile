@@ -1,0 +1,50 @@
+# worker-bridge: the two commands that matter are `make demo` and `make test`.
+# Both set up everything they need: a virtualenv, a local Debian base image (debootstrap, no
+# registry needed) and the worker-bridge images.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+BASE_IMAGE ?= worker-bridge/rootfs:bookworm
+export TESTCONTAINERS_RYUK_DISABLED := true
+
+.PHONY: install base-image images demo test test-fast lint format bench clean-containers
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+base-image:
+	scripts/bootstrap-base-image $(BASE_IMAGE)
+
+images: install base-image
+	$(BIN)/worker-bridge images build --base-image $(BASE_IMAGE) > .images-build.log 2>&1 \
+	  || (tail -30 .images-build.log; exit 1)
+	@tail -1 .images-build.log
+
+demo: images
+	$(BIN)/python scripts/demo.py
+
+test: images
+	$(BIN)/pytest -q
+
+test-fast: install
+	$(BIN)/pytest -q -m "not docker"
+
+lint: install
+	$(BIN)/ruff check bridge tests scripts bench
+	$(BIN)/ruff format --check bridge tests scripts bench
+
+format: install
+	$(BIN)/ruff format bridge tests scripts bench
+	$(BIN)/ruff check --fix bridge tests scripts bench
+
+bench: images
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean-containers:
+	docker ps -aq --filter label=io.worker-bridge.task | xargs -r docker rm -f

@@ -1,0 +1,69 @@
+"""One config loader: defaults, config.yaml, then env; unknown keys are errors naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.config import load_config
+from bridge.errors import ConfigError
+
+
+def test_defaults_are_documented_values(home):
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    assert config.max_concurrency == 4
+    assert config.repo_concurrency == 3
+    assert config.store_path == home / "bridge.db"
+    assert config.limits.timeout_seconds == 1800
+    assert config.sandbox_uid == 10001
+
+
+def test_env_wins_over_config_yaml(home):
+    (home / "config.yaml").write_text("max_concurrency: 7\nrepo_concurrency: 5\n")
+    env = {"WORKER_BRIDGE_HOME": str(home), "WORKER_BRIDGE_MAX_CONCURRENCY": "2"}
+    config = load_config(env=env)
+    assert config.max_concurrency == 2
+    assert config.repo_concurrency == 5
+
+
+def test_store_path_can_be_overridden(home, workdir):
+    env = {"WORKER_BRIDGE_HOME": str(home), "WORKER_BRIDGE_STORE": str(workdir / "x.db")}
+    assert load_config(env=env).store_path == workdir / "x.db"
+
+
+def test_an_unknown_key_in_config_yaml_is_an_error_naming_it(home):
+    (home / "config.yaml").write_text("max_concurency: 3\n")
+    with pytest.raises(ConfigError, match="max_concurency"):
+        load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+
+
+def test_an_unknown_nested_key_is_named_with_its_path(home):
+    (home / "config.yaml").write_text("limits:\n  memry_mb: 3\n")
+    with pytest.raises(ConfigError, match="limits.memry_mb"):
+        load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+
+
+def test_a_bad_value_from_the_environment_is_an_error_naming_the_key(home):
+    env = {"WORKER_BRIDGE_HOME": str(home), "WORKER_BRIDGE_REPO_CONCURRENCY": "many"}
+    with pytest.raises(ConfigError, match="repo_concurrency"):
+        load_config(env=env)
+
+
+def test_invalid_yaml_is_a_clear_error(home):
+    (home / "config.yaml").write_text("a: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+
+
+def test_the_effective_config_is_recorded_with_each_task(bridge, repo):
+    (bridge.config.home / "config.yaml").write_text("auto_repair: 0\n")
+    task = bridge.create_task(
+        {
+            "objective": "x",
+            "worker": "mock",
+            "workspace": {"repository": str(repo)},
+            "limits": {"timeout_seconds": 42},
+        }
+    )
+    stored = bridge.store.get_task(task["task_id"])["config"]
+    assert stored["effective_limits"]["timeout_seconds"] == 42
+    assert stored["max_concurrency"] == 4

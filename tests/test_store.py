@@ -1,0 +1,169 @@
+"""The SQLite store: compare-and-set transitions, events, idempotency and leases, on real files."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from bridge.errors import TaskNotFound
+from bridge.models import TERMINAL, TRANSITIONS, Status
+from bridge.store import Store
+
+
+def _row(task_id: str, **extra) -> dict:
+    return {
+        "task_id": task_id,
+        "status": "created",
+        "worker": "mock",
+        "objective": "o",
+        "repository": "/r",
+        "spec": {"objective": "o"},
+        **extra,
+    }
+
+
+@pytest.fixture
+def store(workdir):
+    s = Store(workdir / "bridge.db")
+    yield s
+    s.close()
+
+
+def test_a_new_task_is_stored_with_its_created_and_status_events(store):
+    store.insert_task(_row("t1"), {"worker": "mock"})
+    assert store.get_task("t1")["status"] == "created"
+    kinds = [e["kind"] for e in store.events("t1")]
+    assert kinds == ["task.created", "task.status"]
+
+
+def test_a_transition_writes_the_status_and_its_event_together(store):
+    store.insert_task(_row("t1"), {})
+    assert store.transition("t1", Status.QUEUED)
+    last = store.events("t1")[-1]
+    assert last["kind"] == "task.status"
+    assert last["data"] == {"from": "created", "to": "queued"}
+
+
+def test_a_transition_from_a_status_the_table_does_not_allow_writes_nothing(store):
+    store.insert_task(_row("t1"), {})
+    before = len(store.events("t1"))
+    assert not store.transition("t1", Status.SUCCEEDED)  # created -> succeeded is not declared
+    assert store.get_task("t1")["status"] == "created"
+    assert len(store.events("t1")) == before
+
+
+def test_cancelled_is_never_overwritten_by_a_finishing_run(store):
+    store.insert_task(_row("t1"), {})
+    store.transition("t1", Status.QUEUED)
+    store.transition("t1", Status.RUNNING)
+    assert store.transition("t1", Status.CANCELLED)
+    assert not store.transition("t1", Status.SUCCEEDED)
+    assert not store.transition("t1", Status.FAILED)
+    assert not store.transition("t1", Status.VERIFYING)
+    assert store.get_task("t1")["status"] == "cancelled"
+
+
+def test_terminal_statuses_are_left_only_for_accept_reject_or_an_explicit_follow_up(store):
+    for status in TERMINAL:
+        targets = TRANSITIONS[status]
+        assert targets <= {Status.ACCEPTED, Status.REJECTED, Status.QUEUED}
+    store.insert_task(_row("t1"), {})
+    store.db.conn.execute("UPDATE tasks SET status = 'succeeded' WHERE task_id = 't1'")
+    assert not store.transition("t1", Status.QUEUED)  # not without explicit=True
+    assert store.transition("t1", Status.QUEUED, explicit=True)
+
+
+def test_expect_narrows_the_statuses_a_transition_may_start_from(store):
+    store.insert_task(_row("t1"), {})
+    assert not store.transition("t1", Status.FAILED, expect={Status.RUNNING})
+    assert store.transition("t1", Status.FAILED, expect={Status.CREATED})
+
+
+def test_an_unknown_task_is_a_clear_error(store):
+    with pytest.raises(TaskNotFound, match="tasks list"):
+        store.get_task("nope")
+
+
+def test_event_ids_increase_and_paging_with_after_returns_only_later_events(store):
+    store.insert_task(_row("t1"), {})
+    for i in range(10):
+        store.add_event("t1", "worker.progress", {"line": str(i)})
+    events = store.events("t1")
+    ids = [e["event_id"] for e in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    later = store.events("t1", after=ids[4], limit=3)
+    assert [e["event_id"] for e in later] == ids[5:8]
+
+
+def test_list_tasks_is_newest_first_and_filters_by_status(store):
+    for i in range(3):
+        store.insert_task(_row(f"t{i}"), {})
+    store.transition("t1", Status.QUEUED)
+    assert [t["task_id"] for t in store.list_tasks()] == ["t2", "t1", "t0"]
+    assert [t["task_id"] for t in store.list_tasks(status="queued")] == ["t1"]
+
+
+def test_an_idempotency_key_returns_the_existing_task(store):
+    first, created = store.insert_task(_row("t1", idempotency_key="k"), {})
+    second, created_again = store.insert_task(_row("t2", idempotency_key="k"), {})
+    assert (first, created) == ("t1", True)
+    assert (second, created_again) == ("t1", False)
+
+
+def _insert_with_key(path: str, task_id: str, queue) -> None:
+    s = Store(path)
+    queue.put(s.insert_task(_row(task_id, idempotency_key="same"), {})[0])
+    s.close()
+
+
+def test_an_idempotency_key_holds_across_processes(workdir):
+    path = str(workdir / "shared.db")
+    Store(path).close()
+    queue = multiprocessing.get_context("spawn").Queue()
+    procs = [
+        multiprocessing.get_context("spawn").Process(
+            target=_insert_with_key, args=(path, f"t{i}", queue)
+        )
+        for i in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    ids = {queue.get(timeout=10) for _ in procs}
+    assert len(ids) == 1
+    assert len(Store(path).list_tasks()) == 1
+
+
+def test_leases_are_taken_in_every_scope_or_none(store):
+    assert store.acquire_leases("a", "o1", {"global": 2, "repo:/r": 1}, ttl=30)
+    # the repo scope is full, so no global lease is taken either
+    assert not store.acquire_leases("b", "o2", {"global": 2, "repo:/r": 1}, ttl=30)
+    assert len(store.live_leases("global")) == 1
+    assert store.acquire_leases("c", "o3", {"global": 2, "repo:/other": 1}, ttl=30)
+    assert not store.acquire_leases("d", "o4", {"global": 2}, ttl=30)
+
+
+def test_an_expired_lease_is_free_and_a_renewed_one_is_not(store):
+    assert store.acquire_leases("a", "o1", {"global": 1}, ttl=0.2)
+    assert store.renew_leases("o1", ttl=30) == 1
+    assert not store.acquire_leases("b", "o2", {"global": 1}, ttl=30)
+    store.db.conn.execute("UPDATE leases SET expires_at = ?", (time.time() - 1,))
+    assert store.acquire_leases("b", "o2", {"global": 1}, ttl=30)
+
+
+def test_releasing_a_tasks_leases_frees_its_capacity(store):
+    store.acquire_leases("a", "o1", {"global": 1}, ttl=30)
+    store.release_leases("a")
+    assert store.acquire_leases("b", "o2", {"global": 1}, ttl=30)
+
+
+def test_migrations_are_recorded_and_not_applied_twice(workdir):
+    path = workdir / "m.db"
+    Store(path).close()
+    s = Store(path)
+    names = [r[0] for r in s.db.conn.execute("SELECT name FROM migrations")]
+    assert names == ["0001_initial"]
+    assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
