@@ -127,8 +127,8 @@ class TaskRunner:
         self.ctx.sandbox.require_image(worker.image(self.ctx.config), worker.build_target)
         if self.spec.verification.commands:
             image = self._verify_image()
-            target = "verify" if image == self.ctx.config.verify_image_ref else image
-            self.ctx.sandbox.require_image(image, target)
+            ours = image == self.ctx.config.verify_image_ref
+            self.ctx.sandbox.require_image(image, "verify" if ours else None)
 
     def _verify_image(self) -> str:
         return self.spec.verification.image or self.ctx.config.verify_image_ref

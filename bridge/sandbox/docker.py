@@ -102,11 +102,15 @@ class DockerSandbox:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise _engine_down(exc) from exc
 
-    def require_image(self, ref: str, target: str) -> None:
-        if not self.image_present(ref):
-            raise ImageMissing(
-                f"Image {ref} is not built; build it with `worker-bridge images build {target}`."
-            )
+    def require_image(self, ref: str, build_target: str | None) -> None:
+        """ImageMissing naming the command that builds ``ref`` (or how to provide it)."""
+        if self.image_present(ref):
+            return
+        if build_target:
+            how = f"build it with `worker-bridge images build {build_target}`"
+        else:
+            how = "build or load it into this engine first (images are never pulled)"
+        raise ImageMissing(f"Image {ref} is not present; {how}.")
 
     # -- containers -------------------------------------------------------------------------
 

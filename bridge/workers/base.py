@@ -52,8 +52,8 @@ class Worker(ABC):
     def image(self, config: Config) -> str: ...
 
     @property
-    def build_target(self) -> str:
-        """What `worker-bridge images build` calls this worker's image."""
+    def build_target(self) -> str | None:
+        """What `worker-bridge images build` calls this worker's image (None: not ours)."""
         return self.name
 
     @abstractmethod

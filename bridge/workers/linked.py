@@ -17,8 +17,8 @@ class LinkedCliWorker(Worker):
         return self.spec.image or config.image_for("base")
 
     @property
-    def build_target(self) -> str:
-        return "base" if self.spec.image is None else self.name
+    def build_target(self) -> str | None:
+        return "base" if self.spec.image is None else None
 
     def launch(self, turn: Turn) -> WorkerLaunch:
         prompt = turn.prompt
