@@ -1,0 +1,55 @@
+"""Workers: listing, linking a command-line agent, and running a linked worker for real."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import git
+
+
+def test_workers_list_json_has_the_contract_shape(cli, docker_images):
+    result = cli("workers", "list", "--json")
+    assert result.code == 0, result.stderr
+    workers = {w["name"]: w for w in result.json()["workers"]}
+    assert set(workers["mock"]) == {"name", "installed", "healthy", "image", "capabilities"}
+    assert workers["mock"]["installed"] is True
+    assert workers["mock"]["image"].startswith("worker-bridge/mock:")
+
+
+def test_a_linked_cli_runs_in_the_base_image_with_the_prompt_filled_in(cli, repo, docker_images):
+    command = ["sh", "-c", 'printf "%s" "$1" > linked.txt; echo "final: done"', "sh", "{prompt}"]
+    linked = cli("workers", "link", "echoer", "--command-json", json.dumps(command))
+    assert linked.code == 0, linked.stderr
+    listed = {w["name"]: w for w in cli("workers", "list", "--json").json()["workers"]}
+    assert listed["echoer"]["image"].startswith("worker-bridge/base:")
+
+    run = cli(
+        "tasks",
+        "run",
+        "--repo",
+        str(repo),
+        "--worker",
+        "echoer",
+        "--objective",
+        "say hello",
+        "--json",
+    )
+    assert run.code == 0, run.stderr
+    result = run.json()
+    assert result["summary"] == "final: done"
+    assert result["changed_files"] == [{"path": "linked.txt", "change": "added"}]
+    worktree_file = f"{result['branch']}:linked.txt"
+    assert git(repo, "show", worktree_file) == "say hello\n"
+
+
+def test_linking_with_a_command_that_is_not_a_json_list_is_a_usage_error(cli):
+    result = cli("workers", "link", "bad", "--command-json", '"just a string"')
+    assert result.code == 2
+    assert "JSON list" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_builtin_worker_name_cannot_be_linked_over(cli):
+    result = cli("workers", "link", "mock", "--command-json", '["x"]')
+    assert result.code == 2
+    assert "built-in" in result.stderr
