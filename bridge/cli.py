@@ -129,12 +129,11 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
     else:
         _print_result(result)
     if result["status"] != "succeeded":
-        if not args.json:
-            reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
-            print(
-                f"worker-bridge: task {result['task_id']} {result['status']}: {reason}",
-                file=sys.stderr,
-            )
+        reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
+        print(
+            f"worker-bridge: task {result['task_id']} {result['status']}: {reason}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -193,7 +193,7 @@ class TaskRunner:
                 ),
             )
         if exit_info.exit_code != 0:
-            last = self.redactor.redact(tail.strip().splitlines()[-1][:300]) if tail.strip() else ""
+            last = self.redactor.redact(tail.strip()[:300])
             return _Outcome(
                 Status.FAILED,
                 _error(
@@ -330,7 +330,7 @@ class TaskRunner:
         if summary is None:
             summary = reader.last_line
         summary = self.redactor.redact((summary or "")[: self.ctx.config.output_tail_chars])
-        return exit_info, summary, reader.tail
+        return exit_info, summary, reader.last_progress or ""
 
     def _collect(self, ws: TaskWorkspace):
         base = self.task["base_commit"]
@@ -374,20 +374,14 @@ class _OutputReader(threading.Thread):
         self.worker = worker
         self.container_id = container_id
         self.summary: str | None = None
-        self.last_line: str | None = None
-        self.lines: list[str] = []
+        self.last_line: str | None = None  # raw, the summary of last resort
+        self.last_progress: str | None = None  # parsed, for error messages
         self.count = 0
-
-    @property
-    def tail(self) -> str:
-        return "\n".join(self.lines[-20:])
 
     def run(self) -> None:
         limit = self.runner.ctx.config.max_progress_events
         try:
             for line in self.runner.ctx.sandbox.stream_lines(self.container_id):
-                self.lines.append(line)
-                del self.lines[:-20]
                 if line.strip():
                     self.last_line = line
                 parsed = self.worker.parse_line(line)
@@ -395,6 +389,8 @@ class _OutputReader(threading.Thread):
                     self.summary = parsed.summary
                 if parsed.progress is None:
                     continue
+                if parsed.progress.strip():
+                    self.last_progress = parsed.progress
                 self.count += 1
                 if self.count <= limit:
                     self.runner.emit("worker.progress", {"line": parsed.progress[:MAX_LINE]})
