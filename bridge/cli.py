@@ -71,6 +71,8 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         spec.setdefault("metadata", {}).update(extra)
     if args.type is not None:
         spec.setdefault("metadata", {})["type"] = args.type
+    if args.spec:
+        return spec  # the spec's own validation names what is missing or unknown
     if "objective" not in spec:
         raise InvalidSpec("--objective is required (or give --spec FILE with an objective).")
     if not workspace.get("repository"):

@@ -116,15 +116,23 @@ def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping of keys to values.")
         data.update(loaded)
+    from_env = set()
     for key in _ENV_KEYS:
         value = env.get(f"WORKER_BRIDGE_{key.upper()}")
         if value not in (None, ""):
             data[key] = value
+            from_env.add(key)
     data.update(overrides)
     data["home"] = home
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
+        first = exc.errors()[0]
+        key = str(first["loc"][0]) if first["loc"] else ""
+        if key in from_env and key not in overrides:
+            name = f"WORKER_BRIDGE_{key.upper()}"
+            msg = first["msg"].removeprefix("Value error, ")
+            raise ConfigError(f"Invalid value {env[name]!r} for {name}: {msg}.") from exc
         raise ConfigError(describe_validation_error(exc, f"configuration ({path})")) from exc
 
 

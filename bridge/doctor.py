@@ -57,7 +57,8 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
                 else f"runtime {config.runtime} is not registered with the engine; add it to "
                 "/etc/docker/daemon.json and restart dockerd.",
             )
-    free = shutil.disk_usage(config.home).free
+    existing = next(p for p in (config.home, *config.home.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")
     return checks
 

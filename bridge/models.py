@@ -86,7 +86,9 @@ def parse_spec(data: Any) -> TaskSpec:
 
 
 def describe_validation_error(exc: ValidationError, what: str) -> str:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # An unknown key is usually a misspelling of a required one: name it first.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     where = ".".join(str(part) for part in err["loc"]) or what
     if err["type"] == "extra_forbidden":
         return f"Unknown key '{where}' in the {what}; remove it or check its spelling."

@@ -42,7 +42,6 @@ class WorkerBridge:
         **overrides: Any,
     ) -> None:
         self.config = config or load_config(**overrides)
-        self.config.home.mkdir(parents=True, exist_ok=True)
         self._sandbox = sandbox
         self._store: Store | None = None
 
@@ -187,7 +186,7 @@ class WorkerBridge:
         repo = Path(task["repository"])
         changes = list_changes(repo, task["base_commit"], task["snapshot_commit"])
         diff = Path(self.store.artifacts(task_id)["diff"])
-        outcome = apply_snapshot(self.config.home, repo, changes, diff)
+        outcome = apply_snapshot(self.config.home, repo, task["snapshot_commit"], changes, diff)
         if not outcome.ok:
             return refused(outcome.refusal or "refused")
         if not self.store.transition(

@@ -3,7 +3,6 @@ changes, under the repository lock. Refusals are results (with a reason), not ex
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,27 +22,77 @@ class AcceptOutcome:
         return self.refusal is None
 
 
-def _symlink_escapes(path: str, target: str) -> bool:
+def _snapshot_symlinks(git: Git, snapshot: str) -> dict[str, str]:
+    """Every symlink in the snapshot's tree: path -> target."""
+    listing = git.run("ls-tree", "-r", "-z", "--full-tree", snapshot).stdout.split(b"\0")
+    shas: dict[str, str] = {}
+    for entry in listing:
+        if entry.startswith(b"120000 "):
+            meta, _, path = entry.partition(b"\t")
+            shas[path.decode(errors="surrogateescape")] = meta.split()[2].decode()
+    targets = {}
+    for path, sha in shas.items():
+        targets[path] = git.run("cat-file", "blob", sha).stdout.decode(errors="replace")
+    return targets
+
+
+def _resolve(
+    base: list[str], target: str, links: dict[str, str], budget: list[int]
+) -> list[str] | None:
+    """Resolve ``target`` relative to the directory ``base`` inside the repository, following
+    the snapshot's symlinks. None when it leaves the repository, enters .git, or loops."""
     if target.startswith("/"):
-        return True
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    first = resolved.split("/", 1)[0]
-    return resolved == ".." or resolved.startswith("../") or first == ".git"
+        return None
+    stack = list(base)
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return None
+            stack.pop()
+            continue
+        stack.append(part)
+        if stack[0].lower() == ".git":
+            return None
+        link = links.get("/".join(stack))
+        if link is not None:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return None
+            resolved = _resolve(stack[:-1], link, links, budget)
+            if resolved is None:
+                return None
+            stack = resolved
+    return stack
 
 
-def apply_snapshot(home: Path, repo: Path, changes: list[Change], diff: Path) -> AcceptOutcome:
+def escaping_symlink(git: Git, snapshot: str, changes: list[Change]) -> tuple[str, str] | None:
+    """The first symlink the task adds or changes that points outside the repository."""
+    changed = [c.path for c in changes if c.mode == "120000"]
+    if not changed:
+        return None
+    links = _snapshot_symlinks(git, snapshot)
+    for path in changed:
+        target = links.get(path, "")
+        if _resolve(path.split("/")[:-1], target, links, [40]) is None:
+            return path, target
+    return None
+
+
+def apply_snapshot(
+    home: Path, repo: Path, snapshot: str, changes: list[Change], diff: Path
+) -> AcceptOutcome:
     """Apply ``diff`` to ``repo``'s working tree, or refuse leaving every file as it was."""
     git = Git(repo)
     with repository_lock(home, repo):
-        for change in changes:
-            if change.mode == "120000" and change.sha:
-                target = git.run("cat-file", "blob", change.sha).stdout.decode(errors="replace")
-                if _symlink_escapes(change.path, target):
-                    return AcceptOutcome(
-                        refusal=f"Refusing to accept: symlink '{change.path}' points outside the "
-                        f"repository ('{target}').",
-                        kind="symlink_escape",
-                    )
+        escape = escaping_symlink(git, snapshot, changes)
+        if escape:
+            return AcceptOutcome(
+                refusal=f"Refusing to accept: symlink '{escape[0]}' points outside the "
+                f"repository ('{escape[1]}').",
+                kind="symlink_escape",
+            )
         paths = sorted({p for change in changes for p in change.paths})
         if paths:
             specs = [f":(literal){p}" for p in paths]

@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.errors import BridgeError
+from bridge.errors import ConfigError
 from bridge.workspace.git import Git, common_git_dir, validate_branch_name
 from bridge.workspace.locks import repository_lock
 
@@ -48,7 +48,7 @@ def check_disjoint(home: Path, repository: Path) -> None:
     """The state root and the repository must not contain each other."""
     home, repository = home.resolve(), repository.resolve()
     if home == repository or home.is_relative_to(repository) or repository.is_relative_to(home):
-        raise BridgeError(
+        raise ConfigError(
             f"The state root {home} and the repository {repository} must not contain each other; "
             "set WORKER_BRIDGE_HOME elsewhere."
         )
