@@ -7,6 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= worker-bridge/rootfs:bookworm
 export TESTCONTAINERS_RYUK_DISABLED := true
+LINT_PATHS := bridge tests scripts $(wildcard bench/*.py bench/*/)
 
 .PHONY: install base-image images demo test test-fast lint format bench clean-containers
 
@@ -36,12 +37,12 @@ test-fast: install
 	$(BIN)/pytest -q -m "not docker"
 
 lint: install
-	$(BIN)/ruff check bridge tests scripts bench
-	$(BIN)/ruff format --check bridge tests scripts bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 format: install
-	$(BIN)/ruff format bridge tests scripts bench
-	$(BIN)/ruff check --fix bridge tests scripts bench
+	$(BIN)/ruff format $(LINT_PATHS)
+	$(BIN)/ruff check --fix $(LINT_PATHS)
 
 bench: images
 	$(BIN)/python -m bench $(BENCH_ARGS)
