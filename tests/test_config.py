@@ -44,7 +44,7 @@ def test_an_unknown_nested_key_is_named_with_its_path(home):
 
 def test_a_bad_value_from_the_environment_is_an_error_naming_the_key(home):
     env = {"WORKER_BRIDGE_HOME": str(home), "WORKER_BRIDGE_REPO_CONCURRENCY": "many"}
-    with pytest.raises(ConfigError, match="repo_concurrency"):
+    with pytest.raises(ConfigError, match="WORKER_BRIDGE_REPO_CONCURRENCY"):
         load_config(env=env)
 
 
