@@ -56,6 +56,13 @@ class Config(BaseModel):
         None, description="PEM bundle added to image builds and mounted into containers."
     )
     limits: LimitDefaults = Field(default_factory=LimitDefaults)
+    worker_concurrency: dict[str, int] = Field(
+        default_factory=dict, description="Task containers at once per worker (name -> limit)."
+    )
+    disk_reserve_gb: float | None = Field(
+        None, ge=0, description="Free disk to keep; default max(10 GiB, 5% of the disk)."
+    )
+    allocation_timeout_s: int = Field(300, ge=1, description="Deadline for creating a worktree.")
     auto_repair: int = Field(1, ge=0, description="Repair turns after failed verification.")
     retention_days: int = Field(14, ge=0, description="Days artifacts of finished tasks are kept.")
     output_tail_chars: int = Field(4000, ge=100, description="Bound on stored output tails.")
@@ -91,6 +98,8 @@ _ENV_KEYS = (
     "extra_ca_file",
     "auto_repair",
     "retention_days",
+    "disk_reserve_gb",
+    "allocation_timeout_s",
 )
 
 

@@ -28,10 +28,12 @@ class BridgeError(RuntimeError):
     exit_code = 1
     kind = "internal"
 
-    def __init__(self, message: str, **fields: object) -> None:
+    def __init__(self, message: str, *, kind: str | None = None, **fields: object) -> None:
         super().__init__(message)
         self.message = message
         self.fields = fields
+        if kind is not None:
+            self.kind = kind  # the task error kind this maps to, when not the class default
 
     def __str__(self) -> str:
         return self.message

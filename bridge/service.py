@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
 from bridge.errors import BridgeError, InvalidSpec
-from bridge.models import Status, TaskSpec, parse_spec
+from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
 from bridge.pipeline.context import Context
+from bridge.pipeline.detached import spawn_runner
+from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import task_result
 from bridge.pipeline.runner import TaskRunner
 from bridge.sandbox import DockerSandbox
 from bridge.store import Store
 from bridge.store.db import now_iso
+from bridge.store.owners import Owner
 from bridge.workers import all_workers, check_mock_metadata, get_worker
 from bridge.workspace.accept import apply_snapshot
 from bridge.workspace.changes import list_changes
@@ -107,14 +107,16 @@ class WorkerBridge:
         )
         return self.get_task(task_id)
 
-    def run_task(self, task_id: str) -> dict[str, Any]:
-        """Run a task in this thread until it reaches a terminal status."""
+    def run_task(self, task_id: str, *, runner_id: str | None = None) -> dict[str, Any]:
+        """Run a task in this thread until it reaches a terminal status (or resume one whose
+        runner died). Returns the task result."""
         task = self.store.get_task(task_id)
-        if task["status"] not in (Status.CREATED, Status.QUEUED):
+        if runner_id is None and task["status"] not in (Status.CREATED, Status.QUEUED):
             raise BridgeError(
                 f"Task {task_id} is already {task['status']}; only a created or queued task starts."
             )
-        TaskRunner(self.context(), task_id).run()
+        owner = Owner(id=runner_id) if runner_id else Owner()
+        TaskRunner(self.context(), task_id, owner).run()
         return self.get_task(task_id)
 
     async def start_task(self, task_id: str) -> dict[str, Any]:
@@ -124,25 +126,45 @@ class WorkerBridge:
     def start_detached(self, task_id: str) -> dict[str, Any]:
         """Queue the task and run it in a detached runner process; returns at once."""
         task = self.store.get_task(task_id)
-        if task["status"] not in (Status.CREATED, Status.QUEUED):
+        if task["status"] != Status.CREATED:
             raise BridgeError(
-                f"Task {task_id} is already {task['status']}; only a created or queued task starts."
+                f"Task {task_id} is already {task['status']}; only a created task starts."
             )
+        if not spawn_runner(self.config, self.store, task_id, replacing=task["runner_id"]):
+            raise BridgeError(f"Task {task_id} was started by another process meanwhile.")
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
-        logs = self.config.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "WORKER_BRIDGE_HOME": str(self.config.home)}
-        with open(logs / f"runner-{task_id}.log", "ab") as log:
-            subprocess.Popen(
-                [sys.executable, "-m", "bridge.pipeline.detached", task_id],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
         return self.get_task(task_id)
+
+    def cancel_task(self, task_id: str) -> dict[str, Any]:
+        """Cancel from any process: the status becomes `cancelled` (final), then the task's
+        containers are killed with everything in them. A finished task is left as it is."""
+        task = self.store.get_task(task_id)
+        if task["status"] not in TERMINAL:
+            if self.store.transition(
+                task_id,
+                Status.CANCELLED,
+                error={"kind": "cancelled", "message": "The task was cancelled."},
+                finished_at=now_iso(),
+                phase=None,
+            ):
+                self.store.add_event(task_id, "task.cancelled", {"phase": task["phase"]})
+        try:
+            self.sandbox.remove_by_labels({"io.worker-bridge.task": task_id})
+        except BridgeError:
+            pass  # no engine: nothing of this task can be running in it
+        return self.get_task(task_id)
+
+    def recover(self) -> list[str]:
+        """Hand tasks whose runner died to new runners; remove orphan containers if any."""
+        if self._store is None and not self.config.store_path.exists():
+            return []  # no store yet: nothing to recover, and nothing to create
+        recovered = recover_stranded(self.context())
+        if recovered:
+            try:
+                remove_orphan_containers(self.context())
+            except BridgeError:
+                pass
+        return recovered
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         task = self.store.get_task(task_id)

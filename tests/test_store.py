@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL, TRANSITIONS, Status
 from bridge.store import Store
+from bridge.store.owners import Owner
 
 
 def _row(task_id: str, **extra) -> dict:
@@ -137,27 +140,83 @@ def test_an_idempotency_key_holds_across_processes(workdir):
     assert len(Store(path).list_tasks()) == 1
 
 
+def _owner(name: str) -> Owner:
+    return Owner(id=name)
+
+
 def test_leases_are_taken_in_every_scope_or_none(store):
-    assert store.acquire_leases("a", "o1", {"global": 2, "repo:/r": 1}, ttl=30)
+    leases = store.leases
+    assert leases.acquire("a", _owner("o1"), {"global": 2, "repo:/r": 1}, ttl=30)
     # the repo scope is full, so no global lease is taken either
-    assert not store.acquire_leases("b", "o2", {"global": 2, "repo:/r": 1}, ttl=30)
-    assert len(store.live_leases("global")) == 1
-    assert store.acquire_leases("c", "o3", {"global": 2, "repo:/other": 1}, ttl=30)
-    assert not store.acquire_leases("d", "o4", {"global": 2}, ttl=30)
+    assert not leases.acquire("b", _owner("o2"), {"global": 2, "repo:/r": 1}, ttl=30)
+    assert len(leases.live("global")) == 1
+    assert leases.acquire("c", _owner("o3"), {"global": 2, "repo:/other": 1}, ttl=30)
+    assert not leases.acquire("d", _owner("o4"), {"global": 2}, ttl=30)
 
 
 def test_an_expired_lease_is_free_and_a_renewed_one_is_not(store):
-    assert store.acquire_leases("a", "o1", {"global": 1}, ttl=0.2)
-    assert store.renew_leases("o1", ttl=30) == 1
-    assert not store.acquire_leases("b", "o2", {"global": 1}, ttl=30)
+    store.insert_task(_row("a"), {})
+    owner = _owner("o1")
+    assert store.runners.claim("a", owner, ttl=30)
+    assert store.leases.acquire("a", owner, {"global": 1}, ttl=0.5)
+    assert store.runners.heartbeat("a", owner, ttl=30)
+    assert not store.leases.acquire("b", _owner("o2"), {"global": 1}, ttl=30)
     store.db.conn.execute("UPDATE leases SET expires_at = ?", (time.time() - 1,))
-    assert store.acquire_leases("b", "o2", {"global": 1}, ttl=30)
+    assert store.leases.acquire("b", _owner("o2"), {"global": 1}, ttl=30)
+
+
+def test_a_lease_whose_owner_process_died_on_this_host_is_free_at_once(store):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ghost = Owner(id="ghost", pid=dead.pid, pid_started=time.time() - 5)
+    assert store.leases.acquire("a", ghost, {"global": 1}, ttl=3600)
+    assert store.leases.acquire("b", _owner("o2"), {"global": 1}, ttl=30)
+
+
+def test_a_live_owners_lease_is_not_taken_over(store):
+    assert store.leases.acquire("a", Owner(id="me"), {"global": 1}, ttl=3600)
+    assert not store.leases.acquire("b", _owner("o2"), {"global": 1}, ttl=30)
 
 
 def test_releasing_a_tasks_leases_frees_its_capacity(store):
-    store.acquire_leases("a", "o1", {"global": 1}, ttl=30)
-    store.release_leases("a")
-    assert store.acquire_leases("b", "o2", {"global": 1}, ttl=30)
+    store.leases.acquire("a", _owner("o1"), {"global": 1}, ttl=30)
+    store.leases.release("a")
+    assert store.leases.acquire("b", _owner("o2"), {"global": 1}, ttl=30)
+
+
+def test_a_free_slot_goes_to_the_task_first_in_line(store):
+    waiting = [("high", {"global": 1}), ("low", {"global": 1})]
+    assert not store.leases.acquire("low", _owner("o1"), {"global": 1}, ttl=30, waiting=waiting)
+    assert store.leases.acquire("high", _owner("o2"), {"global": 1}, ttl=30, waiting=waiting)
+
+
+def test_a_task_ahead_that_cannot_start_does_not_block_the_queue(store):
+    store.leases.acquire("busy", _owner("o0"), {"global": 3, "repo:/a": 1}, ttl=30)
+    waiting = [("blocked", {"global": 3, "repo:/a": 1}), ("other", {"global": 3, "repo:/b": 1})]
+    assert store.leases.acquire("other", _owner("o2"), waiting[1][1], ttl=30, waiting=waiting)
+
+
+def test_only_one_runner_claims_a_task_and_a_dead_runners_claim_is_taken_over(store):
+    store.insert_task(_row("t"), {})
+    assert store.runners.claim("t", Owner(id="first"), ttl=30)
+    assert not store.runners.claim("t", Owner(id="second"), ttl=30)
+    store.db.conn.execute("UPDATE tasks SET runner_expires_at = ?", (time.time() - 1,))
+    assert store.runners.claim("t", Owner(id="second"), ttl=30)
+
+
+def test_a_reservation_is_a_compare_and_set_on_the_runner_seen(store):
+    store.insert_task(_row("t"), {})
+    assert store.runners.reserve("t", "r1", ttl=30, replacing=None)
+    assert not store.runners.reserve("t", "r2", ttl=30, replacing=None)
+    assert store.runners.reserve("t", "r2", ttl=30, replacing="r1")
+
+
+def test_a_queued_task_without_a_live_runner_is_stranded(store):
+    store.insert_task(_row("t"), {})
+    store.transition("t", Status.QUEUED)
+    assert [r["task_id"] for r in store.runners.stranded()] == ["t"]
+    store.runners.claim("t", Owner(), ttl=30)
+    assert store.runners.stranded() == []
 
 
 def test_migrations_are_recorded_and_not_applied_twice(workdir):
@@ -165,5 +224,5 @@ def test_migrations_are_recorded_and_not_applied_twice(workdir):
     Store(path).close()
     s = Store(path)
     names = [r[0] for r in s.db.conn.execute("SELECT name FROM migrations")]
-    assert names == ["0001_initial"]
+    assert names == ["0001_initial", "0002_runners_and_owners"]
     assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -1,47 +1,51 @@
-"""Runs one task from claim to terminal status. Every phase is persisted before it starts and
-every path out of `run` resolves the task to a terminal status (or leaves it to whoever won a
-compare-and-set race, e.g. a cancel)."""
+"""Runs one task from claim to terminal status, or resumes one whose runner died.
+
+Every phase is persisted before it starts (`phase`: allocating, worker, collecting, verifying),
+so a new runner can pick up where a dead one stopped; every way out of `run` resolves the task
+to a terminal status, unless a compare-and-set shows someone else already did (a cancel).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 import traceback
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridge.errors import BridgeError
-from bridge.models import Status, TaskSpec
+from bridge.models import TERMINAL, Status, TaskSpec
 from bridge.pipeline.context import Context
 from bridge.pipeline.results import redactor_for
+from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import run_verification
+from bridge.pipeline.worker_run import WorkerExit, run_worker_turn
 from bridge.redact import Redactor
-from bridge.sandbox import ContainerSpec, Mount
 from bridge.store.db import now_iso
-from bridge.workers import INPUTS_DIR, Turn, get_worker
+from bridge.store.owners import Owner
+from bridge.workers import Turn, get_worker
 from bridge.workspace.changes import (
+    Change,
     list_changes,
     protected_violations,
     write_diff,
     write_manifest,
 )
 from bridge.workspace.worktree import (
-    CONTAINER_GITDIR,
-    CONTAINER_OBJECTS,
     TaskWorkspace,
     create_workspace,
+    remove_workspace,
     snapshot_worktree,
 )
 
-LEASE_TTL = 30.0
-HEARTBEAT_EVERY = 5.0
-MAX_LINE = 2000
+ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     status: Status
     error: dict[str, str] | None = None
     fields: dict[str, Any] = field(default_factory=dict)
@@ -51,74 +55,135 @@ def _error(kind: str, message: str) -> dict[str, str]:
     return {"kind": kind, "message": message}
 
 
-class TaskRunner:
-    """One attempt to run one task. Create a new runner per attempt."""
+class Superseded(Exception):
+    """The task stopped being this runner's (cancelled, or claimed by another runner)."""
 
-    def __init__(self, ctx: Context, task_id: str) -> None:
+
+class TaskRunner:
+    """One attempt to run (or resume) one task. Create a new runner per attempt."""
+
+    def __init__(self, ctx: Context, task_id: str, owner: Owner | None = None) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.task_id = task_id
-        self.owner = f"runner-{uuid.uuid4().hex[:12]}"
+        self.owner = owner or Owner()
         self.task = self.store.get_task(task_id)
         self.spec = TaskSpec.model_validate(self.task["spec"])
         self.limits = self.task["config"]["effective_limits"]
         self.redactor: Redactor = redactor_for(self.task)
-        self.timings: dict[str, float] = {}
-        self.deadline = 0.0
-        self._stop_heartbeat = threading.Event()
+        self.timings: dict[str, float] = dict(self.task.get("timings") or {})
+        self.deadline_at = self.task.get("deadline_at") or 0.0
+        self._stop = threading.Event()
+        self._lost = False
 
-    # -- events -----------------------------------------------------------------------------
+    # -- small helpers ------------------------------------------------------------------------
 
     def emit(self, kind: str, data: dict[str, Any] | None = None) -> None:
         self.store.add_event(self.task_id, kind, self.redactor.redact_data(data or {}))
 
-    def set_phase(self, phase: str) -> None:
+    def enter_phase(self, phase: str) -> None:
+        """Persist the phase before doing its work (and honour the test pause point)."""
         self.store.update_task(self.task_id, phase=phase)
+        if os.environ.get("WORKER_BRIDGE_TEST_PAUSE_AT") == phase:
+            self.emit("test.paused", {"phase": phase, "pid": os.getpid()})
+            time.sleep(120)
 
     def remaining(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline_at - time.time()
+
+    def ensure_active(self, kill: str | None = None) -> None:
+        """Raise Superseded when the task was cancelled (killing ``kill``, a container we just
+        started, so a cancel racing its start cannot miss it)."""
+        status = self.store.get_task(self.task_id)["status"]
+        if self._lost or status in TERMINAL:
+            if kill:
+                self.ctx.sandbox.remove(kill)
+            raise Superseded(status)
 
     # -- the run ----------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Run to a terminal status; returns the stored task row."""
-        created = time.time()
-        if self.task["status"] == Status.CREATED:
-            self.store.transition(self.task_id, Status.QUEUED)
+        """Run (or resume) to a terminal status; returns the stored task row."""
+        if not self.store.runners.claim(self.task_id, self.owner, LEASE_TTL):
+            return self.store.get_task(self.task_id)  # another live runner has it
+        self._start_heartbeat()
+        outcome: Outcome | None = None
         try:
-            self._preflight()
-            if not self._acquire_leases():
-                return self.store.get_task(self.task_id)
-            if not self.store.transition(
-                self.task_id,
-                Status.RUNNING,
-                expect={Status.QUEUED},
-                phase="allocating",
-                started_at=now_iso(),
-            ):
-                return self.store.get_task(self.task_id)  # someone else claimed or cancelled it
-            self.timings["queued_s"] = round(time.time() - created, 3)
-            self.deadline = time.monotonic() + self.limits["timeout_seconds"]
-            self._start_heartbeat()
-            outcome = self._execute()
+            outcome = self._run_claimed()
+        except Superseded:
+            outcome = None
         except BridgeError as exc:
-            outcome = _Outcome(Status.FAILED, _error(exc.kind, exc.message))
+            outcome = Outcome(Status.FAILED, _error(exc.kind, exc.message))
         except Exception as exc:  # the unexpected still ends in a terminal status
             self.emit("task.internal_error", {"traceback": traceback.format_exc()[-4000:]})
-            outcome = _Outcome(
+            outcome = Outcome(
                 Status.FAILED,
                 _error(
                     "internal",
                     f"worker-bridge hit an internal error ({exc.__class__.__name__}: "
-                    f"{str(exc)[:200]}); see `worker-bridge tasks logs`.",
+                    f"{str(exc)[:200]}); see `worker-bridge tasks logs {self.task_id}`.",
                 ),
             )
         finally:
-            self._stop_heartbeat.set()
-            self._cleanup_containers()
-            self.store.release_leases(self.task_id, self.owner)
-        self._finish(outcome)
+            self._stop.set()
+            self._remove_containers()
+        if outcome is not None:
+            self._finish(outcome)
+        self.store.runners.release(self.task_id, self.owner)
         return self.store.get_task(self.task_id)
+
+    def _run_claimed(self) -> Outcome | None:
+        status = self.store.get_task(self.task_id)["status"]
+        if status == Status.CREATED:
+            self.store.transition(self.task_id, Status.QUEUED, expect={Status.CREATED})
+            status = Status.QUEUED
+        if status == Status.QUEUED:
+            return self._start_fresh()
+        if status in ACTIVE:
+            return self._resume()
+        raise Superseded(status)
+
+    def _start_fresh(self) -> Outcome:
+        queued_at = time.time()
+        self._preflight()
+        wanted = lambda: self.store.get_task(self.task_id)["status"] == Status.QUEUED  # noqa: E731
+        if not wait_for_leases(
+            self.store,
+            self.ctx.config,
+            self.task,
+            self.owner,
+            still_wanted=wanted,
+            on_idle=self._recover_others,
+        ):
+            raise Superseded("no longer queued")
+        self._check_disk()
+        self.deadline_at = time.time() + self.limits["timeout_seconds"]
+        if not self.store.transition(
+            self.task_id,
+            Status.RUNNING,
+            expect={Status.QUEUED},
+            phase="allocating",
+            started_at=now_iso(),
+            deadline_at=self.deadline_at,
+        ):
+            raise Superseded("claimed or cancelled")
+        self.timings["queued_s"] = round(time.time() - queued_at, 3)
+        return self._pipeline(resume_phase=None)
+
+    def _resume(self) -> Outcome:
+        task = self.store.get_task(self.task_id)
+        self.emit("task.resumed", {"phase": task["phase"], "runner": self.owner.id})
+        wanted = lambda: self.store.get_task(self.task_id)["status"] in ACTIVE  # noqa: E731
+        if not wait_for_leases(
+            self.store,
+            self.ctx.config,
+            self.task,
+            self.owner,
+            still_wanted=wanted,
+            ahead_of_queue=True,
+        ):
+            raise Superseded("no longer active")
+        return self._pipeline(resume_phase=task["phase"] or "allocating")
 
     def _preflight(self) -> None:
         """Fail fast, before anything is allocated: engine reachable, images present."""
@@ -130,71 +195,117 @@ class TaskRunner:
             ours = image == self.ctx.config.verify_image_ref
             self.ctx.sandbox.require_image(image, "verify" if ours else None)
 
-    def _verify_image(self) -> str:
-        return self.spec.verification.image or self.ctx.config.verify_image_ref
+    def _check_disk(self) -> None:
+        home = self.ctx.home
+        home.mkdir(parents=True, exist_ok=True)
+        usage = shutil.disk_usage(home)
+        reserve_gb = self.ctx.config.disk_reserve_gb
+        reserve = (
+            reserve_gb * 2**30 if reserve_gb is not None else max(10 * 2**30, 0.05 * usage.total)
+        )
+        if usage.free < reserve:
+            raise BridgeError(
+                f"Only {usage.free / 2**30:.1f} GiB free under {home}, below the reserve of "
+                f"{reserve / 2**30:.1f} GiB (disk_reserve_gb); free space or run "
+                "`worker-bridge workspaces prune --apply`.",
+                kind="sandbox",
+            )
 
-    def _acquire_leases(self) -> bool:
-        scopes = {
-            "global": self.ctx.config.max_concurrency,
-            f"repo:{self.task['repository']}": self.ctx.config.repo_concurrency,
-        }
-        delay = 0.05
-        while not self.store.acquire_leases(self.task_id, self.owner, scopes, LEASE_TTL):
-            if self.store.get_task(self.task_id)["status"] != Status.QUEUED:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        return True
+    def _recover_others(self) -> None:
+        """While waiting for capacity, a surviving runner also hands on stranded tasks."""
+        from bridge.pipeline.recovery import recover_stranded
+
+        recover_stranded(self.ctx)
 
     def _start_heartbeat(self) -> None:
         def beat() -> None:
-            while not self._stop_heartbeat.wait(HEARTBEAT_EVERY):
-                self.store.renew_leases(self.owner, LEASE_TTL)
+            while not self._stop.wait(HEARTBEAT_EVERY):
+                if not self.store.runners.heartbeat(self.task_id, self.owner, LEASE_TTL):
+                    self._lost = True
 
         threading.Thread(target=beat, name=f"heartbeat-{self.task_id}", daemon=True).start()
 
-    def _execute(self) -> _Outcome:
-        t0 = time.monotonic()
+    def _verify_image(self) -> str:
+        return self.spec.verification.image or self.ctx.config.verify_image_ref
+
+    # -- phases -------------------------------------------------------------------------------
+
+    def _pipeline(self, resume_phase: str | None) -> Outcome:
         ws = TaskWorkspace.plan(self.ctx.home, Path(self.task["repository"]), self.task_id)
+        phase = resume_phase or "allocating"
+        if self.remaining() <= 0:
+            return Outcome(Status.TIMED_OUT, self._timeout_error(phase))
+        if phase == "allocating":
+            self._allocate(ws, sweep=resume_phase is not None)
+            phase = "worker"
+        turn = Turn(self.spec.objective, self.spec.metadata)
+        if phase == "worker":
+            self.enter_phase("worker")
+            t0 = time.monotonic()
+            exit_info = run_worker_turn(self, ws, turn, resume=resume_phase == "worker")
+            self.timings["worker_s"] = round(time.monotonic() - t0, 3)
+            self.ensure_active()
+            phase = "collecting"
+        else:
+            exit_info = WorkerExit.from_document(
+                self.store.get_task(self.task_id)["worker_exit"], turn.number
+            )
+        if phase == "collecting":
+            self.enter_phase("collecting")
+            return self._collect_and_check(ws, exit_info, turn)
+        task = self.store.get_task(self.task_id)
+        changes = list_changes(ws.repository, task["base_commit"], task["snapshot_commit"])
+        return self._verify(ws, task["snapshot_commit"], changes, turn)
+
+    def _allocate(self, ws: TaskWorkspace, sweep: bool) -> None:
+        self.enter_phase("allocating")
+        t0 = time.monotonic()
+        if sweep:  # a runner died half way through: start the workspace again from nothing
+            remove_workspace(self.ctx.home, ws, delete_branch=True)
         self.store.update_task(self.task_id, worktree=str(ws.worktree), branch=ws.branch)
         _, owner = self.ctx.sandbox_identity()
-        create_workspace(self.ctx.home, ws, self.task["base_commit"], owner)
+        create_workspace(
+            self.ctx.home,
+            ws,
+            self.task["base_commit"],
+            owner,
+            timeout=self.ctx.config.allocation_timeout_s,
+        )
         self.timings["prepare_s"] = round(time.monotonic() - t0, 3)
         self.emit("workspace.ready", {"worktree": str(ws.worktree), "branch": ws.branch})
-        return self.run_turn(ws, Turn(self.spec.objective, self.spec.metadata))
 
-    def run_turn(self, ws: TaskWorkspace, turn: Turn) -> _Outcome:
-        """Worker container, collect, verify: one turn on an allocated workspace."""
-        self.set_phase("worker")
-        t0 = time.monotonic()
-        exit_info, summary, tail = self._run_worker(ws, turn)
-        self.timings["worker_s"] = round(time.monotonic() - t0, 3)
-
-        self.set_phase("collecting")
+    def _collect_and_check(
+        self, ws: TaskWorkspace, exit_info: WorkerExit | None, turn: Turn
+    ) -> Outcome:
         t0 = time.monotonic()
         snapshot, changes = self._collect(ws)
         self.timings["collect_s"] = round(time.monotonic() - t0, 3)
-        fields = {
-            "summary": summary,
-            "snapshot_commit": snapshot,
-            "changed_files": [c.result_entry() for c in changes],
-        }
-        self.store.update_task(self.task_id, **fields)
-
+        self.store.update_task(
+            self.task_id,
+            summary=exit_info.summary if exit_info else None,
+            snapshot_commit=snapshot,
+            changed_files=[c.result_entry() for c in changes],
+        )
+        if exit_info is None:
+            return Outcome(
+                Status.FAILED,
+                _error("internal", "The worker's exit was not recorded; run the task again."),
+            )
         if exit_info.timed_out:
-            return _Outcome(Status.TIMED_OUT, self._timeout_error("the worker was running"))
+            return Outcome(Status.TIMED_OUT, self._timeout_error("the worker was running"))
         if exit_info.oom_killed:
-            return _Outcome(
+            return Outcome(
                 Status.FAILED,
                 _error(
                     "out_of_memory",
                     f"The worker ran out of memory (limit {self.limits['memory_mb']} MB, "
-                    "limits.memory_mb); raise the limit or narrow the task.",
+                    f"limits.memory_mb; exit status {exit_info.exit_code}); raise the limit or "
+                    "narrow the task.",
                 ),
             )
         if exit_info.exit_code != 0:
-            last = self.redactor.redact(tail.strip()[:300])
-            return _Outcome(
+            last = exit_info.last_progress
+            return Outcome(
                 Status.FAILED,
                 _error(
                     "worker_exit",
@@ -205,7 +316,7 @@ class TaskRunner:
             )
         hits = protected_violations(changes, self.spec.verification.protected_paths)
         if hits:
-            return _Outcome(
+            return Outcome(
                 Status.FAILED,
                 _error(
                     "protected_path",
@@ -213,19 +324,39 @@ class TaskRunner:
                     "(verification.protected_paths); the change was not verified.",
                 ),
             )
-        return self._verify(ws, snapshot, turn)
+        return self._verify(ws, snapshot, changes, turn)
 
-    def _verify(self, ws: TaskWorkspace, snapshot: str, turn: Turn) -> _Outcome:
+    def _collect(self, ws: TaskWorkspace) -> tuple[str, list[Change]]:
+        base = self.task["base_commit"]
+        snapshot = snapshot_worktree(ws, base, f"worker-bridge snapshot of task {self.task_id}")
+        changes = list_changes(ws.repository, base, snapshot)
+        out = self.ctx.task_dir(self.task_id)
+        out.mkdir(parents=True, exist_ok=True)
+        diff_path, manifest_path = out / "changes.diff", out / "manifest.json"
+        size, digest = write_diff(ws.repository, base, snapshot, diff_path)
+        self.store.add_artifact(self.task_id, "diff", diff_path, size, digest)
+        size, digest = write_manifest(changes, base, snapshot, manifest_path)
+        self.store.add_artifact(self.task_id, "manifest", manifest_path, size, digest)
+        return snapshot, changes
+
+    def _verify(
+        self, ws: TaskWorkspace, snapshot: str, changes: list[Change], turn: Turn
+    ) -> Outcome:
         commands = self.spec.verification.commands
         if not commands:
-            return _Outcome(
+            return Outcome(
                 Status.SUCCEEDED,
                 fields={"verification": {"ok": None, "image": None, "commands": []}},
             )
-        if not self.store.transition(
+        status = self.store.get_task(self.task_id)["status"]
+        if status != Status.VERIFYING and not self.store.transition(
             self.task_id, Status.VERIFYING, expect={Status.RUNNING}, phase="verifying"
         ):
-            raise _Superseded()
+            raise Superseded("not running")
+        self.enter_phase("verifying")
+        self.ctx.sandbox.remove_by_labels(
+            {"io.worker-bridge.task": self.task_id, "io.worker-bridge.role": "verify"}
+        )
         self.emit("verification.started", {"commands": commands, "image": self._verify_image()})
         t0 = time.monotonic()
         outcome = run_verification(
@@ -239,19 +370,21 @@ class TaskRunner:
             self.redactor,
             self.emit,
             turn.number,
+            should_stop=lambda: self.store.get_task(self.task_id)["status"] in TERMINAL,
         )
+        self.ensure_active()
         self.timings["verify_s"] = round(time.monotonic() - t0, 3)
         doc = outcome.document()
         self.emit("verification.completed", {"ok": outcome.ok})
         if outcome.timed_out:
-            return _Outcome(
+            return Outcome(
                 Status.TIMED_OUT,
                 self._timeout_error("verification was running"),
                 {"verification": doc},
             )
         if not outcome.ok:
             bad = next(c for c in outcome.commands if c["exit_code"] != 0)
-            return _Outcome(
+            return Outcome(
                 Status.FAILED,
                 _error(
                     "verification_failed",
@@ -260,7 +393,7 @@ class TaskRunner:
                 ),
                 {"verification": doc},
             )
-        return _Outcome(Status.SUCCEEDED, fields={"verification": doc})
+        return Outcome(Status.SUCCEEDED, fields={"verification": doc})
 
     def _timeout_error(self, phase: str) -> dict[str, str]:
         return _error(
@@ -269,89 +402,15 @@ class TaskRunner:
             "(limits.timeout_seconds); raise the limit or narrow the task.",
         )
 
-    # -- the worker container -----------------------------------------------------------------
+    # -- the end ------------------------------------------------------------------------------
 
-    def _run_worker(self, ws: TaskWorkspace, turn: Turn):
-        worker = get_worker(self.ctx.config, self.spec.worker)
-        launch = worker.launch(turn)
-        for secret in launch.secrets:
-            self.redactor.add_secret(secret)
-        inputs = self.ctx.task_dir(self.task_id) / f"inputs-{turn.number}"
-        inputs.mkdir(parents=True, exist_ok=True)
-        inputs.chmod(0o755)
-        for name, content in launch.files.items():
-            (inputs / name).write_text(content, encoding="utf-8")
-            (inputs / name).chmod(0o644)
-        user, _ = self.ctx.sandbox_identity()
-        mounts = [
-            Mount(ws.worktree, "/workspace", read_only=self.spec.permission == "read_only"),
-            Mount(ws.gitfile, "/workspace/.git", read_only=True),
-            Mount(ws.private_gitdir, CONTAINER_GITDIR, read_only=False),
-            Mount(ws.objects, CONTAINER_OBJECTS, read_only=True),
-            Mount(inputs, INPUTS_DIR, read_only=True),
-        ]
-        env = {"HOME": "/home/worker", **launch.env}
-        if self.ctx.config.extra_ca_file:
-            mounts.append(Mount(self.ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
-            env["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
-        container_id = self.ctx.sandbox.start(
-            ContainerSpec(
-                image=worker.image(self.ctx.config),
-                command=launch.command,
-                user=user,
-                labels=self.ctx.labels(self.task_id, "worker", turn=str(turn.number)),
-                mounts=mounts,
-                env=env,
-                memory_mb=self.limits["memory_mb"],
-                cpus=self.limits["cpus"],
-                pids=self.limits["pids"],
-                runtime=self.ctx.config.runtime,
-            )
-        )
-        self.store.update_task(self.task_id, container_id=container_id)
-        self.emit(
-            "worker.started",
-            {"container": container_id[:12], "turn": turn.number, "worker": worker.name},
-        )
-        reader = _OutputReader(self, worker, container_id)
-        reader.start()
-        exit_info = self.ctx.sandbox.wait(container_id, timeout=max(self.remaining(), 0.01))
-        reader.join(timeout=30)
-        self.emit(
-            "worker.completed",
-            {
-                "exit_code": exit_info.exit_code,
-                "oom_killed": exit_info.oom_killed,
-                "timed_out": exit_info.timed_out,
-            },
-        )
-        self.ctx.sandbox.remove(container_id)
-        summary = reader.summary
-        if summary is None:
-            summary = reader.last_line
-        summary = self.redactor.redact((summary or "")[: self.ctx.config.output_tail_chars])
-        return exit_info, summary, reader.last_progress or ""
-
-    def _collect(self, ws: TaskWorkspace):
-        base = self.task["base_commit"]
-        snapshot = snapshot_worktree(ws, base, f"worker-bridge snapshot of task {self.task_id}")
-        changes = list_changes(ws.repository, base, snapshot)
-        out = self.ctx.task_dir(self.task_id)
-        out.mkdir(parents=True, exist_ok=True)
-        diff_path, manifest_path = out / "changes.diff", out / "manifest.json"
-        size, digest = write_diff(ws.repository, base, snapshot, diff_path)
-        self.store.add_artifact(self.task_id, "diff", diff_path, size, digest)
-        size, digest = write_manifest(changes, base, snapshot, manifest_path)
-        self.store.add_artifact(self.task_id, "manifest", manifest_path, size, digest)
-        return snapshot, changes
-
-    def _cleanup_containers(self) -> None:
+    def _remove_containers(self) -> None:
         try:
             self.ctx.sandbox.remove_by_labels({"io.worker-bridge.task": self.task_id})
         except BridgeError:
             pass
 
-    def _finish(self, outcome: _Outcome) -> None:
+    def _finish(self, outcome: Outcome) -> None:
         fields = dict(outcome.fields)
         fields["timings"] = self.timings
         fields["finished_at"] = now_iso()
@@ -359,45 +418,3 @@ class TaskRunner:
         fields["error"] = self.redactor.redact_data(outcome.error) if outcome.error else None
         event = {"error": fields["error"]} if outcome.error else {}
         self.store.transition(self.task_id, outcome.status, event=event, **fields)
-
-
-class _Superseded(BridgeError):
-    """The task left the status this runner expected (cancelled meanwhile)."""
-
-
-class _OutputReader(threading.Thread):
-    """Streams the worker's output into bounded, redacted `worker.progress` events."""
-
-    def __init__(self, runner: TaskRunner, worker, container_id: str) -> None:
-        super().__init__(name=f"output-{container_id[:12]}", daemon=True)
-        self.runner = runner
-        self.worker = worker
-        self.container_id = container_id
-        self.summary: str | None = None
-        self.last_line: str | None = None  # raw, the summary of last resort
-        self.last_progress: str | None = None  # parsed, for error messages
-        self.count = 0
-
-    def run(self) -> None:
-        limit = self.runner.ctx.config.max_progress_events
-        try:
-            for line in self.runner.ctx.sandbox.stream_lines(self.container_id):
-                if line.strip():
-                    self.last_line = line
-                parsed = self.worker.parse_line(line)
-                if parsed.summary is not None:
-                    self.summary = parsed.summary
-                if parsed.progress is None:
-                    continue
-                if parsed.progress.strip():
-                    self.last_progress = parsed.progress
-                self.count += 1
-                if self.count <= limit:
-                    self.runner.emit("worker.progress", {"line": parsed.progress[:MAX_LINE]})
-                elif self.count == limit + 1:
-                    self.runner.emit(
-                        "worker.progress",
-                        {"line": f"[worker-bridge: output beyond {limit} lines is not recorded]"},
-                    )
-        except Exception as exc:  # a broken log stream must not break the run
-            self.runner.emit("worker.progress", {"line": f"[output stream ended: {exc}]"})

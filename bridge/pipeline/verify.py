@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +37,9 @@ def run_verification(
     limits: dict[str, Any],
     remaining: float,
     redactor: Redactor,
-    emit,
+    emit: Callable[[str, dict[str, Any]], None],
     turn: int = 0,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> VerificationOutcome:
     """Run every command (all of them, even after a failure) and record each one's outcome."""
     outcome = VerificationOutcome(ok=None, image=image)
@@ -78,7 +80,7 @@ def run_verification(
         killer.daemon = True
         killer.start()
         for command in commands:
-            if expired.is_set():
+            if expired.is_set() or should_stop():
                 break
             shown = redactor.redact(command)
             started = time.monotonic()

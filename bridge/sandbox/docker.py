@@ -158,11 +158,13 @@ class DockerSandbox:
             raise SandboxError(f"The container would not start: {exc}") from exc
         return str(container.id)
 
-    def stream_lines(self, container_id: str) -> Iterator[str]:
-        """Output lines (stdout and stderr) from the start until the container exits."""
+    def stream_lines(self, container_id: str, since: float | None = None) -> Iterator[str]:
+        """Output lines (stdout and stderr) from the start, or from ``since`` (epoch seconds),
+        until the container exits."""
         container = self.client.containers.get(container_id)
         pending = b""
-        for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+        options = {"since": float(since)} if since else {}
+        for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True, **options):
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:

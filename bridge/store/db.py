@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -21,9 +19,18 @@ import sqlite_utils
 
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
+from bridge.store.leases import Leases, Runners
 from bridge.store.migrations import MIGRATIONS
 
-JSON_COLUMNS = ("spec", "config", "error", "verification", "changed_files", "timings")
+JSON_COLUMNS = (
+    "spec",
+    "config",
+    "error",
+    "verification",
+    "changed_files",
+    "timings",
+    "worker_exit",
+)
 
 
 def now_iso() -> str:
@@ -46,6 +53,8 @@ class Store:
         conn.execute("PRAGMA foreign_keys = ON")
         self._lock = threading.RLock()
         self._migrate()
+        self.runners = Runners(self)
+        self.leases = Leases(self)
 
     def close(self) -> None:
         self.db.conn.close()
@@ -129,14 +138,20 @@ class Store:
             )
         return row["task_id"], True
 
+    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+        """Run a read under the connection lock (threads share the connection)."""
+        with self._lock:
+            cur = self.db.conn.execute(sql, params)
+            names = [c[0] for c in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
     def get_task(self, task_id: str) -> dict[str, Any]:
-        cur = self.db.conn.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
-        found = cur.fetchone()
-        if found is None:
+        rows = self.query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
+        if not rows:
             raise TaskNotFound(
                 f"No task '{task_id}' in this store; `worker-bridge tasks list` shows the ids."
             )
-        return self._decode(dict(zip([c[0] for c in cur.description], found, strict=True)))
+        return self._decode(rows[0])
 
     def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[dict]:
         sql = "SELECT * FROM tasks"
@@ -148,9 +163,12 @@ class Store:
         if limit:
             sql += " LIMIT ?"
             params.append(limit)
-        cur = self.db.conn.execute(sql, params)
-        names = [c[0] for c in cur.description]
-        return [self._decode(dict(zip(names, r, strict=True))) for r in cur.fetchall()]
+        return [self._decode(row) for row in self.query(sql, params)]
+
+    def list_tasks_by_ids(self, task_ids: list[str]) -> list[dict[str, Any]]:
+        marks = ", ".join("?" for _ in task_ids)
+        sql = f"SELECT * FROM tasks WHERE task_id IN ({marks})"
+        return [self._decode(row) for row in self.query(sql, task_ids)]
 
     def update_task(self, task_id: str, **fields: Any) -> None:
         """Write non-status fields (results, paths, timings)."""
@@ -214,21 +232,20 @@ class Store:
                 self._insert_event(conn, task_id, kind, data)
 
     def events(self, task_id: str, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
-        cur = self.db.conn.execute(
+        rows = self.query(
             "SELECT event_id, task_id, kind, at, data FROM events"
             " WHERE task_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
             (task_id, after, limit),
         )
-        return [
-            {"event_id": r[0], "task_id": r[1], "kind": r[2], "at": r[3], "data": json.loads(r[4])}
-            for r in cur.fetchall()
-        ]
+        for row in rows:
+            row["data"] = json.loads(row["data"])
+        return rows
 
     def count_events(self, task_id: str, kind: str) -> int:
-        cur = self.db.conn.execute(
-            "SELECT count(*) FROM events WHERE task_id = ? AND kind = ?", (task_id, kind)
+        rows = self.query(
+            "SELECT count(*) AS n FROM events WHERE task_id = ? AND kind = ?", (task_id, kind)
         )
-        return int(cur.fetchone()[0])
+        return int(rows[0]["n"])
 
     # -- artifacts --------------------------------------------------------------------------
 
@@ -241,59 +258,14 @@ class Store:
             )
 
     def artifacts(self, task_id: str) -> dict[str, str]:
-        cur = self.db.conn.execute(
+        rows = self.query(
             "SELECT name, path FROM artifacts WHERE task_id = ? ORDER BY name", (task_id,)
         )
-        return {name: path for name, path in cur.fetchall()}
+        return {row["name"]: row["path"] for row in rows}
 
-    # -- leases -----------------------------------------------------------------------------
-
-    def acquire_leases(self, task_id: str, owner: str, scopes: dict[str, int], ttl: float) -> bool:
-        """Take one lease in every scope (scope -> limit) atomically, or none.
-
-        A lease whose ``expires_at`` has passed is free; its row is swept here.
-        """
-        now = time.time()
+    def remove_artifacts(self, task_id: str) -> None:
         with self.transaction() as conn:
-            conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
-            for scope, limit in scopes.items():
-                held = conn.execute(
-                    "SELECT count(*) FROM leases WHERE scope = ? AND task_id != ?",
-                    (scope, task_id),
-                ).fetchone()[0]
-                if held >= limit:
-                    return False
-            for scope in scopes:
-                conn.execute(
-                    "INSERT INTO leases (lease_id, scope, task_id, owner, acquired_at, expires_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (uuid.uuid4().hex, scope, task_id, owner, now, now + ttl),
-                )
-        return True
-
-    def renew_leases(self, owner: str, ttl: float) -> int:
-        with self.transaction() as conn:
-            cur = conn.execute(
-                "UPDATE leases SET expires_at = ? WHERE owner = ?", (time.time() + ttl, owner)
-            )
-            return cur.rowcount
-
-    def release_leases(self, task_id: str, owner: str | None = None) -> None:
-        with self.transaction() as conn:
-            if owner:
-                conn.execute("DELETE FROM leases WHERE task_id = ? AND owner = ?", (task_id, owner))
-            else:
-                conn.execute("DELETE FROM leases WHERE task_id = ?", (task_id,))
-
-    def live_leases(self, scope: str | None = None) -> list[dict[str, Any]]:
-        sql = "SELECT * FROM leases WHERE expires_at > ?"
-        params: list[Any] = [time.time()]
-        if scope:
-            sql += " AND scope = ?"
-            params.append(scope)
-        cur = self.db.conn.execute(sql, params)
-        names = [c[0] for c in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            conn.execute("DELETE FROM artifacts WHERE task_id = ?", (task_id,))
 
 
 def transition_table() -> dict[str, list[str]]:

@@ -72,3 +72,26 @@ def _initial(db: sqlite_utils.Database) -> None:
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("0001_initial", _initial),
 ]
+
+
+def _runners_and_owners(db: sqlite_utils.Database) -> None:
+    """Runner ownership of a task (for claim and crash recovery), the persisted deadline, the
+    worker's recorded exit (so a crash between exit and collect loses nothing), and the owner
+    process of each lease (so a dead owner on this host frees its capacity at once)."""
+    for column, kind in (
+        ("runner_id", str),
+        ("runner_host", str),
+        ("runner_pid", int),
+        ("runner_pid_started", float),
+        ("runner_expires_at", float),
+        ("deadline_at", float),
+        ("worker_exit", str),
+        ("pruned_at", str),
+    ):
+        db["tasks"].add_column(column, kind)
+    for column, kind in (("host", str), ("pid", int), ("pid_started", float)):
+        db["leases"].add_column(column, kind)
+    db["tasks"].create_index(["status", "runner_expires_at"])
+
+
+MIGRATIONS.append(("0002_runners_and_owners", _runners_and_owners))

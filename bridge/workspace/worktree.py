@@ -55,7 +55,11 @@ def check_disjoint(home: Path, repository: Path) -> None:
 
 
 def create_workspace(
-    home: Path, ws: TaskWorkspace, base_commit: str, owner: tuple[int, int] | None
+    home: Path,
+    ws: TaskWorkspace,
+    base_commit: str,
+    owner: tuple[int, int] | None,
+    timeout: float = 300,
 ) -> None:
     """Add the worktree and the container's private git dir. On any failure, undo both."""
     check_disjoint(home, ws.repository)
@@ -63,7 +67,14 @@ def create_workspace(
     try:
         with repository_lock(home, ws.repository):
             Git(ws.repository).run(
-                "worktree", "add", "--quiet", "-b", ws.branch, str(ws.worktree), base_commit
+                "worktree",
+                "add",
+                "--quiet",
+                "-b",
+                ws.branch,
+                str(ws.worktree),
+                base_commit,
+                timeout=timeout,
             )
         _make_private_gitdir(ws, base_commit)
         if owner is not None:

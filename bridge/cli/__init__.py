@@ -1,0 +1,141 @@
+"""The `worker-bridge` command: a thin layer over WorkerBridge.
+
+Exit codes: 0 success; 1 the task failed or was refused; 2 usage, configuration or invalid spec.
+With --json, stdout carries exactly one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bridge.cli import commands as c
+from bridge.errors import BridgeError
+from bridge.service import WorkerBridge
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"worker-bridge: {message} (see `{self.prog} --help`)\n")
+
+
+def _task_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--objective", help="what the worker should do")
+    p.add_argument("--repo", help="path to the git repository (made absolute)")
+    p.add_argument("--worker", help="worker name (`workers list`)")
+    p.add_argument("--verify", action="append", metavar="CMD", help="verify command (repeatable)")
+    p.add_argument(
+        "--protect", action="append", metavar="GLOB", help="protected path pattern (repeatable)"
+    )
+    p.add_argument("--type", choices=["chore", "feature", "hotfix", "refactor"])
+    p.add_argument("--spec", metavar="FILE", help="JSON task spec; flags override its fields")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--timeout", type=int, metavar="S", help="deadline for the whole task")
+    p.add_argument("--base-ref", help="commit-ish to start from (default HEAD)")
+    p.add_argument("--permission", choices=["read_only", "workspace_write", "full_access"])
+    p.add_argument("--metadata-json", metavar="JSON", help="merged into the spec's metadata")
+    p.add_argument("--json", action="store_true", help="print the task result as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="worker-bridge", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="group", required=True, parser_class=_Parser)
+
+    tasks = sub.add_parser("tasks", help="create, run and inspect tasks")
+    tsub = tasks.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = tsub.add_parser("create", help="validate and record a task; prints its id")
+    _task_flags(p)
+    p.set_defaults(func=c.cmd_tasks_create)
+    p = tsub.add_parser("run", help="create a task and run it to the end")
+    _task_flags(p)
+    p.set_defaults(func=c.cmd_tasks_run)
+    p = tsub.add_parser("start", help="start a created task")
+    p.add_argument("task_id")
+    p.add_argument("--wait", action="store_true", help="run in this process until it ends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_start)
+    p = tsub.add_parser("show", help="show a task result")
+    p.add_argument("task_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_show)
+    p = tsub.add_parser("list", help="list tasks, newest first")
+    p.add_argument("--status")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_list)
+    p = tsub.add_parser("logs", help="a task's events")
+    p.add_argument("task_id")
+    p.add_argument("--follow", action="store_true", help="keep printing until the task ends")
+    p.add_argument("--after", type=int, default=0, help="only events after this event id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_logs)
+    p = tsub.add_parser("accept", help="write a verified snapshot into the working tree")
+    p.add_argument("task_id")
+    p.add_argument("--allow-unverified", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_accept)
+
+    p = tsub.add_parser("cancel", help="cancel a task and kill its containers")
+    p.add_argument("task_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_cancel)
+
+    spaces = sub.add_parser("workspaces", help="reclaim worktrees, branches and artifacts")
+    ssub = spaces.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = ssub.add_parser("prune", help="reclaim what finished tasks left (dry run by default)")
+    p.add_argument("--apply", action="store_true", help="remove, rather than list")
+    p.add_argument(
+        "--include-unaccepted",
+        action="store_true",
+        help="also reclaim succeeded tasks whose work was not accepted",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_workspaces_prune)
+
+    workers = sub.add_parser("workers", help="list and link workers")
+    wsub = workers.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = wsub.add_parser("list")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_workers_list)
+    p = wsub.add_parser("link", help="register a command-line agent as a worker")
+    p.add_argument("name")
+    p.add_argument("--command-json", required=True, help='e.g. \'["my-agent","run","{prompt}"]\'')
+    p.add_argument("--image", help="image to run it in (default: the base image)")
+    p.set_defaults(func=c.cmd_workers_link)
+
+    images = sub.add_parser("images", help="build the worker-bridge images")
+    isub = images.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = isub.add_parser("build", help="build base, verify and worker images")
+    p.add_argument("names", nargs="*", metavar="NAME", help="base, verify or a worker name")
+    p.add_argument("--base-image", help="BASE_IMAGE for the base image (a local ref works)")
+    p.set_defaults(func=c.cmd_images_build)
+
+    p = sub.add_parser("doctor", help="check that tasks can run here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_doctor)
+    p = sub.add_parser("mcp", help="run the MCP server on stdio")
+    p.set_defaults(func=c.cmd_mcp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    bridge = None
+    try:
+        bridge = WorkerBridge()
+        if args.group in ("tasks", "workspaces"):
+            bridge.recover()  # any command resolves tasks whose runner died
+        return args.func(bridge, args)
+    except BridgeError as exc:
+        print(f"worker-bridge: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("worker-bridge: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if bridge is not None:
+            bridge.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

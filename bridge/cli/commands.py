@@ -1,0 +1,268 @@
+"""The CLI's commands: each turns parsed arguments into one WorkerBridge call and prints it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bridge.cli.render import out_json, print_event, print_result
+from bridge.errors import InvalidSpec
+from bridge.models import TERMINAL
+from bridge.service import WorkerBridge
+
+
+def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if args.spec:
+        try:
+            spec = json.loads(Path(args.spec).read_text())
+        except FileNotFoundError as exc:
+            raise InvalidSpec(f"Spec file {args.spec} does not exist.") from exc
+        except ValueError as exc:
+            raise InvalidSpec(f"Spec file {args.spec} is not valid JSON ({exc}).") from exc
+        if not isinstance(spec, dict):
+            raise InvalidSpec(f"Spec file {args.spec} must hold a JSON object.")
+    if args.objective is not None:
+        spec["objective"] = args.objective
+    if args.worker is not None:
+        spec["worker"] = args.worker
+    workspace = (
+        spec.setdefault("workspace", {})
+        if isinstance(spec.get("workspace", {}), dict)
+        else spec["workspace"]
+    )
+    if args.repo is not None:
+        workspace["repository"] = str(Path(args.repo).expanduser().absolute())
+    if args.base_ref is not None:
+        workspace["base_ref"] = args.base_ref
+    if args.verify:
+        spec.setdefault("verification", {})["commands"] = args.verify
+    if args.protect:
+        spec.setdefault("verification", {})["protected_paths"] = args.protect
+    if args.permission is not None:
+        spec["permission"] = args.permission
+    if args.priority is not None:
+        spec["priority"] = args.priority
+    if args.timeout is not None:
+        spec.setdefault("limits", {})["timeout_seconds"] = args.timeout
+    if args.metadata_json is not None:
+        try:
+            extra = json.loads(args.metadata_json)
+        except ValueError as exc:
+            raise InvalidSpec(f"--metadata-json is not valid JSON ({exc}).") from exc
+        if not isinstance(extra, dict):
+            raise InvalidSpec("--metadata-json must be a JSON object.")
+        spec.setdefault("metadata", {}).update(extra)
+    if args.type is not None:
+        spec.setdefault("metadata", {})["type"] = args.type
+    if args.spec:
+        return spec  # the spec's own validation names what is missing or unknown
+    if "objective" not in spec:
+        raise InvalidSpec("--objective is required (or give --spec FILE with an objective).")
+    if not workspace.get("repository"):
+        raise InvalidSpec("--repo is required (or give --spec FILE with workspace.repository).")
+    return spec
+
+
+def cmd_tasks_create(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    result = bridge.create_task(_spec_from_args(args))
+    if args.json:
+        out_json(result)
+    else:
+        print(result["task_id"])
+    return 0
+
+
+def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.json:
+        out_json(result)
+    else:
+        print_result(result)
+    if result["status"] != "succeeded":
+        reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
+        print(
+            f"worker-bridge: task {result['task_id']} {result['status']}: {reason}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _run_in_foreground(bridge: WorkerBridge, task_id: str, args: argparse.Namespace) -> int:
+    """Run to the end in this process; Ctrl-C cancels the task rather than stranding it."""
+    try:
+        result = bridge.run_task(task_id)
+    except KeyboardInterrupt:
+        result = bridge.cancel_task(task_id)
+    return _finish(result, args)
+
+
+def cmd_tasks_run(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    created = bridge.create_task(_spec_from_args(args))
+    return _run_in_foreground(bridge, created["task_id"], args)
+
+
+def cmd_tasks_start(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    if args.wait:
+        return _run_in_foreground(bridge, args.task_id, args)
+    result = bridge.start_detached(args.task_id)
+    if args.json:
+        out_json(result)
+    else:
+        print(
+            f"task {result['task_id']}: {result['status']} (running in the background; "
+            f"`worker-bridge tasks show {result['task_id']}`)"
+        )
+    return 0
+
+
+def cmd_tasks_show(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    result = bridge.get_task(args.task_id)
+    if args.json:
+        out_json(result)
+    else:
+        print_result(result)
+    return 0
+
+
+def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    tasks = bridge.list_tasks(status=args.status, limit=args.limit)
+    if args.json:
+        out_json({"tasks": tasks})
+        return 0
+    for task in tasks:
+        print(
+            f"{task['task_id']}  {task['status']:<10} {task['worker']:<10} "
+            f"{task['created_at']}  {task['objective'].strip()[:60]}"
+        )
+    return 0
+
+
+def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    after = args.after
+    collected: list[dict[str, Any]] = []
+    while True:
+        page = bridge.task_logs(args.task_id, after=after, limit=500)
+        for event in page["events"]:
+            if args.json:
+                collected.append(event)
+            else:
+                print_event(event)
+        after = page["next_after"]
+        if page["events"]:
+            continue
+        if not args.follow or bridge.get_task(args.task_id)["status"] in TERMINAL:
+            # one last page: events written just before the terminal status
+            if args.follow and bridge.task_logs(args.task_id, after=after)["events"]:
+                continue
+            break
+        time.sleep(0.25)
+    if args.json:
+        out_json({"events": collected, "next_after": after})
+    return 0
+
+
+def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    outcome = bridge.accept_task(args.task_id, allow_unverified=args.allow_unverified)
+    if args.json:
+        out_json(outcome)
+    if not outcome["accepted"]:
+        print(f"worker-bridge: {outcome['reason']}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(
+            f"task {args.task_id}: accepted; {len(outcome['applied'])} file(s) written to the "
+            "working tree as uncommitted changes"
+        )
+        for path in outcome["applied"]:
+            print(f"  {path}")
+    return 0
+
+
+def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    before = bridge.get_task(args.task_id)["status"]
+    result = bridge.cancel_task(args.task_id)
+    if args.json:
+        out_json(result)
+    if result["status"] != "cancelled":
+        print(
+            f"worker-bridge: task {args.task_id} already ended {result['status']}; "
+            "nothing to cancel.",
+            file=sys.stderr,
+        )
+        return 1
+    if not args.json:
+        note = " (it was already cancelled)" if before == "cancelled" else ""
+        print(f"task {args.task_id}: cancelled{note}")
+    return 0
+
+
+def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    from bridge.pipeline.prune import prune
+
+    report = prune(bridge.context(), apply=args.apply, include_unaccepted=args.include_unaccepted)
+    if args.json:
+        out_json(report)
+        return 0
+    verb = "removed" if args.apply else "would remove"
+    for action in report["actions"]:
+        owner = f" (task {action['task_id']})" if action["task_id"] else ""
+        print(f"{verb} {action['kind']} {action['target']}{owner}: {action['reason']}")
+    if not report["actions"]:
+        print("nothing to prune")
+    elif not args.apply:
+        print(f"{len(report['actions'])} item(s); run again with --apply to remove them")
+    return 0
+
+
+def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    workers = bridge.list_workers()
+    if args.json:
+        out_json({"workers": workers})
+        return 0
+    for w in workers:
+        state = "installed" if w["installed"] else "not built"
+        print(f"{w['name']:<14} {state:<10} {w['image']}")
+    return 0
+
+
+def cmd_workers_link(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    try:
+        command = json.loads(args.command_json)
+    except ValueError as exc:
+        raise InvalidSpec(f"--command-json is not valid JSON ({exc}).") from exc
+    if not isinstance(command, list):
+        raise InvalidSpec("--command-json must be a JSON list of strings.")
+    bridge.link_worker(args.name, command, args.image)
+    print(f"linked worker '{args.name}'")
+    return 0
+
+
+def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    from bridge.sandbox.images import build_images
+
+    tags = build_images(
+        bridge.config,
+        bridge.sandbox,
+        args.names or None,
+        args.base_image,
+        on_line=lambda line: print(line, flush=True),
+    )
+    print("built: " + ", ".join(tags))
+    return 0
+
+
+def cmd_doctor(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    from bridge.doctor import run_doctor
+
+    return run_doctor(bridge, as_json=args.json)
+
+
+def cmd_mcp(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    from bridge.mcp_server import main as mcp_main
+
+    return mcp_main([])

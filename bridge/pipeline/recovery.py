@@ -1,0 +1,41 @@
+"""Crash recovery, run by any bridge process: a task whose runner died is handed to a new
+detached runner (which adopts a live container, collects an exited one, or redoes an unfinished
+phase), and containers that belong to no live task are removed."""
+
+from __future__ import annotations
+
+from bridge.models import TERMINAL
+from bridge.pipeline.context import Context
+from bridge.pipeline.detached import spawn_runner
+from bridge.sandbox.docker import LABEL, home_id
+
+
+def recover_stranded(ctx: Context) -> list[str]:
+    """Spawn a runner for each stranded task; returns their ids."""
+    recovered = []
+    for row in ctx.store.runners.stranded():
+        if spawn_runner(ctx.config, ctx.store, row["task_id"], replacing=row["runner_id"]):
+            ctx.store.add_event(
+                row["task_id"], "task.recovering", {"phase": row["phase"], "status": row["status"]}
+            )
+            recovered.append(row["task_id"])
+    return recovered
+
+
+def orphan_containers(ctx: Context) -> list[dict]:
+    """Containers of this state root whose task is unknown or already terminal."""
+    found = ctx.sandbox.containers({f"{LABEL}.home": home_id(ctx.home)})
+    orphans = []
+    for item in found:
+        task_id = item["labels"].get(f"{LABEL}.task", "")
+        rows = ctx.store.list_tasks_by_ids([task_id]) if task_id else []
+        if not rows or rows[0]["status"] in TERMINAL:
+            orphans.append(item)
+    return orphans
+
+
+def remove_orphan_containers(ctx: Context) -> int:
+    orphans = orphan_containers(ctx)
+    for item in orphans:
+        ctx.sandbox.remove(item["id"])
+    return len(orphans)

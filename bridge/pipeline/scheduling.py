@@ -1,0 +1,61 @@
+"""Capacity: which lease scopes a task needs, and waiting for them in start order (priority,
+then age) while the task is still wanted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bridge.config import Config
+from bridge.store import Store
+from bridge.store.owners import Owner
+
+LEASE_TTL = 10.0
+HEARTBEAT_EVERY = 2.0
+
+
+def task_scopes(config: Config, task: dict[str, Any]) -> dict[str, int]:
+    """scope -> limit for one task: the host, its repository and, if limited, its worker."""
+    scopes = {
+        "global": config.max_concurrency,
+        f"repo:{task['repository']}": config.repo_concurrency,
+    }
+    limit = config.worker_concurrency.get(task["worker"])
+    if limit:
+        scopes[f"worker:{task['worker']}"] = limit
+    return scopes
+
+
+def wait_for_leases(
+    store: Store,
+    config: Config,
+    task: dict[str, Any],
+    owner: Owner,
+    *,
+    still_wanted: Callable[[], bool],
+    ahead_of_queue: bool = False,
+    on_idle: Callable[[], None] | None = None,
+) -> bool:
+    """Block until the task holds a lease in each of its scopes; False if it stopped being
+    wanted (cancelled) meanwhile. ``ahead_of_queue``: a resumed task goes before queued ones."""
+    scopes = task_scopes(config, task)
+    delay = 0.02
+    last_idle = time.monotonic()
+    while True:
+        waiting = (
+            []
+            if ahead_of_queue
+            else [
+                (row["task_id"], task_scopes(config, row)) for row in store.leases.queued_waiting()
+            ]
+        )
+        if store.leases.acquire(task["task_id"], owner, scopes, LEASE_TTL, waiting):
+            return True
+        if not still_wanted():
+            return False
+        if on_idle and time.monotonic() - last_idle > 2.0:
+            on_idle()
+            last_idle = time.monotonic()
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)

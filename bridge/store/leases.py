@@ -1,0 +1,208 @@
+"""Runner claims and leases: who runs a task, and how many task containers may run at once.
+
+A runner claims its task (only one live runner per task) and renews that claim and its leases
+with a heartbeat. A lease row is (scope, task, owner, expires_at); acquiring takes one lease in
+every scope of the task in one BEGIN IMMEDIATE transaction, so limits hold across processes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from bridge.errors import TaskNotFound
+from bridge.models import TERMINAL
+from bridge.store.owners import Owner, process_alive
+
+if TYPE_CHECKING:
+    from bridge.store.db import Store
+
+
+class Runners:
+    """The runner that owns each task."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def claim(self, task_id: str, owner: Owner, ttl: float) -> bool:
+        """Make ``owner`` the task's only runner, unless another live runner holds it.
+
+        A reservation made by `reserve` under the same id is taken over by its process.
+        """
+        now = time.time()
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT status, runner_id, runner_host, runner_pid, runner_pid_started,"
+                " runner_expires_at FROM tasks WHERE task_id = ?",
+                (task_id,),
+            ).fetchone()
+            if row is None:
+                raise TaskNotFound(f"No task '{task_id}' in this store.")
+            status, runner_id, host, pid, started, expires = row
+            if status in {str(s) for s in TERMINAL}:
+                return False
+            held = (
+                runner_id is not None
+                and runner_id != owner.id
+                and (expires or 0) > now
+                and process_alive(host, pid, started)
+            )
+            if held:
+                return False
+            conn.execute(
+                "UPDATE tasks SET runner_id = ?, runner_host = ?, runner_pid = ?,"
+                " runner_pid_started = ?, runner_expires_at = ? WHERE task_id = ?",
+                (owner.id, owner.host, owner.pid, owner.pid_started, now + ttl, task_id),
+            )
+        return True
+
+    def reserve(self, task_id: str, runner_id: str, ttl: float, replacing: str | None) -> bool:
+        """Hold the task for a runner process about to start (its pid is not known yet).
+
+        A compare-and-set on the runner id the caller saw (``replacing``), so of several
+        processes recovering the same task, one wins.
+        """
+        with self.store.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE tasks SET runner_id = ?, runner_host = NULL, runner_pid = NULL,"
+                " runner_pid_started = NULL, runner_expires_at = ?"
+                " WHERE task_id = ? AND runner_id IS ?",
+                (runner_id, time.time() + ttl, task_id, replacing),
+            )
+            return cur.rowcount == 1
+
+    def heartbeat(self, task_id: str, owner: Owner, ttl: float) -> bool:
+        """Renew the runner's claim and its leases; False when it no longer owns the task."""
+        until = time.time() + ttl
+        with self.store.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE tasks SET runner_expires_at = ? WHERE task_id = ? AND runner_id = ?",
+                (until, task_id, owner.id),
+            )
+            conn.execute("UPDATE leases SET expires_at = ? WHERE owner = ?", (until, owner.id))
+            return cur.rowcount == 1
+
+    def release(self, task_id: str, owner: Owner) -> None:
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE tasks SET runner_expires_at = 0 WHERE task_id = ? AND runner_id = ?",
+                (task_id, owner.id),
+            )
+            conn.execute("DELETE FROM leases WHERE owner = ?", (owner.id,))
+
+    def stranded(self) -> list[dict[str, Any]]:
+        """Non-terminal tasks past `created` whose runner is gone (expired, or dead here)."""
+        now = time.time()
+        rows = self.store.query(
+            "SELECT task_id, status, phase, runner_id, runner_host, runner_pid,"
+            " runner_pid_started, runner_expires_at FROM tasks"
+            " WHERE status IN ('queued', 'running', 'verifying')"
+        )
+        out = []
+        for row in rows:
+            alive = (row["runner_expires_at"] or 0) > now and process_alive(
+                row["runner_host"], row["runner_pid"], row["runner_pid_started"]
+            )
+            if not alive:
+                out.append(row)
+        return out
+
+
+class Leases:
+    """Capacity: one lease per scope (`global`, `repo:<path>`, `worker:<name>`) per task."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _sweep(self, conn: sqlite3.Connection) -> list[tuple]:
+        """Live leases (scope, task_id, owner); sweeps expired ones and dead owners' here."""
+        now = time.time()
+        conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
+        rows = conn.execute(
+            "SELECT lease_id, scope, task_id, owner, host, pid, pid_started FROM leases"
+        ).fetchall()
+        live = []
+        for lease_id, scope, task_id, owner, host, pid, started in rows:
+            if process_alive(host, pid, started):
+                live.append((scope, task_id, owner))
+            else:
+                conn.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
+        return live
+
+    def acquire(
+        self,
+        task_id: str,
+        owner: Owner,
+        scopes: dict[str, int],
+        ttl: float,
+        waiting: list[tuple[str, dict[str, int]]] | None = None,
+    ) -> bool:
+        """Take one lease in every scope (scope -> limit) atomically, or none.
+
+        ``waiting`` lists the tasks queued ahead of this one (task id, scopes), in the order they
+        should start; a slot they could use goes to them first. Expired leases and leases of
+        owners that died on this host are free.
+        """
+        now = time.time()
+        with self.store.transaction() as conn:
+            used: dict[str, int] = {}
+            for scope, holder, _ in self._sweep(conn):
+                if holder != task_id:
+                    used[scope] = used.get(scope, 0) + 1
+            for ahead, their_scopes in waiting or []:
+                if ahead == task_id:
+                    break
+                if all(used.get(s, 0) < limit for s, limit in their_scopes.items()):
+                    for s in their_scopes:
+                        used[s] = used.get(s, 0) + 1
+            if any(used.get(scope, 0) >= limit for scope, limit in scopes.items()):
+                return False
+            conn.execute("DELETE FROM leases WHERE task_id = ? AND owner != ?", (task_id, owner.id))
+            for scope in scopes:
+                conn.execute(
+                    "INSERT INTO leases (lease_id, scope, task_id, owner, acquired_at, expires_at,"
+                    " host, pid, pid_started) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        uuid.uuid4().hex,
+                        scope,
+                        task_id,
+                        owner.id,
+                        now,
+                        now + ttl,
+                        owner.host,
+                        owner.pid,
+                        owner.pid_started,
+                    ),
+                )
+        return True
+
+    def queued_waiting(self) -> list[dict[str, Any]]:
+        """Queued tasks with a live runner, in start order: priority (high first), then age."""
+        now = time.time()
+        rows = self.store.query(
+            "SELECT task_id, worker, repository, priority, runner_host, runner_pid,"
+            " runner_pid_started FROM tasks WHERE status = 'queued' AND runner_expires_at > ?"
+            " ORDER BY priority DESC, created_at ASC, rowid ASC",
+            (now,),
+        )
+        return [
+            r
+            for r in rows
+            if process_alive(r["runner_host"], r["runner_pid"], r["runner_pid_started"])
+        ]
+
+    def release(self, task_id: str, owner: Owner | None = None) -> None:
+        with self.store.transaction() as conn:
+            if owner:
+                conn.execute(
+                    "DELETE FROM leases WHERE task_id = ? AND owner = ?", (task_id, owner.id)
+                )
+            else:
+                conn.execute("DELETE FROM leases WHERE task_id = ?", (task_id,))
+
+    def live(self, scope: str | None = None) -> list[dict[str, Any]]:
+        with self.store.transaction() as conn:
+            live = self._sweep(conn)
+        return [{"scope": s, "task_id": t, "owner": o} for s, t, o in live if scope in (None, s)]

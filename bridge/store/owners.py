@@ -1,0 +1,45 @@
+"""Who holds a lease or runs a task: a random id, plus the host, pid and process start time so
+that a dead owner on this host is recognised at once (a recycled pid has another start time).
+Owners on other hosts are trusted until their `expires_at` passes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+import psutil
+
+HOST = socket.gethostname()
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    id: str = field(default_factory=lambda: f"runner-{uuid.uuid4().hex[:12]}")
+    host: str = HOST
+    pid: int = field(default_factory=os.getpid)
+    pid_started: float | None = field(default_factory=lambda: _started(os.getpid()))
+
+
+def process_alive(host: str | None, pid: int | None, pid_started: float | None) -> bool:
+    """False only when we can tell: same host, and that pid is gone or is another process."""
+    if not host or host != HOST or not pid:
+        return True
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = proc.create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+    return pid_started is None or abs(started - pid_started) < 1.0
