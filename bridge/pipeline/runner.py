@@ -299,8 +299,13 @@ class TaskRunner:
                 _error(
                     "out_of_memory",
                     f"The worker ran out of memory (limit {self.limits['memory_mb']} MB, "
-                    f"limits.memory_mb; exit status {exit_info.exit_code}); raise the limit or "
-                    "narrow the task.",
+                    f"limits.memory_mb; exit status {exit_info.exit_code}"
+                    + (
+                        f"; last output: {exit_info.last_progress}"
+                        if exit_info.last_progress
+                        else ""
+                    )
+                    + "); raise the limit or narrow the task.",
                 ),
             )
         if exit_info.exit_code != 0:
