@@ -11,7 +11,7 @@ from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
 from bridge.pipeline.context import Context
-from bridge.pipeline.detached import spawn_runner
+from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import task_result
 from bridge.pipeline.runner import TaskRunner
@@ -133,6 +133,34 @@ class WorkerBridge:
         if not spawn_runner(self.config, self.store, task_id, replacing=task["runner_id"]):
             raise BridgeError(f"Task {task_id} was started by another process meanwhile.")
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
+        return self.get_task(task_id)
+
+    def follow_up(self, task_id: str, message: str) -> dict[str, Any]:
+        """Queue another worker turn on the task's worktree (earlier changes kept), then collect
+        and verify again, in a detached runner. Returns the task result (status `queued`)."""
+        if not message.strip():
+            raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
+        task = self.store.get_task(task_id)
+        if task["status"] not in (Status.SUCCEEDED, Status.FAILED):
+            raise BridgeError(
+                f"Task {task_id} is {task['status']}; only a succeeded or failed task takes a "
+                "follow-up (delegate a new task instead)."
+            )
+        if task.get("pruned_at") or not (self.config.home / "worktrees" / task_id).is_dir():
+            raise BridgeError(
+                f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
+            )
+        runner_id = reserve_runner(self.store, task_id, task["runner_id"])
+        follow_ups = [*(task.get("follow_ups") or []), message]
+        if runner_id is None or not self.store.transition(
+            task_id, Status.QUEUED, explicit=True, expect={Status.SUCCEEDED, Status.FAILED},
+            event={"turn": len(follow_ups)}, turn=len(follow_ups), follow_ups=follow_ups,
+            phase=None, error=None, verification=None, finished_at=None,
+        ):
+            raise BridgeError(f"Task {task_id} changed meanwhile; check it and try again.")
+        self.store.add_event(task_id, "task.follow_up", {"turn": len(follow_ups),
+                                                         "message": message})
+        launch_runner(self.config, task_id, runner_id)
         return self.get_task(task_id)
 
     def cancel_task(self, task_id: str) -> dict[str, Any]:

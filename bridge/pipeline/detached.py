@@ -17,13 +17,18 @@ from bridge.store import Store
 STARTUP_GRACE = 30.0  # seconds a reservation holds before the process has claimed it
 
 
-def spawn_runner(config: Config, store: Store, task_id: str, replacing: str | None) -> bool:
-    """Start a detached runner for ``task_id``. ``replacing`` is the runner id the caller saw
-    on the task (None for a new task): the reservation is a compare-and-set on it, so of
-    several processes recovering one task, only one spawns a runner."""
+def reserve_runner(store: Store, task_id: str, replacing: str | None) -> str | None:
+    """Reserve the task for a runner about to start: a compare-and-set on the runner id the
+    caller saw (``replacing``; None for a new task), so of several processes recovering one
+    task, only one wins. Returns the new runner id, or None when another process won."""
     runner_id = f"runner-{uuid.uuid4().hex[:12]}"
-    if not store.runners.reserve(task_id, runner_id, STARTUP_GRACE, replacing):
-        return False
+    return (
+        runner_id if store.runners.reserve(task_id, runner_id, STARTUP_GRACE, replacing) else None
+    )
+
+
+def launch_runner(config: Config, task_id: str, runner_id: str) -> None:
+    """Start the detached runner process for a reservation."""
     logs = config.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "WORKER_BRIDGE_HOME": str(config.home)}
@@ -37,6 +42,14 @@ def spawn_runner(config: Config, store: Store, task_id: str, replacing: str | No
             start_new_session=True,
             close_fds=True,
         )
+
+
+def spawn_runner(config: Config, store: Store, task_id: str, replacing: str | None) -> bool:
+    """Reserve and launch a detached runner for ``task_id``; False if another process won."""
+    runner_id = reserve_runner(store, task_id, replacing)
+    if runner_id is None:
+        return False
+    launch_runner(config, task_id, runner_id)
     return True
 
 

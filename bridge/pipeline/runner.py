@@ -232,13 +232,17 @@ class TaskRunner:
 
     def _pipeline(self, resume_phase: str | None) -> Outcome:
         ws = TaskWorkspace.plan(self.ctx.home, Path(self.task["repository"]), self.task_id)
+        if resume_phase is None and self._turn().number > 0:
+            if not ws.worktree.is_dir():
+                raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
+            resume_phase = "worker"  # a follow-up turn continues on the existing worktree
         phase = resume_phase or "allocating"
         if self.remaining() <= 0:
             return Outcome(Status.TIMED_OUT, self._timeout_error(phase))
         if phase == "allocating":
             self._allocate(ws, sweep=resume_phase is not None)
             phase = "worker"
-        turn = Turn(self.spec.objective, self.spec.metadata)
+        turn = self._turn()
         if phase == "worker":
             self.enter_phase("worker")
             t0 = time.monotonic()
@@ -256,6 +260,13 @@ class TaskRunner:
         task = self.store.get_task(self.task_id)
         changes = list_changes(ws.repository, task["base_commit"], task["snapshot_commit"])
         return self._verify(ws, task["snapshot_commit"], changes, turn)
+
+    def _turn(self) -> Turn:
+        task = self.store.get_task(self.task_id)
+        number = task.get("turn") or 0
+        messages = task.get("follow_ups") or []
+        message = messages[number - 1] if 0 < number <= len(messages) else None
+        return Turn(self.spec.objective, self.spec.metadata, number=number, message=message)
 
     def _allocate(self, ws: TaskWorkspace, sweep: bool) -> None:
         self.enter_phase("allocating")

@@ -30,6 +30,7 @@ JSON_COLUMNS = (
     "changed_files",
     "timings",
     "worker_exit",
+    "follow_ups",
 )
 
 

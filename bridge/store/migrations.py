@@ -95,3 +95,11 @@ def _runners_and_owners(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS.append(("0002_runners_and_owners", _runners_and_owners))
+
+
+def _follow_ups(db: sqlite_utils.Database) -> None:
+    """The messages of follow-up turns (turn N uses follow_ups[N-1])."""
+    db["tasks"].add_column("follow_ups", str)
+
+
+MIGRATIONS.append(("0003_follow_ups", _follow_ups))
