@@ -224,5 +224,5 @@ def test_migrations_are_recorded_and_not_applied_twice(workdir):
     Store(path).close()
     s = Store(path)
     names = [r[0] for r in s.db.conn.execute("SELECT name FROM migrations")]
-    assert names == ["0001_initial", "0002_runners_and_owners"]
+    assert names == ["0001_initial", "0002_runners_and_owners", "0003_follow_ups"]
     assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
