@@ -9,7 +9,7 @@ BASE_IMAGE ?= worker-bridge/rootfs:bookworm
 export TESTCONTAINERS_RYUK_DISABLED := true
 LINT_PATHS := bridge tests scripts $(wildcard bench/*.py bench/*/)
 
-.PHONY: install base-image images demo test test-fast lint format bench clean-containers
+.PHONY: install base-image images demo test test-fast lint format bench bench-quick clean-containers
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ format: install
 
 bench: images
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+bench-quick: images
+	$(BIN)/python -m bench --quick --out .bench-quick.json
 
 clean-containers:
 	docker ps -aq --filter label=io.worker-bridge.task | xargs -r docker rm -f

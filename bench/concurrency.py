@@ -1,0 +1,68 @@
+"""Concurrency: N tasks whose mock worker sleeps, started by separate processes under a host
+limit; makespan against the ideal (waves of one task, the single task measured in this run)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import make_repo, median
+
+
+def _cmd(repo: Path, sleep: float) -> list[str]:
+    return [
+        str(Path(sys.executable).parent / "worker-bridge"),
+        "tasks",
+        "run",
+        "--repo",
+        str(repo),
+        "--worker",
+        "mock",
+        "--objective",
+        "sleep",
+        "--metadata-json",
+        json.dumps({"mock": {"sleep": sleep}}),
+        "--json",
+    ]
+
+
+def bench_concurrency(root: Path, tasks: int, limit: int, sleep: float) -> dict:
+    repos = [make_repo(root / f"repo{i}", files=20, total_mb=0.1) for i in range(tasks)]
+    home = root / "home"
+    env = {
+        **os.environ,
+        "WORKER_BRIDGE_HOME": str(home),
+        "WORKER_BRIDGE_MAX_CONCURRENCY": str(limit),
+    }
+    singles = []
+    for i in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(_cmd(repos[i % len(repos)], sleep), env=env, check=True, capture_output=True)
+        singles.append(time.perf_counter() - t0)
+    single = median(singles)
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(_cmd(repo, sleep), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for repo in repos
+    ]
+    codes = [p.wait() for p in procs]
+    makespan = time.perf_counter() - t0
+    if any(codes):
+        raise RuntimeError(f"concurrency bench: exit codes {codes}")
+    waves = math.ceil(tasks / limit)
+    ideal = waves * single
+    return {
+        "tasks": tasks,
+        "limit": limit,
+        "sleep_s": sleep,
+        "single_task_s": single,
+        "ideal_s": ideal,
+        "makespan_s": makespan,
+        "ratio": makespan / ideal,
+        "samples": {"single_s": singles},
+    }
