@@ -153,13 +153,22 @@ class WorkerBridge:
         runner_id = reserve_runner(self.store, task_id, task["runner_id"])
         follow_ups = [*(task.get("follow_ups") or []), message]
         if runner_id is None or not self.store.transition(
-            task_id, Status.QUEUED, explicit=True, expect={Status.SUCCEEDED, Status.FAILED},
-            event={"turn": len(follow_ups)}, turn=len(follow_ups), follow_ups=follow_ups,
-            phase=None, error=None, verification=None, finished_at=None,
+            task_id,
+            Status.QUEUED,
+            explicit=True,
+            expect={Status.SUCCEEDED, Status.FAILED},
+            event={"turn": len(follow_ups)},
+            turn=len(follow_ups),
+            follow_ups=follow_ups,
+            phase=None,
+            error=None,
+            verification=None,
+            finished_at=None,
         ):
             raise BridgeError(f"Task {task_id} changed meanwhile; check it and try again.")
-        self.store.add_event(task_id, "task.follow_up", {"turn": len(follow_ups),
-                                                         "message": message})
+        self.store.add_event(
+            task_id, "task.follow_up", {"turn": len(follow_ups), "message": message}
+        )
         launch_runner(self.config, task_id, runner_id)
         return self.get_task(task_id)
 

@@ -386,7 +386,6 @@ class TaskRunner:
             self.redactor,
             self.emit,
             turn.number,
-            should_stop=lambda: self.store.get_task(self.task_id)["status"] in TERMINAL,
         )
         self.ensure_active()
         self.timings["verify_s"] = round(time.monotonic() - t0, 3)

@@ -3,11 +3,11 @@ verification image with no network and no secrets. A worker can't mark its own h
 
 from __future__ import annotations
 
+import os
 import shutil
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bridge.pipeline.context import Context
@@ -28,6 +28,38 @@ class VerificationOutcome:
         return {"ok": self.ok, "image": self.image, "commands": self.commands}
 
 
+# Runs every command in order (all of them, even after a failure) as the container's own
+# process, recording exit status, duration and output per command: one container start, no
+# exec round-trips, and the container ends by itself.
+DRIVER = r"""
+in=/var/lib/worker-bridge/verify-in
+out=/var/lib/worker-bridge/verify-out
+now() {
+  t=$(date +%s%N 2>/dev/null)
+  case "$t" in *[!0-9]*|"") echo "$(date +%s)000000000" ;; *) echo "$t" ;; esac
+}
+i=0
+while [ -f "$in/cmd.$i" ]; do
+  start=$(now)
+  (cd /workspace && exec sh -c "$(cat "$in/cmd.$i")") </dev/null >"$out/$i.out" 2>"$out/$i.err"
+  code=$?
+  echo "$code $(( $(now) - start ))" >"$out/$i.done"
+  i=$((i + 1))
+done
+"""
+
+
+def _tail(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - limit * 4))
+            return fh.read().decode(errors="replace")[-limit:]
+    except FileNotFoundError:
+        return ""
+
+
 def run_verification(
     ctx: Context,
     ws: TaskWorkspace,
@@ -39,30 +71,39 @@ def run_verification(
     redactor: Redactor,
     emit: Callable[[str, dict[str, Any]], None],
     turn: int = 0,
-    should_stop: Callable[[], bool] = lambda: False,
 ) -> VerificationOutcome:
-    """Run every command (all of them, even after a failure) and record each one's outcome."""
+    """Check out the snapshot, run every command in one fresh container, record each outcome."""
     outcome = VerificationOutcome(ok=None, image=image)
     if not commands:
         return outcome
     user, owner = ctx.sandbox_identity()
-    scratch = ctx.task_dir(ws.task_id)
-    scratch.mkdir(parents=True, exist_ok=True)
-    checkout = scratch / f"verify-{turn}"
-    shutil.rmtree(checkout, ignore_errors=True)
+    scratch = ctx.task_dir(ws.task_id) / f"verify-{turn}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    checkout, inputs, results = scratch / "checkout", scratch / "in", scratch / "out"
     container_id = None
-    killer = None
     try:
+        scratch.mkdir(parents=True)
         export_snapshot(ws.repository, snapshot, checkout, scratch)
+        inputs.mkdir()
+        results.mkdir()
+        for i, command in enumerate(commands):
+            (inputs / f"cmd.{i}").write_text(command)
+        for path in (scratch, inputs, *inputs.iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
         if owner is not None:
             chown_tree(checkout, *owner)
+            os.chown(results, *owner)
         container_id = ctx.sandbox.start(
             ContainerSpec(
                 image=image,
-                command=["sleep", "infinity"],
+                command=["sh", "-c", DRIVER],
                 user=user,
                 labels=ctx.labels(ws.task_id, "verify", turn=str(turn)),
-                mounts=[Mount(checkout, "/workspace", read_only=False)],
+                mounts=[
+                    Mount(checkout, "/workspace", read_only=False),
+                    Mount(inputs, "/var/lib/worker-bridge/verify-in", read_only=True),
+                    Mount(results, "/var/lib/worker-bridge/verify-out", read_only=False),
+                ],
                 env={"HOME": "/home/worker"},
                 memory_mb=limits["memory_mb"],
                 cpus=limits["cpus"],
@@ -70,47 +111,25 @@ def run_verification(
                 runtime=ctx.config.runtime,
             )
         )
-        expired = threading.Event()
-
-        def on_deadline() -> None:
-            expired.set()
-            ctx.sandbox.kill(container_id)
-
-        killer = threading.Timer(max(remaining, 0.0), on_deadline)
-        killer.daemon = True
-        killer.start()
-        for command in commands:
-            if expired.is_set() or should_stop():
-                break
-            shown = redactor.redact(command)
-            started = time.monotonic()
-            code, out, err = ctx.sandbox.exec(
-                container_id,
-                ["sh", "-c", command],
-                user=user,
-                workdir="/workspace",
-                env={"HOME": "/home/worker"},
-                tail_chars=ctx.config.output_tail_chars,
-            )
+        exit_info = ctx.sandbox.wait(container_id, timeout=max(remaining, 0.01))
+        outcome.timed_out = exit_info.timed_out
+        tail = ctx.config.output_tail_chars
+        for i, command in enumerate(commands):
+            done = _tail(results / f"{i}.done", 100).split()
             record = {
-                "command": shown,
-                "exit_code": code,
-                "duration_s": round(time.monotonic() - started, 3),
-                "stdout_tail": redactor.redact(out),
-                "stderr_tail": redactor.redact(err),
+                "command": redactor.redact(command),
+                "exit_code": int(done[0]) if done else None,
+                "duration_s": round(int(done[1]) / 1e9, 3) if len(done) > 1 else None,
+                "stdout_tail": redactor.redact(_tail(results / f"{i}.out", tail)),
+                "stderr_tail": redactor.redact(_tail(results / f"{i}.err", tail)),
             }
+            if not done and exit_info.oom_killed:
+                record["stderr_tail"] += "\n[worker-bridge: killed, out of memory]"
             outcome.commands.append(record)
             emit("verification.command", record)
-        outcome.timed_out = expired.is_set()
-        outcome.ok = (
-            not outcome.timed_out
-            and len(outcome.commands) == len(commands)
-            and all(c["exit_code"] == 0 for c in outcome.commands)
-        )
+        outcome.ok = not outcome.timed_out and all(c["exit_code"] == 0 for c in outcome.commands)
         return outcome
     finally:
-        if killer is not None:
-            killer.cancel()
         if container_id:
             ctx.sandbox.remove(container_id)
-        shutil.rmtree(checkout, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
