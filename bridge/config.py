@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bridge import __version__
@@ -116,6 +115,8 @@ def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
     data: dict[str, Any] = {}
     path = home / "config.yaml"
     if path.exists():
+        import yaml  # only when there is a config file to read
+
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
@@ -147,6 +148,8 @@ def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
 
 def save_linked_worker(config: Config, name: str, worker: LinkedWorker) -> None:
     """Record a linked worker in config.yaml, keeping the file's other keys."""
+    import yaml
+
     path = config.config_file
     data: dict[str, Any] = {}
     if path.exists():

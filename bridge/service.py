@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
 from bridge.errors import BridgeError, InvalidSpec
@@ -15,7 +14,6 @@ from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import task_result
 from bridge.pipeline.runner import TaskRunner
-from bridge.sandbox import DockerSandbox
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
@@ -24,6 +22,9 @@ from bridge.workspace.accept import apply_snapshot
 from bridge.workspace.changes import list_changes
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import TaskWorkspace, check_disjoint, remove_workspace
+
+if TYPE_CHECKING:
+    from bridge.sandbox.docker import DockerSandbox
 
 
 class WorkerBridge:
@@ -54,6 +55,8 @@ class WorkerBridge:
     @property
     def sandbox(self) -> DockerSandbox:
         if self._sandbox is None:
+            from bridge.sandbox.docker import DockerSandbox
+
             self._sandbox = DockerSandbox()
         return self._sandbox
 
@@ -121,6 +124,8 @@ class WorkerBridge:
 
     async def start_task(self, task_id: str) -> dict[str, Any]:
         """Run a task to completion without blocking the event loop; returns the task result."""
+        import asyncio  # only the async API needs it; keeps CLI start-up short
+
         return await asyncio.to_thread(self.run_task, task_id)
 
     def start_detached(self, task_id: str) -> dict[str, Any]:

@@ -204,11 +204,20 @@ def test_only_one_runner_claims_a_task_and_a_dead_runners_claim_is_taken_over(st
     assert store.runners.claim("t", Owner(id="second"), ttl=30)
 
 
-def test_a_reservation_is_a_compare_and_set_on_the_runner_seen(store):
+def test_a_reservation_is_a_compare_and_set_on_a_runner_that_is_gone(store):
     store.insert_task(_row("t"), {})
     assert store.runners.reserve("t", "r1", ttl=30, replacing=None)
-    assert not store.runners.reserve("t", "r2", ttl=30, replacing=None)
+    assert not store.runners.reserve("t", "r2", ttl=30, replacing=None)  # r1 was seen, not None
+    assert not store.runners.reserve("t", "r2", ttl=30, replacing="r1")  # r1 is still live
+    store.conn.execute("UPDATE tasks SET runner_expires_at = ?", (time.time() - 1,))
     assert store.runners.reserve("t", "r2", ttl=30, replacing="r1")
+
+
+def test_claiming_a_created_task_queues_it_in_the_same_transaction(store):
+    store.insert_task(_row("t"), {})
+    assert store.runners.claim("t", Owner(), ttl=30)
+    assert store.get_task("t")["status"] == "queued"
+    assert store.events("t")[-1]["data"] == {"from": "created", "to": "queued"}
 
 
 def test_a_queued_task_without_a_live_runner_is_stranded(store):

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.config import Config
-from bridge.sandbox import DockerSandbox
-from bridge.sandbox.docker import LABEL, home_id
+from bridge.sandbox.spec import LABEL, home_id
 from bridge.store import Store
+
+if TYPE_CHECKING:
+    from bridge.sandbox.docker import DockerSandbox
 
 
 @dataclass
 class Context:
     config: Config
     store: Store
-    sandbox: DockerSandbox = field(default_factory=DockerSandbox)
+    sandbox: DockerSandbox
 
     @property
     def home(self) -> Path:

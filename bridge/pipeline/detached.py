@@ -1,4 +1,4 @@
-"""Detached runner processes: `python -m bridge.pipeline.detached TASK_ID RUNNER_ID`.
+"""Detached runner processes (`python -m bridge.pipeline TASK_ID RUNNER_ID`).
 
 `spawn_runner` reserves the task for a new runner id, then starts the process, which claims the
 task under that id. It loads the configuration the same way every other entry point does.
@@ -34,7 +34,7 @@ def launch_runner(config: Config, task_id: str, runner_id: str) -> None:
     env = {**os.environ, "WORKER_BRIDGE_HOME": str(config.home)}
     with open(logs / f"runner-{task_id}.log", "ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "bridge.pipeline.detached", task_id, runner_id],
+            [sys.executable, "-m", "bridge.pipeline", task_id, runner_id],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -51,19 +51,3 @@ def spawn_runner(config: Config, store: Store, task_id: str, replacing: str | No
         return False
     launch_runner(config, task_id, runner_id)
     return True
-
-
-def main(argv: list[str]) -> int:
-    from bridge.service import WorkerBridge
-
-    task_id, runner_id = argv[0], argv[1]
-    bridge = WorkerBridge()
-    try:
-        bridge.run_task(task_id, runner_id=runner_id)
-    finally:
-        bridge.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bridge.models import TERMINAL
 from bridge.pipeline.context import Context
 from bridge.pipeline.detached import spawn_runner
-from bridge.sandbox.docker import LABEL, home_id
+from bridge.sandbox.spec import LABEL, home_id
 
 
 def recover_stranded(ctx: Context) -> list[str]:

@@ -8,7 +8,6 @@ to a terminal status, unless a compare-and-set shows someone else already did (a
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import traceback
@@ -18,6 +17,7 @@ from typing import Any
 
 from bridge.errors import BridgeError
 from bridge.models import TERMINAL, Status, TaskSpec
+from bridge.pipeline.collect import collect_changes
 from bridge.pipeline.context import Context
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
@@ -31,14 +31,12 @@ from bridge.workspace.changes import (
     Change,
     list_changes,
     protected_violations,
-    write_diff,
-    write_manifest,
 )
+from bridge.workspace.disk import check_free_space
 from bridge.workspace.worktree import (
     TaskWorkspace,
     create_workspace,
     remove_workspace,
-    snapshot_worktree,
 )
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
@@ -156,7 +154,7 @@ class TaskRunner:
             on_idle=self._recover_others,
         ):
             raise Superseded("no longer queued")
-        self._check_disk()
+        check_free_space(self.ctx.home, self.ctx.config.disk_reserve_gb)
         self.deadline_at = time.time() + self.limits["timeout_seconds"]
         if not self.store.transition(
             self.task_id,
@@ -194,22 +192,6 @@ class TaskRunner:
             image = self._verify_image()
             ours = image == self.ctx.config.verify_image_ref
             self.ctx.sandbox.require_image(image, "verify" if ours else None)
-
-    def _check_disk(self) -> None:
-        home = self.ctx.home
-        home.mkdir(parents=True, exist_ok=True)
-        usage = shutil.disk_usage(home)
-        reserve_gb = self.ctx.config.disk_reserve_gb
-        reserve = (
-            reserve_gb * 2**30 if reserve_gb is not None else max(10 * 2**30, 0.05 * usage.total)
-        )
-        if usage.free < reserve:
-            raise BridgeError(
-                f"Only {usage.free / 2**30:.1f} GiB free under {home}, below the reserve of "
-                f"{reserve / 2**30:.1f} GiB (disk_reserve_gb); free space or run "
-                "`worker-bridge workspaces prune --apply`.",
-                kind="sandbox",
-            )
 
     def _recover_others(self) -> None:
         """While waiting for capacity, a surviving runner also hands on stranded tasks."""
@@ -289,7 +271,7 @@ class TaskRunner:
         self, ws: TaskWorkspace, exit_info: WorkerExit | None, turn: Turn
     ) -> Outcome:
         t0 = time.monotonic()
-        snapshot, changes = self._collect(ws)
+        snapshot, changes = collect_changes(self.ctx, ws, self.task)
         self.timings["collect_s"] = round(time.monotonic() - t0, 3)
         self.store.update_task(
             self.task_id,
@@ -341,19 +323,6 @@ class TaskRunner:
                 ),
             )
         return self._verify(ws, snapshot, changes, turn)
-
-    def _collect(self, ws: TaskWorkspace) -> tuple[str, list[Change]]:
-        base = self.task["base_commit"]
-        snapshot = snapshot_worktree(ws, base, f"worker-bridge snapshot of task {self.task_id}")
-        changes = list_changes(ws.repository, base, snapshot)
-        out = self.ctx.task_dir(self.task_id)
-        out.mkdir(parents=True, exist_ok=True)
-        diff_path, manifest_path = out / "changes.diff", out / "manifest.json"
-        size, digest = write_diff(ws.repository, base, snapshot, diff_path)
-        self.store.add_artifact(self.task_id, "diff", diff_path, size, digest)
-        size, digest = write_manifest(changes, base, snapshot, manifest_path)
-        self.store.add_artifact(self.task_id, "manifest", manifest_path, size, digest)
-        return snapshot, changes
 
     def _verify(
         self, ws: TaskWorkspace, snapshot: str, changes: list[Change], turn: Turn

@@ -7,12 +7,9 @@ user, and io.worker-bridge.* labels so any process can find (and clean up) it la
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import docker
 import docker.errors
@@ -20,43 +17,9 @@ import docker.types
 import requests.exceptions
 
 from bridge.errors import EngineUnavailable, ImageMissing, SandboxError
+from bridge.sandbox.spec import LABEL, ContainerSpec, ExitInfo, home_id
 
-LABEL = "io.worker-bridge"
-
-
-def home_id(home: Path) -> str:
-    return hashlib.sha256(str(home).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Mount:
-    source: Path
-    target: str
-    read_only: bool = True
-
-
-@dataclass
-class ContainerSpec:
-    image: str
-    command: list[str]
-    user: str
-    labels: dict[str, str]
-    mounts: list[Mount] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    workdir: str = "/workspace"
-    memory_mb: int = 2048
-    cpus: float = 1.0
-    pids: int = 512
-    runtime: str | None = None
-    tmpfs: tuple[str, ...] = ("/tmp", "/home/worker")
-
-
-@dataclass
-class ExitInfo:
-    exit_code: int | None
-    oom_killed: bool
-    timed_out: bool = False
-    output_tail: str = ""
+__all__ = ["LABEL", "ContainerSpec", "DockerSandbox", "ExitInfo", "home_id"]
 
 
 def _engine_down(exc: Exception) -> EngineUnavailable:

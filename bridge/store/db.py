@@ -13,14 +13,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any
 
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
 from bridge.store.leases import Leases, Runners
 from bridge.store.migrations import MIGRATIONS
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 JSON_COLUMNS = (
     "spec",
@@ -47,9 +48,9 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout = 30000")
-        self.db = sqlite_utils.Database(conn)
+        self.conn = conn
         if str(path) != ":memory:":
-            self.db.enable_wal()
+            conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         self._lock = threading.RLock()
@@ -57,8 +58,15 @@ class Store:
         self.runners = Runners(self)
         self.leases = Leases(self)
 
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The sqlite-utils view of the connection (imported only when used: migrations)."""
+        import sqlite_utils
+
+        return sqlite_utils.Database(self.conn)
+
     def close(self) -> None:
-        self.db.conn.close()
+        self.conn.close()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -66,7 +74,7 @@ class Store:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE: takes the write lock up front, so read-check-write cannot race."""
         with self._lock:
-            conn = self.db.conn
+            conn = self.conn
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -84,7 +92,7 @@ class Store:
             done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
             for name, migrate in MIGRATIONS:
                 if name not in done:
-                    migrate(self.db)
+                    migrate(self.db)  # sqlite-utils is only imported when a migration runs
                     conn.execute(
                         "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (name, now_iso())
                     )
@@ -142,7 +150,7 @@ class Store:
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read under the connection lock (threads share the connection)."""
         with self._lock:
-            cur = self.db.conn.execute(sql, params)
+            cur = self.conn.execute(sql, params)
             names = [c[0] for c in cur.description]
             return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
@@ -179,6 +187,16 @@ class Store:
         sets = ", ".join(f"{key} = ?" for key in encoded)
         with self.transaction() as conn:
             conn.execute(f"UPDATE tasks SET {sets} WHERE task_id = ?", (*encoded.values(), task_id))
+
+    def set_status(self, conn: sqlite3.Connection, task_id: str, before: str, after: str) -> None:
+        """Inside a caller's transaction: a declared status change and its event."""
+        if Status(after) not in TRANSITIONS[Status(before)]:
+            raise InvalidTransition(f"'{before}' may not move to '{after}'.")
+        conn.execute(
+            "UPDATE tasks SET status = ?, updated_at = ? WHERE task_id = ? AND status = ?",
+            (after, now_iso(), task_id, before),
+        )
+        self._insert_event(conn, task_id, "task.status", {"from": before, "to": after})
 
     def transition(
         self,

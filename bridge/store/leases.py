@@ -26,52 +26,56 @@ class Runners:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def claim(self, task_id: str, owner: Owner, ttl: float) -> bool:
-        """Make ``owner`` the task's only runner, unless another live runner holds it.
+    def _holder(self, conn: sqlite3.Connection, task_id: str) -> tuple[str, str | None, bool]:
+        """(status, runner id, whether that runner is live) of a task, inside a transaction."""
+        row = conn.execute(
+            "SELECT status, runner_id, runner_host, runner_pid, runner_pid_started,"
+            " runner_expires_at FROM tasks WHERE task_id = ?",
+            (task_id,),
+        ).fetchone()
+        if row is None:
+            raise TaskNotFound(f"No task '{task_id}' in this store.")
+        status, runner_id, host, pid, started, expires = row
+        live = (
+            runner_id is not None
+            and (expires or 0) > time.time()
+            and process_alive(host, pid, started)
+        )
+        return status, runner_id, live
 
-        A reservation made by `reserve` under the same id is taken over by its process.
-        """
-        now = time.time()
+    def claim(self, task_id: str, owner: Owner, ttl: float) -> bool:
+        """Make ``owner`` the task's only runner, unless another live runner holds it; a
+        `created` task becomes `queued` in the same transaction, so there is no moment when a
+        claimed task looks unstarted. A reservation under the same id is taken over."""
         with self.store.transaction() as conn:
-            row = conn.execute(
-                "SELECT status, runner_id, runner_host, runner_pid, runner_pid_started,"
-                " runner_expires_at FROM tasks WHERE task_id = ?",
-                (task_id,),
-            ).fetchone()
-            if row is None:
-                raise TaskNotFound(f"No task '{task_id}' in this store.")
-            status, runner_id, host, pid, started, expires = row
-            if status in {str(s) for s in TERMINAL}:
-                return False
-            held = (
-                runner_id is not None
-                and runner_id != owner.id
-                and (expires or 0) > now
-                and process_alive(host, pid, started)
-            )
-            if held:
+            status, runner_id, live = self._holder(conn, task_id)
+            if status in {str(s) for s in TERMINAL} or (live and runner_id != owner.id):
                 return False
             conn.execute(
                 "UPDATE tasks SET runner_id = ?, runner_host = ?, runner_pid = ?,"
                 " runner_pid_started = ?, runner_expires_at = ? WHERE task_id = ?",
-                (owner.id, owner.host, owner.pid, owner.pid_started, now + ttl, task_id),
+                (owner.id, owner.host, owner.pid, owner.pid_started, time.time() + ttl, task_id),
             )
+            if status == "created":
+                self.store.set_status(conn, task_id, "created", "queued")
         return True
 
     def reserve(self, task_id: str, runner_id: str, ttl: float, replacing: str | None) -> bool:
         """Hold the task for a runner process about to start (its pid is not known yet).
 
-        A compare-and-set on the runner id the caller saw (``replacing``), so of several
-        processes recovering the same task, one wins.
+        Refused while a live runner holds the task; otherwise a compare-and-set on the runner
+        id the caller saw (``replacing``), so of several processes recovering one task, one wins.
         """
         with self.store.transaction() as conn:
-            cur = conn.execute(
+            status, current, live = self._holder(conn, task_id)
+            if live or current != replacing or status in {str(s) for s in TERMINAL}:
+                return False
+            conn.execute(
                 "UPDATE tasks SET runner_id = ?, runner_host = NULL, runner_pid = NULL,"
-                " runner_pid_started = NULL, runner_expires_at = ?"
-                " WHERE task_id = ? AND runner_id IS ?",
-                (runner_id, time.time() + ttl, task_id, replacing),
+                " runner_pid_started = NULL, runner_expires_at = ? WHERE task_id = ?",
+                (runner_id, time.time() + ttl, task_id),
             )
-            return cur.rowcount == 1
+            return True
 
     def heartbeat(self, task_id: str, owner: Owner, ttl: float) -> bool:
         """Renew the runner's claim and its leases; False when it no longer owns the task."""
