@@ -155,7 +155,7 @@ class WorkerBridge:
             raise BridgeError(
                 f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
             )
-        runner_id = reserve_runner(self.store, task_id, task["runner_id"])
+        runner_id = reserve_runner(self.store, task_id, task["runner_id"], finished_ok=True)
         follow_ups = [*(task.get("follow_ups") or []), message]
         if runner_id is None or not self.store.transition(
             task_id,

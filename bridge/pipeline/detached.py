@@ -17,14 +17,17 @@ from bridge.store import Store
 STARTUP_GRACE = 30.0  # seconds a reservation holds before the process has claimed it
 
 
-def reserve_runner(store: Store, task_id: str, replacing: str | None) -> str | None:
+def reserve_runner(
+    store: Store, task_id: str, replacing: str | None, *, finished_ok: bool = False
+) -> str | None:
     """Reserve the task for a runner about to start: a compare-and-set on the runner id the
     caller saw (``replacing``; None for a new task), so of several processes recovering one
     task, only one wins. Returns the new runner id, or None when another process won."""
     runner_id = f"runner-{uuid.uuid4().hex[:12]}"
-    return (
-        runner_id if store.runners.reserve(task_id, runner_id, STARTUP_GRACE, replacing) else None
+    taken = store.runners.reserve(
+        task_id, runner_id, STARTUP_GRACE, replacing, finished_ok=finished_ok
     )
+    return runner_id if taken else None
 
 
 def launch_runner(config: Config, task_id: str, runner_id: str) -> None:

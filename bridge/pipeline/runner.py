@@ -81,7 +81,8 @@ class TaskRunner:
 
     def enter_phase(self, phase: str) -> None:
         """Persist the phase before doing its work (and honour the test pause point)."""
-        self.store.update_task(self.task_id, phase=phase)
+        if not self.store.set_phase(self.task_id, phase):
+            raise Superseded("not running")
         if os.environ.get("WORKER_BRIDGE_TEST_PAUSE_AT") == phase:
             self.emit("test.paused", {"phase": phase, "pid": os.getpid()})
             time.sleep(120)
@@ -124,7 +125,8 @@ class TaskRunner:
             )
         finally:
             self._stop.set()
-            self._remove_containers()
+            if not self._lost:  # a runner that lost its claim leaves the containers alone
+                self._remove_containers()
         if outcome is not None:
             self._finish(outcome)
         self.store.runners.release(self.task_id, self.owner)
@@ -392,7 +394,8 @@ class TaskRunner:
         try:
             self.ctx.sandbox.remove_by_labels({"io.worker-bridge.task": self.task_id})
         except BridgeError:
-            pass
+            return  # the engine is gone: a container may live on, so keep it on record
+        self.store.update_task(self.task_id, container_id=None)
 
     def _finish(self, outcome: Outcome) -> None:
         fields = dict(outcome.fields)

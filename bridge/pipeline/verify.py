@@ -93,6 +93,7 @@ def run_verification(
         if owner is not None:
             chown_tree(checkout, *owner)
             os.chown(results, *owner)
+        ctx.store.update_task(ws.task_id, container_id="starting")
         container_id = ctx.sandbox.start(
             ContainerSpec(
                 image=image,
@@ -111,6 +112,7 @@ def run_verification(
                 runtime=ctx.config.runtime,
             )
         )
+        ctx.store.update_task(ws.task_id, container_id=container_id)
         exit_info = ctx.sandbox.wait(container_id, timeout=max(remaining, 0.01))
         outcome.timed_out = exit_info.timed_out
         tail = ctx.config.output_tail_chars
@@ -132,4 +134,5 @@ def run_verification(
     finally:
         if container_id:
             ctx.sandbox.remove(container_id)
+        ctx.store.update_task(ws.task_id, container_id=None)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -87,6 +87,7 @@ def run_worker_turn(
         {"exit_code": info.exit_code, "oom_killed": info.oom_killed, "timed_out": info.timed_out},
     )
     ctx.sandbox.remove(container_id)
+    runner.store.update_task(runner.task_id, container_id=None)
     return result
 
 
@@ -114,6 +115,8 @@ def _start(runner: TaskRunner, ws: TaskWorkspace, turn: Turn, worker: Worker) ->
         mounts.append(Mount(ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
         env["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
     limits = runner.limits
+    # Recorded before the start: while set, a dead runner's lease keeps counting (see leases).
+    runner.store.update_task(runner.task_id, container_id="starting")
     container_id = ctx.sandbox.start(
         ContainerSpec(
             image=worker.image(ctx.config),

@@ -179,6 +179,17 @@ class Store:
         sql = f"SELECT * FROM tasks WHERE task_id IN ({marks})"
         return [self._decode(row) for row in self.query(sql, task_ids)]
 
+    def set_phase(self, task_id: str, phase: str) -> bool:
+        """Record the phase a runner enters; False when the task is no longer running (e.g.
+        cancelled meanwhile), so the runner stops instead of doing the phase's work."""
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE tasks SET phase = ?, updated_at = ? WHERE task_id = ?"
+                " AND status IN ('running', 'verifying')",
+                (phase, now_iso(), task_id),
+            )
+            return cur.rowcount == 1
+
     def update_task(self, task_id: str, **fields: Any) -> None:
         """Write non-status fields (results, paths, timings)."""
         if "status" in fields:

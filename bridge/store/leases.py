@@ -60,15 +60,26 @@ class Runners:
                 self.store.set_status(conn, task_id, "created", "queued")
         return True
 
-    def reserve(self, task_id: str, runner_id: str, ttl: float, replacing: str | None) -> bool:
+    def reserve(
+        self,
+        task_id: str,
+        runner_id: str,
+        ttl: float,
+        replacing: str | None,
+        *,
+        finished_ok: bool = False,
+    ) -> bool:
         """Hold the task for a runner process about to start (its pid is not known yet).
 
-        Refused while a live runner holds the task; otherwise a compare-and-set on the runner
-        id the caller saw (``replacing``), so of several processes recovering one task, one wins.
+        Refused while a live runner holds an unfinished task; otherwise a compare-and-set on the
+        runner id the caller saw (``replacing``), so of several processes recovering one task,
+        one wins. ``finished_ok``: the task is finished and about to be queued again (follow-up);
+        its last runner is done with it, even if it has not released its claim yet.
         """
         with self.store.transaction() as conn:
             status, current, live = self._holder(conn, task_id)
-            if live or current != replacing or status in {str(s) for s in TERMINAL}:
+            finished = status in {str(s) for s in TERMINAL}
+            if current != replacing or (finished and not finished_ok) or (live and not finished):
                 return False
             conn.execute(
                 "UPDATE tasks SET runner_id = ?, runner_host = NULL, runner_pid = NULL,"
@@ -121,19 +132,28 @@ class Leases:
         self.store = store
 
     def _sweep(self, conn: sqlite3.Connection) -> list[tuple]:
-        """Live leases (scope, task_id, owner); sweeps expired ones and dead owners' here."""
+        """Leases that count (scope, task_id, owner), sweeping the rest.
+
+        A lease whose owner died (expired, or its pid gone here) is free, unless its task may
+        still have a container running (`container_id` set on an unfinished task): that
+        container still uses the capacity until a recovering runner takes the lease over or
+        the task ends.
+        """
         now = time.time()
-        conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
         rows = conn.execute(
-            "SELECT lease_id, scope, task_id, owner, host, pid, pid_started FROM leases"
+            "SELECT l.lease_id, l.scope, l.task_id, l.owner, l.host, l.pid, l.pid_started,"
+            " l.expires_at, t.status, t.container_id FROM leases l"
+            " LEFT JOIN tasks t ON t.task_id = l.task_id"
         ).fetchall()
-        live = []
-        for lease_id, scope, task_id, owner, host, pid, started in rows:
-            if process_alive(host, pid, started):
-                live.append((scope, task_id, owner))
+        counted = []
+        for lease_id, scope, task_id, owner, host, pid, started, expires, status, cid in rows:
+            alive = expires > now and process_alive(host, pid, started)
+            busy = cid is not None and status in ("running", "verifying")
+            if alive or busy:
+                counted.append((scope, task_id, owner))
             else:
                 conn.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
-        return live
+        return counted
 
     def acquire(
         self,

@@ -1,0 +1,761 @@
+"""The MCP server as an MCP client sees it: `worker-bridge-mcp` started as a subprocess and driven
+through a real SDK client session over stdio (the `mcp` package's `Client`).
+
+Covered: the tool listing (names, input schemas with descriptions and defaults), the delegate ->
+poll -> accept / follow-up flow, paging the event log, cancelling a running task, tool errors
+that leave the server healthy (also with no Docker engine), a server that keeps answering while
+two `wait=true` delegations are in flight, stdout carrying protocol only, and the host
+concurrency limit holding across three server processes sharing one state root.
+
+Every wait is bounded (`anyio.fail_after` or a deadline); polling intervals are short."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import git
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+TOOLS = {
+    "worker_delegate",
+    "worker_status",
+    "list_workers",
+    "worker_cancel",
+    "worker_logs",
+    "worker_prune",
+    "worker_accept",
+    "worker_follow_up",
+}
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+LABEL = "io.worker-bridge"
+SERVER_SCRIPT = Path(sys.executable).parent / "worker-bridge-mcp"
+SERVER = (
+    [str(SERVER_SCRIPT)] if SERVER_SCRIPT.exists() else [sys.executable, "-m", "bridge.mcp_server"]
+)
+POLL = 0.1
+REQUEST_TIMEOUT_S = 90
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def no_task_outlives_the_test(home: Path):
+    """Detached runners outlive the server that spawned them: on the way out (also on failure)
+    cancel every unfinished task of this state root, which kills its containers."""
+    yield
+    from bridge import WorkerBridge
+
+    bridge = WorkerBridge(home=home)
+    try:
+        if not bridge.config.store_path.exists():
+            return
+        for task in bridge.list_tasks():
+            if task["status"] not in TERMINAL:
+                bridge.cancel_task(task["task_id"])
+    finally:
+        bridge.close()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def server_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(extra or {})}
+
+
+@asynccontextmanager
+async def mcp_server(
+    home: Path, env: dict[str, str] | None = None, *, stderr_to: Path | None = None
+) -> AsyncIterator[Client]:
+    """One server process and an initialised client session on it. Anything on the server's
+    stdout that is not a protocol message reaches the client as an exception; none may."""
+    stray: list[Exception] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, Exception):
+            stray.append(message)
+
+    errlog_path = stderr_to or home.parent / f"mcp-stderr-{time.monotonic_ns()}.log"
+    params = StdioServerParameters(command=SERVER[0], args=SERVER[1:], env=server_env(home, env))
+    with open(errlog_path, "a") as errlog:
+        async with Client(
+            stdio_client(params, errlog=errlog),
+            message_handler=on_message,
+            read_timeout_seconds=REQUEST_TIMEOUT_S,  # bounds every request, the handshake too
+        ) as client:
+            yield client
+    assert not stray, f"non-protocol output on the server's stdout: {stray!r}"
+    assert "Traceback" not in errlog_path.read_text(), errlog_path.read_text()
+
+
+async def call(client: Client, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Call a tool that must succeed; returns its structured result."""
+    result = await client.call_tool(name, args or {})
+    text = result.content[0].text if result.content else ""
+    assert not result.is_error, f"{name}({args}) failed: {text}"
+    assert isinstance(result.structured_content, dict), (name, result)
+    # the text content carries the same document, for clients that ignore structuredContent
+    assert json.loads(text) == result.structured_content
+    return result.structured_content
+
+
+async def call_error(client: Client, name: str, args: dict[str, Any]) -> str:
+    """Call a tool that must fail as a tool error (isError); returns its message."""
+    result = await client.call_tool(name, args)
+    text = result.content[0].text if result.content else ""
+    assert result.is_error, f"{name}({args}) should have failed, got {text}"
+    assert text.strip(), "a tool error carries a message"
+    assert "Traceback" not in text, text
+    return text
+
+
+async def assert_healthy(client: Client) -> None:
+    listing = await call(client, "list_workers")
+    assert "mock" in {w["name"] for w in listing["workers"]}, listing
+
+
+async def wait_status(
+    client: Client, task_id: str, until: set[str] = TERMINAL, deadline_s: float = 60
+) -> dict[str, Any]:
+    with anyio.fail_after(deadline_s):
+        while True:
+            result = await call(client, "worker_status", {"task_id": task_id})
+            if result["status"] in until:
+                return result
+            await anyio.sleep(POLL)
+
+
+async def read_all_events(client: Client, task_id: str) -> list[dict[str, Any]]:
+    page = await call(client, "worker_logs", {"task_id": task_id, "limit": 1000})
+    assert page["has_more"] is False
+    return page["events"]
+
+
+async def wait_event(
+    client: Client, task_id: str, kind: str, deadline_s: float = 30
+) -> dict[str, Any]:
+    after = 0
+    with anyio.fail_after(deadline_s):
+        while True:
+            page = await call(client, "worker_logs", {"task_id": task_id, "after": after})
+            for event in page["events"]:
+                if event["kind"] == kind:
+                    return event
+            after = page["next_after"]
+            await anyio.sleep(POLL)
+
+
+async def delegate(client: Client, repo: Path, mock: dict, **args: Any) -> dict[str, Any]:
+    return await call(
+        client,
+        "worker_delegate",
+        {
+            "objective": args.pop("objective", "test task"),
+            "repository": str(repo),
+            "metadata": {"mock": mock},
+            **args,
+        },
+    )
+
+
+def make_repo(workdir: Path, name: str) -> Path:
+    path = workdir / name
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "README.md").write_text(f"# {name}\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "initial")
+    return path
+
+
+def task_containers(task_id: str) -> list[str]:
+    import docker
+
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{LABEL}.task={task_id}"})
+        return [c.id for c in found]
+    finally:
+        client.close()
+
+
+def paths(result: dict[str, Any]) -> dict[str, str]:
+    return {c["path"]: c["change"] for c in result["changed_files"]}
+
+
+# -- the tool listing --------------------------------------------------------------------------
+
+
+async def test_all_eight_tools_are_listed_with_described_parameters_and_their_defaults(home):
+    async with mcp_server(home) as client:
+        listing = await client.list_tools()
+        instructions = client.instructions
+
+    tools = {tool.name: tool for tool in listing.tools}
+    assert set(tools) == TOOLS
+    for tool in tools.values():
+        assert tool.description and len(tool.description) > 80, (tool.name, tool.description)
+        schema = tool.input_schema
+        assert schema["type"] == "object", tool.name
+        for param, prop in schema.get("properties", {}).items():
+            assert len(prop.get("description", "").strip()) > 10, (tool.name, param)
+
+    delegate_ = tools["worker_delegate"]
+    props = delegate_.input_schema["properties"]
+    assert set(delegate_.input_schema["required"]) == {"objective", "repository"}
+    assert {
+        "objective",
+        "repository",
+        "worker",
+        "permission",
+        "verify",
+        "base_ref",
+        "wait",
+        "type",
+        "metadata",
+    } <= set(props)
+    assert props["wait"]["default"] is False
+    assert props["worker"]["default"] == "mock"
+    assert props["permission"]["default"] == "workspace_write"
+    assert set(props["permission"]["enum"]) == {"read_only", "workspace_write", "full_access"}
+    assert props["base_ref"]["default"] == "HEAD"
+    assert "worker_status" in delegate_.description and "poll" in delegate_.description.lower()
+
+    assert "task_id" not in tools["worker_status"].input_schema.get("required", [])
+    logs = tools["worker_logs"].input_schema
+    assert logs["required"] == ["task_id"]
+    assert logs["properties"]["after"]["default"] == 0
+    prune = tools["worker_prune"].input_schema["properties"]
+    assert prune["apply"]["default"] is False
+    assert prune["include_unaccepted"]["default"] is False
+    follow = tools["worker_follow_up"].input_schema
+    assert set(follow["required"]) == {"task_id", "message"}
+    assert follow["properties"]["wait"]["default"] is False
+    assert set(tools["worker_cancel"].input_schema["required"]) == {"task_id"}
+    assert set(tools["worker_accept"].input_schema["required"]) == {"task_id"}
+
+    assert instructions and "worker_delegate" in instructions and "worker_accept" in instructions
+
+
+# -- the task flow -----------------------------------------------------------------------------
+
+
+async def test_a_delegated_task_is_polled_to_success_with_verification_and_a_diff(
+    home, repo, docker_images
+):
+    mock = {"write": {"hello.txt": "hello from the worker\n", "README.md": "# demo, changed\n"}}
+    async with mcp_server(home) as client:
+        with anyio.fail_after(5):
+            queued = await delegate(client, repo, mock, verify=["grep -q worker hello.txt"])
+        assert queued["status"] == "queued", queued
+        task_id = queued["task_id"]
+        result = await wait_status(client, task_id)
+
+    assert result["status"] == "succeeded", result["error"]
+    assert result["task_id"] == task_id and result["worker"] == "mock"
+    assert result["error"] is None
+    assert result["verification"]["ok"] is True
+    assert [c["exit_code"] for c in result["verification"]["commands"]] == [0]
+    assert paths(result) == {"hello.txt": "added", "README.md": "modified"}
+
+    diff_path = Path(result["artifacts"]["diff"])
+    assert diff_path.is_absolute() and diff_path.is_file(), diff_path
+    diff = diff_path.read_text()
+    assert "+hello from the worker" in diff
+    assert "-# demo" in diff and "+# demo, changed" in diff
+    assert "hello.txt" in diff
+    # nothing reaches the user's working tree before worker_accept
+    assert not (repo / "hello.txt").exists()
+    assert (repo / "README.md").read_text() == "# demo\n"
+
+
+async def test_paging_the_event_log_returns_every_event_once_in_order(home, repo, docker_images):
+    mock = {"script": "for i in $(seq 1 12); do echo progress line $i; done"}
+    async with mcp_server(home) as client:
+        task_id = (await delegate(client, repo, mock, verify=["true"]))["task_id"]
+        assert (await wait_status(client, task_id))["status"] == "succeeded"
+
+        full = await read_all_events(client, task_id)
+        pages: list[list[dict]] = []
+        after = 0
+        with anyio.fail_after(30):
+            while True:
+                page = await call(
+                    client, "worker_logs", {"task_id": task_id, "after": after, "limit": 3}
+                )
+                assert len(page["events"]) <= 3
+                pages.append(page["events"])
+                if page["events"]:
+                    assert page["next_after"] == page["events"][-1]["event_id"]
+                after = page["next_after"]
+                if not page["has_more"]:
+                    break
+        # past the end: nothing, no more, and the cursor stays put
+        tail = await call(client, "worker_logs", {"task_id": task_id, "after": after, "limit": 3})
+
+    ids = [e["event_id"] for e in full]
+    assert len(full) > 9, f"expected a dozen progress lines and more, got {len(full)} events"
+    assert ids == sorted(set(ids)), "event ids strictly increase"
+    assert sum(1 for e in full if e["kind"] == "worker.progress") >= 12
+    assert all(len(p) == 3 for p in pages[:-1]), [len(p) for p in pages]
+    paged = [e for p in pages for e in p]
+    assert [e["event_id"] for e in paged] == ids, "paging drops or repeats nothing"
+    assert paged == full
+    assert tail == {"events": [], "next_after": after, "has_more": False}
+    assert after == ids[-1]
+
+
+async def test_cancelling_a_running_task_ends_it_and_removes_its_container(
+    home, repo, docker_images
+):
+    async with mcp_server(home) as client:
+        task_id = (await delegate(client, repo, {"sleep": 30}))["task_id"]
+        await wait_event(client, task_id, "worker.started")
+        assert task_containers(task_id), "the worker container runs before the cancel"
+
+        with anyio.fail_after(20):
+            cancelled = await call(client, "worker_cancel", {"task_id": task_id})
+        assert cancelled["status"] == "cancelled", cancelled
+        assert cancelled["error"]["kind"] == "cancelled"
+        assert task_containers(task_id) == [], "no container of the task remains"
+
+        again = await call(client, "worker_status", {"task_id": task_id})
+        assert again["status"] == "cancelled"
+        kinds = [e["kind"] for e in await read_all_events(client, task_id)]
+        assert "task.cancelled" in kinds
+        # cancelling a finished task is not an error and changes nothing
+        assert (await call(client, "worker_cancel", {"task_id": task_id}))["status"] == "cancelled"
+    assert task_containers(task_id) == []
+
+
+async def test_a_waiting_delegation_returns_cancelled_when_the_task_is_cancelled_meanwhile(
+    home, repo, docker_images
+):
+    outcome: dict[str, dict] = {}
+    async with mcp_server(home) as client:
+
+        async def delegate_and_wait() -> None:
+            outcome["result"] = await delegate(client, repo, {"sleep": 30}, wait=True)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(delegate_and_wait)
+                while True:
+                    tasks = (await call(client, "worker_status"))["tasks"]
+                    if tasks and tasks[0]["status"] == "running":
+                        break
+                    await anyio.sleep(POLL)
+                task_id = tasks[0]["task_id"]
+                await wait_event(client, task_id, "worker.started")
+                cancelled = await call(client, "worker_cancel", {"task_id": task_id})
+
+    assert cancelled["status"] == "cancelled"
+    assert outcome["result"]["task_id"] == task_id
+    assert outcome["result"]["status"] == "cancelled", outcome["result"]
+    assert task_containers(task_id) == []
+
+
+async def test_accepting_writes_the_change_into_the_working_tree_once(home, repo, docker_images):
+    head = git(repo, "rev-parse", "HEAD").strip()
+    async with mcp_server(home) as client:
+        mock = {"write": {"notes.txt": "accepted notes\n"}}
+        task_id = (await delegate(client, repo, mock, verify=["test -f notes.txt"]))["task_id"]
+        assert (await wait_status(client, task_id))["status"] == "succeeded"
+
+        accepted = await call(client, "worker_accept", {"task_id": task_id})
+        assert accepted["accepted"] is True, accepted
+        assert accepted["applied"] == ["notes.txt"]
+        assert accepted.get("reason") is None
+        assert (repo / "notes.txt").read_text() == "accepted notes\n"
+        assert git(repo, "rev-parse", "HEAD").strip() == head, "accept commits nothing"
+        assert "?? notes.txt" in git(repo, "status", "--porcelain")
+        assert (await call(client, "worker_status", {"task_id": task_id}))["status"] == "accepted"
+
+        again = await call(client, "worker_accept", {"task_id": task_id})
+        assert again["accepted"] is False, again
+        assert again["applied"] == []
+        assert isinstance(again["reason"], str) and "accepted" in again["reason"], again
+        await assert_healthy(client)
+
+
+async def test_a_follow_up_turn_keeps_the_first_change_and_adds_the_second(
+    home, repo, docker_images
+):
+    mock = {
+        "write": {"first.txt": "one\n"},
+        "on_follow_up": {"write": {"second.txt": "two\n"}},
+    }
+    async with mcp_server(home) as client:
+        task_id = (await delegate(client, repo, mock, verify=["test -f first.txt"]))["task_id"]
+        first = await wait_status(client, task_id)
+        assert first["status"] == "succeeded", first["error"]
+        assert paths(first) == {"first.txt": "added"}
+
+        with anyio.fail_after(60):
+            followed = await call(
+                client,
+                "worker_follow_up",
+                {"task_id": task_id, "message": "Also add second.txt.", "wait": True},
+            )
+        kinds = [e["kind"] for e in await read_all_events(client, task_id)]
+
+    assert followed["task_id"] == task_id
+    assert followed["status"] == "succeeded", followed["error"]
+    assert paths(followed) == {"first.txt": "added", "second.txt": "added"}
+    assert followed["verification"]["ok"] is True
+    diff = Path(followed["artifacts"]["diff"]).read_text()
+    assert "+one" in diff and "+two" in diff
+    assert "task.follow_up" in kinds
+    assert kinds.count("worker.started") == 2, kinds
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+async def test_bad_calls_are_tool_errors_and_the_server_answers_the_next_call(home, repo, workdir):
+    async with mcp_server(home) as client:
+        text = await call_error(client, "worker_status", {"task_id": "nope"})
+        assert "nope" in text
+        await assert_healthy(client)
+
+        for tool, args in [
+            ("worker_logs", {"task_id": "nope"}),
+            ("worker_cancel", {"task_id": "nope"}),
+            ("worker_accept", {"task_id": "nope"}),
+            ("worker_follow_up", {"task_id": "nope", "message": "more"}),
+        ]:
+            assert "nope" in await call_error(client, tool, args), tool
+            await assert_healthy(client)
+
+        base = {"objective": "x", "metadata": {"mock": {"write": {"a": "b"}}}}
+        text = await call_error(client, "worker_delegate", {**base, "repository": "repo"})
+        assert "'repo'" in text and "relative" in text.lower(), text
+        await assert_healthy(client)
+
+        text = await call_error(
+            client, "worker_delegate", {**base, "repository": str(repo), "worker": "no-such"}
+        )
+        assert "no-such" in text and "worker" in text.lower(), text
+        await assert_healthy(client)
+
+        missing = workdir / "missing"
+        text = await call_error(client, "worker_delegate", {**base, "repository": str(missing)})
+        assert str(missing) in text, text
+        await assert_healthy(client)
+
+        text = await call_error(
+            client,
+            "worker_delegate",
+            {**base, "repository": str(repo), "permission": "root"},
+        )
+        assert "permission" in text, text
+        await assert_healthy(client)
+
+        # nothing was created by the refused delegations
+        assert (await call(client, "worker_status"))["tasks"] == []
+
+
+async def test_without_a_docker_engine_the_server_still_answers_and_says_how_to_start_it(
+    home, repo
+):
+    def says_how_to_start(text: str) -> bool:
+        lowered = text.lower()
+        return "docker" in lowered and "start" in lowered
+
+    env = {"DOCKER_HOST": "unix:///nonexistent.sock"}
+    async with mcp_server(home, env) as client:
+        with anyio.fail_after(20):
+            result = await client.call_tool("list_workers", {})
+        if result.is_error:
+            assert says_how_to_start(result.content[0].text), result.content[0].text
+        else:
+            workers = result.structured_content["workers"]
+            assert workers and all(w["installed"] is False for w in workers), workers
+        await call(client, "worker_status")  # the next call works
+
+        with anyio.fail_after(20):
+            result = await client.call_tool(
+                "worker_delegate",
+                {
+                    "objective": "x",
+                    "repository": str(repo),
+                    "metadata": {"mock": {"write": {"a.txt": "a"}}},
+                },
+            )
+        if result.is_error:
+            assert says_how_to_start(result.content[0].text), result.content[0].text
+        else:
+            failed = await wait_status(client, result.structured_content["task_id"])
+            assert failed["status"] == "failed", failed
+            assert failed["error"]["kind"] == "sandbox", failed["error"]
+            assert says_how_to_start(failed["error"]["message"]), failed["error"]
+
+        with anyio.fail_after(20):
+            again = await call(client, "list_workers")
+        assert again["workers"]
+
+
+# -- the event loop stays free -----------------------------------------------------------------
+
+
+async def test_the_server_answers_while_two_waiting_delegations_are_in_flight(
+    home, repo, workdir, docker_images
+):
+    other = make_repo(workdir, "other")
+    order: list[str] = []
+    results: dict[str, dict] = {}
+
+    async with mcp_server(home) as client:
+
+        async def delegate_and_wait(name: str, where: Path) -> None:
+            results[name] = await delegate(
+                client,
+                where,
+                {"sleep": 3, "write": {f"{name}.txt": name}},
+                verify=[f"test -f {name}.txt"],
+                wait=True,
+                objective=name,
+            )
+            order.append(name)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                group.start_soon(delegate_and_wait, "a", repo)
+                group.start_soon(delegate_and_wait, "b", other)
+                # both delegations are in the store (answered on the same session meanwhile)
+                while len((await call(client, "worker_status"))["tasks"]) < 2:
+                    await anyio.sleep(POLL)
+                listing = await call(client, "worker_status")
+                workers = await call(client, "list_workers")
+                order.append("list_workers")
+
+    assert workers["workers"]
+    assert all(t["status"] not in TERMINAL for t in listing["tasks"]), listing
+    assert order[0] == "list_workers", f"list_workers waited for a delegation: {order}"
+    assert sorted(order[1:]) == ["a", "b"]
+    for name, result in results.items():
+        assert result["status"] == "succeeded", (name, result["error"])
+        assert paths(result) == {f"{name}.txt": "added"}
+
+
+# -- stdout and logs ---------------------------------------------------------------------------
+
+
+class RawSession:
+    """A server process spoken to by hand: one JSON-RPC request per line, every stdout line kept."""
+
+    def __init__(self, home: Path) -> None:
+        self.proc = subprocess.Popen(
+            SERVER,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=server_env(home),
+        )
+        self.lines: list[bytes] = []
+        self._buffer = b""
+        self._next_id = 0
+        self.stderr = b""
+        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_thread.start()
+
+    def _drain_stderr(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def send(self, message: dict) -> None:
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict | None = None, deadline_s: float = 20) -> dict:
+        self._next_id += 1
+        self.send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params or {}})
+        deadline = time.monotonic() + deadline_s
+        while True:
+            for line in self.lines:
+                message = json.loads(line)
+                if message.get("id") == self._next_id:
+                    return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no answer to {method} within {deadline_s} s")
+            self._read(remaining)
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.proc.stdout], [], [], min(timeout, 0.5))
+        if not ready:
+            return True
+        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        if not chunk:
+            return False
+        self._buffer += chunk
+        *complete, self._buffer = self._buffer.split(b"\n")
+        self.lines.extend(complete)
+        return True
+
+    def close(self, deadline_s: float = 15) -> int:
+        self.proc.stdin.close()
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline and self._read(deadline - time.monotonic()):
+            pass
+        try:
+            return self.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self._stderr_thread.join(timeout=10)
+
+
+def test_stdout_carries_only_protocol_messages_and_the_log_goes_to_a_file(home):
+    raw = RawSession(home)
+    try:
+        init = raw.request(
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw-test", "version": "0"},
+            },
+        )
+        assert init["result"]["serverInfo"]["name"] == "worker-bridge", init
+        raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        tools = raw.request("tools/list")
+        assert {t["name"] for t in tools["result"]["tools"]} == TOOLS
+        failed = raw.request("tools/call", {"name": "worker_status", "arguments": {"task_id": "x"}})
+        assert failed["result"]["isError"] is True, failed
+        ok = raw.request("tools/call", {"name": "list_workers", "arguments": {}})
+        assert ok["result"].get("isError") is not True, ok
+    finally:
+        code = raw.close()
+
+    assert code == 0, raw.stderr.decode(errors="replace")
+    assert raw._buffer == b"", f"a partial line was left on stdout: {raw._buffer!r}"
+    for line in raw.lines:
+        message = json.loads(line)  # every stdout line is one JSON-RPC message
+        assert message.get("jsonrpc") == "2.0", line
+    assert b"Traceback" not in raw.stderr, raw.stderr.decode(errors="replace")
+
+    log_file = home / "logs" / "mcp-server.log"
+    assert log_file.is_file(), "the server logs under $WORKER_BRIDGE_HOME/logs/"
+    log = log_file.read_text()
+    assert "worker-bridge MCP server" in log and str(home) in log
+    assert "worker_status" in log, "the failed call is logged to the file"
+
+
+async def test_the_client_session_leaves_the_server_log_under_the_state_root(home):
+    async with mcp_server(home) as client:
+        await assert_healthy(client)
+        await call_error(client, "worker_status", {"task_id": "nope"})
+    log = (home / "logs" / "mcp-server.log").read_text()
+    assert "worker-bridge MCP server" in log
+    assert "nope" in log
+
+
+# -- several servers, one state root -----------------------------------------------------------
+
+
+class WorkerSampler:
+    """Samples, in a thread, the running worker containers of one state root."""
+
+    def __init__(self, home: Path) -> None:
+        import docker
+
+        from bridge.sandbox.docker import home_id
+
+        self.client = docker.from_env()
+        self.filters = {"label": [f"{LABEL}.home={home_id(home)}", f"{LABEL}.role=worker"]}
+        self.samples: list[set[str]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="worker-sampler", daemon=True)
+
+    def __enter__(self) -> WorkerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.client.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                found = self.client.containers.list(sparse=True, filters=self.filters)
+            except Exception as exc:  # an engine hiccup must not end the sampling silently
+                self.errors.append(repr(exc))
+            else:
+                self.samples.append(
+                    {
+                        (c.attrs.get("Labels") or {}).get(f"{LABEL}.task", "?")
+                        for c in found
+                        if c.attrs.get("State", "running") == "running"
+                    }
+                )
+            self._stop.wait(0.05)
+
+    def most_at_once(self) -> int:
+        return max((len(s) for s in self.samples), default=0)
+
+
+async def test_three_servers_sharing_a_state_root_keep_the_host_limit(home, workdir, docker_images):
+    env = {"WORKER_BRIDGE_MAX_CONCURRENCY": "2"}
+    repos = [make_repo(workdir, f"repo{i}") for i in range(6)]
+    slow = {"sleep": 3, "write": {"done.txt": "done\n"}}
+    task_ids: list[str] = []
+
+    with WorkerSampler(home) as sampler:
+        async with AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    mcp_server(home, env, stderr_to=workdir / f"server{i}.log")
+                )
+                for i in range(3)
+            ]
+            for i, client in enumerate(clients):
+                for where in repos[2 * i : 2 * i + 2]:
+                    queued = await delegate(client, where, slow, verify=["test -f done.txt"])
+                    assert queued["status"] == "queued", queued
+                    task_ids.append(queued["task_id"])
+            results = {}
+            with anyio.fail_after(90):
+                for n, task_id in enumerate(task_ids):
+                    results[task_id] = await wait_status(clients[n % 3], task_id, deadline_s=90)
+            started = {
+                task_id: [
+                    e
+                    for e in await read_all_events(clients[0], task_id)
+                    if e["kind"] == "worker.started"
+                ]
+                for task_id in task_ids
+            }
+
+    assert len(set(task_ids)) == 6
+    assert not sampler.errors, sampler.errors
+    assert sampler.samples, "the engine was sampled"
+    seen = set().union(*sampler.samples)
+    assert set(task_ids) <= seen, "every task's worker container was seen running"
+    assert sampler.most_at_once() <= 2, "never more than two worker containers at once"
+    assert sampler.most_at_once() == 2, "the capacity of two is used"
+    for task_id, result in results.items():
+        assert result["status"] == "succeeded", (task_id, result["error"])
+        assert result["verification"]["ok"] is True
+        assert len(started[task_id]) == 1, f"task {task_id} ran once"

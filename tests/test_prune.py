@@ -1,0 +1,305 @@
+"""`worker-bridge workspaces prune`: a dry run by default; with --apply it reclaims what finished
+tasks left (worktrees, private git dirs, task branches, old artifacts), folders and containers
+no task owns, and never anything of a task that is still running or of succeeded work that was
+not accepted yet (unless --include-unaccepted)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import psutil
+import pytest
+from conftest import git, mock_task, write_spec
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def poll(check, what: str, deadline_s: float = 60.0):
+    deadline = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def show(cli, task_id: str) -> dict:
+    result = cli("tasks", "show", task_id, "--json")
+    assert result.code == 0, result.stderr
+    return result.json()
+
+
+def run_task(cli, workdir: Path, spec: dict) -> dict:
+    """`tasks run` to the end; returns the task result."""
+    path = write_spec(workdir / f"spec-{uuid.uuid4().hex[:8]}.json", spec)
+    run = cli("tasks", "run", "--spec", str(path), "--json")
+    assert run.stdout, run.stderr
+    return run.json()
+
+
+def start_detached(cli, workdir: Path, spec: dict) -> str:
+    path = write_spec(workdir / f"spec-{uuid.uuid4().hex[:8]}.json", spec)
+    created = cli("tasks", "create", "--spec", str(path))
+    assert created.code == 0, created.stderr
+    task_id = created.stdout.strip()
+    started = cli("tasks", "start", task_id)
+    assert started.code == 0, started.stderr
+    return task_id
+
+
+def wait_for_event(cli, task_id: str, kind: str) -> dict:
+    def find():
+        logs = cli("tasks", "logs", task_id, "--json")
+        assert logs.code == 0, logs.stderr
+        return next((e for e in logs.json()["events"] if e["kind"] == kind), None)
+
+    return poll(find, f"event {kind} of task {task_id}")
+
+
+def runner_pid(home: Path, task_id: str) -> int | None:
+    import sqlite3
+
+    conn = sqlite3.connect(str(home / "bridge.db"), timeout=30)
+    try:
+        row = conn.execute("SELECT runner_pid FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return row[0] if row else None
+    finally:
+        conn.close()
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def prune(cli, *flags: str) -> dict:
+    result = cli("workspaces", "prune", *flags, "--json")
+    assert result.code == 0, result.stderr
+    report = result.json()
+    assert report["applied"] is ("--apply" in flags)
+    return report
+
+
+def actions_for(report: dict, task_id: str) -> list[dict]:
+    return [a for a in report["actions"] if a["task_id"] == task_id]
+
+
+def branch_exists(repo: Path, task_id: str) -> bool:
+    out = git(repo, "branch", "--list", f"worker-bridge/{task_id}", "--format=%(refname:short)")
+    return out.strip() == f"worker-bridge/{task_id}"
+
+
+def worktrees(repo: Path) -> list[Path]:
+    return [
+        Path(line.split(" ", 1)[1]).resolve()
+        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+        if line.startswith("worktree ")
+    ]
+
+
+def workspace_exists(home: Path, repo: Path, task_id: str) -> bool:
+    """All three parts of a task's workspace are there."""
+    return (
+        (home / "worktrees" / task_id).is_dir()
+        and (home / "gitdirs" / task_id).is_dir()
+        and branch_exists(repo, task_id)
+        and (home / "worktrees" / task_id).resolve() in worktrees(repo)
+    )
+
+
+def workspace_gone(home: Path, repo: Path, task_id: str) -> bool:
+    """None of the parts of a task's workspace is left."""
+    return (
+        not (home / "worktrees" / task_id).exists()
+        and not (home / "gitdirs" / task_id).exists()
+        and not branch_exists(repo, task_id)
+        and (home / "worktrees" / task_id).resolve() not in worktrees(repo)
+    )
+
+
+def containers(**labels: str) -> list:
+    client = docker.from_env()
+    try:
+        wanted = [f"io.worker-bridge.{k}={v}" for k, v in labels.items()]
+        return client.containers.list(all=True, filters={"label": wanted})
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch):
+    for name in ("WORKER_BRIDGE_RETENTION_DAYS", "WORKER_BRIDGE_TEST_PAUSE_AT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+def test_a_dry_run_lists_failed_and_cancelled_workspaces_and_apply_removes_them(
+    cli, repo, workdir, home, docker_images
+):
+    failed = run_task(cli, workdir, mock_task(repo, {"write": {"f.txt": "f"}, "exit_code": 1}))
+    assert failed["status"] == "failed", failed["error"]
+    failed_id = failed["task_id"]
+
+    cancelled_id = start_detached(cli, workdir, mock_task(repo, {"sleep": 30}))
+    wait_for_event(cli, cancelled_id, "worker.started")
+    pid = runner_pid(home, cancelled_id)
+    assert cli("tasks", "cancel", cancelled_id).code == 0
+    poll(lambda: process_gone(pid), "the cancelled task's runner to exit")
+    assert show(cli, cancelled_id)["status"] == "cancelled"
+
+    for task_id in (failed_id, cancelled_id):
+        assert workspace_exists(home, repo, task_id)
+
+    dry = prune(cli)
+    for task_id in (failed_id, cancelled_id):
+        listed = [a for a in actions_for(dry, task_id) if a["kind"] == "workspace"]
+        assert len(listed) == 1
+        assert Path(listed[0]["target"]) == home / "worktrees" / task_id
+        assert workspace_exists(home, repo, task_id), "a dry run removed something"
+
+    applied = prune(cli, "--apply")
+    for task_id in (failed_id, cancelled_id):
+        assert [a["kind"] for a in actions_for(applied, task_id)] == ["workspace"]
+        assert workspace_gone(home, repo, task_id)
+    assert worktrees(repo) == [repo.resolve()]
+    assert git(repo, "status", "--porcelain") == ""
+
+    again = prune(cli)
+    assert not actions_for(again, failed_id) and not actions_for(again, cancelled_id)
+
+
+def test_succeeded_work_not_yet_accepted_is_kept_unless_include_unaccepted(
+    cli, repo, workdir, home, docker_images
+):
+    done = run_task(cli, workdir, mock_task(repo, {"write": {"s.txt": "s"}}, verify=["true"]))
+    assert done["status"] == "succeeded", done["error"]
+    task_id = done["task_id"]
+
+    kept = prune(cli, "--apply")
+    assert not actions_for(kept, task_id)
+    assert workspace_exists(home, repo, task_id)
+
+    listed = prune(cli, "--include-unaccepted")
+    assert [a["kind"] for a in actions_for(listed, task_id)] == ["workspace"]
+    assert workspace_exists(home, repo, task_id)
+
+    removed = prune(cli, "--apply", "--include-unaccepted")
+    assert [a["kind"] for a in actions_for(removed, task_id)] == ["workspace"]
+    assert workspace_gone(home, repo, task_id)
+
+
+def test_a_running_task_is_never_touched(cli, repo, workdir, home, docker_images):
+    task_id = start_detached(cli, workdir, mock_task(repo, {"sleep": 30}))
+    wait_for_event(cli, task_id, "worker.started")
+    try:
+        for flags in ((), ("--apply",), ("--apply", "--include-unaccepted")):
+            report = prune(cli, *flags)
+            assert not actions_for(report, task_id), flags
+            assert not [a for a in report["actions"] if task_id in a["target"]], flags
+        assert workspace_exists(home, repo, task_id)
+        running = containers(task=task_id, role="worker")
+        assert [c.status for c in running] == ["running"]
+        assert show(cli, task_id)["status"] == "running"
+    finally:
+        cli("tasks", "cancel", task_id)
+    assert show(cli, task_id)["status"] == "cancelled"
+
+
+def test_orphan_folders_and_containers_are_listed_and_removed(cli, home, docker_images):
+    from bridge.sandbox.docker import home_id
+
+    assert cli("tasks", "list").code == 0  # makes the store
+    orphans = [home / "worktrees" / "not-a-task", home / "tasks" / "gone-task"]
+    for folder in orphans:
+        folder.mkdir(parents=True)
+        (folder / "leftover.txt").write_text("x")
+    client = docker.from_env()
+    try:
+        ghost = client.containers.run(
+            docker_images.image_for("base"),
+            ["sleep", "60"],
+            detach=True,
+            labels={"io.worker-bridge.home": home_id(home), "io.worker-bridge.task": "ghost"},
+            network_mode="none",
+        )
+    finally:
+        client.close()
+
+    dry = prune(cli)
+    dirs = {a["target"] for a in dry["actions"] if a["kind"] == "orphan_dir"}
+    assert dirs == {str(folder) for folder in orphans}
+    found = [a for a in dry["actions"] if a["kind"] == "container"]
+    assert [(a["target"], a["task_id"]) for a in found] == [(ghost.id[:12], "ghost")]
+    assert all(folder.is_dir() for folder in orphans)
+    assert containers(task="ghost", home=home_id(home))
+
+    applied = prune(cli, "--apply")
+    assert {a["kind"] for a in applied["actions"]} == {"orphan_dir", "container"}
+    assert not any(folder.exists() for folder in orphans)
+    poll(lambda: not containers(task="ghost", home=home_id(home)), "the orphan container to go", 30)
+    assert prune(cli)["actions"] == []
+
+
+def test_artifacts_are_removed_only_past_the_retention_period(
+    cli, repo, workdir, home, docker_images
+):
+    failed = run_task(cli, workdir, mock_task(repo, {"write": {"a.txt": "a"}, "exit_code": 3}))
+    assert failed["status"] == "failed", failed["error"]
+    task_id = failed["task_id"]
+    task_dir = home / "tasks" / task_id
+    assert set(failed["artifacts"]) == {"diff", "manifest"}
+    assert task_dir.is_dir()
+
+    default = prune(cli, "--apply")  # retention_days defaults to 14
+    assert [a["kind"] for a in actions_for(default, task_id)] == ["workspace"]
+    assert task_dir.is_dir()
+    assert set(show(cli, task_id)["artifacts"]) == {"diff", "manifest"}
+
+    (home / "config.yaml").write_text("retention_days: 0\n")
+    applied = prune(cli, "--apply")
+    reclaimed = actions_for(applied, task_id)
+    assert [(a["kind"], Path(a["target"])) for a in reclaimed] == [("artifacts", task_dir)]
+    assert not task_dir.exists()
+    assert show(cli, task_id)["artifacts"] == {}
+
+
+def test_prune_after_accept_removes_the_task_branch_and_leaves_the_working_tree(
+    cli, repo, workdir, home, docker_images
+):
+    done = run_task(
+        cli, workdir, mock_task(repo, {"write": {"new.txt": "from the worker\n"}}, verify=["true"])
+    )
+    assert done["status"] == "succeeded", done["error"]
+    task_id = done["task_id"]
+    (repo / "README.md").write_text("# demo\nmy own edit\n")
+    (repo / "notes.txt").write_text("mine, untracked\n")
+    accepted = cli("tasks", "accept", task_id)
+    assert accepted.code == 0, accepted.stderr
+    assert branch_exists(repo, task_id)
+    status_before = git(repo, "status", "--porcelain")
+    files_before = {
+        name: (repo / name).read_text() for name in ("README.md", "notes.txt", "new.txt")
+    }
+
+    applied = prune(cli, "--apply")
+    assert [a["kind"] for a in actions_for(applied, task_id)] == ["workspace"]
+    assert not branch_exists(repo, task_id)
+    assert workspace_gone(home, repo, task_id)
+    assert git(repo, "status", "--porcelain") == status_before
+    assert {name: (repo / name).read_text() for name in files_before} == files_before
+    assert files_before["new.txt"] == "from the worker\n"
+    assert show(cli, task_id)["status"] == "accepted"

@@ -1,0 +1,529 @@
+"""Cancel, deadlines, memory limits and crash recovery of detached runners.
+
+A runner is killed deterministically with the test pause point (WORKER_BRIDGE_TEST_PAUSE_AT=<phase>
+makes it emit `test.paused` with its pid and sleep at the start of that phase) or right after an
+event it emitted; the next `worker-bridge` command (without the pause) must hand the task to a new
+runner that finishes it. Only pids read from the store are ever signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import docker
+import psutil
+import pytest
+from conftest import git, mock_task, write_spec
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+PAUSE = "WORKER_BRIDGE_TEST_PAUSE_AT"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def poll(check, what: str, deadline_s: float = 60.0):
+    """Return check()'s first truthy value, polling until a deadline."""
+    deadline = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def create(cli, workdir: Path, spec: dict) -> str:
+    path = write_spec(workdir / f"spec-{uuid.uuid4().hex[:8]}.json", spec)
+    created = cli("tasks", "create", "--spec", str(path))
+    assert created.code == 0, created.stderr
+    return created.stdout.strip()
+
+
+def start_detached(cli, task_id: str, pause: str | None = None) -> None:
+    started = cli("tasks", "start", task_id, env={PAUSE: pause} if pause else None)
+    assert started.code == 0, started.stderr
+
+
+def show(cli, task_id: str) -> dict:
+    result = cli("tasks", "show", task_id, "--json")
+    assert result.code == 0, result.stderr
+    return result.json()
+
+
+def wait_for_status(cli, task_id: str, deadline_s: float = 90) -> dict:
+    return poll(
+        lambda: (r := show(cli, task_id))["status"] in TERMINAL and r,
+        f"task {task_id} to finish",
+        deadline_s,
+    )
+
+
+def cli_events(cli, task_id: str) -> list[dict]:
+    """Events through the CLI (which, like every `tasks` command, also runs recovery)."""
+    logs = cli("tasks", "logs", task_id, "--json")
+    assert logs.code == 0, logs.stderr
+    return logs.json()["events"]
+
+
+def wait_for_event(cli, task_id: str, kind: str, deadline_s: float = 60) -> dict:
+    return poll(
+        lambda: next((e for e in cli_events(cli, task_id) if e["kind"] == kind), None),
+        f"event {kind} of task {task_id}",
+        deadline_s,
+    )
+
+
+def _db(home: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(home / "bridge.db"), timeout=30)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def runner_row(home: Path, task_id: str) -> dict:
+    """The task's runner claim, read from the store without running any bridge code."""
+    conn = _db(home)
+    try:
+        row = conn.execute(
+            "SELECT status, phase, runner_id, runner_pid, runner_expires_at FROM tasks"
+            " WHERE task_id = ?",
+            (task_id,),
+        ).fetchone()
+        return dict(row)
+    finally:
+        conn.close()
+
+
+def store_events(home: Path, task_id: str) -> list[dict]:
+    """Events read straight from the store: unlike a CLI command, this recovers nothing."""
+    conn = _db(home)
+    try:
+        rows = conn.execute(
+            "SELECT event_id, kind, at, data FROM events WHERE task_id = ? ORDER BY event_id",
+            (task_id,),
+        ).fetchall()
+        return [{**dict(r), "data": json.loads(r["data"] or "{}")} for r in rows]
+    finally:
+        conn.close()
+
+
+def lease_rows(home: Path, task_id: str) -> list[dict]:
+    conn = _db(home)
+    try:
+        rows = conn.execute(
+            "SELECT scope, owner, expires_at FROM leases WHERE task_id = ?", (task_id,)
+        ).fetchall()
+        return [dict(r) for r in rows]
+    finally:
+        conn.close()
+
+
+def kinds(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["kind"] == kind]
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_runner(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    poll(lambda: process_gone(pid), f"runner {pid} to die after SIGKILL", 20)
+
+
+def task_containers(task_id: str, **labels: str) -> list:
+    wanted = [f"io.worker-bridge.task={task_id}"]
+    wanted += [f"io.worker-bridge.{k}={v}" for k, v in labels.items()]
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": wanted})
+    finally:
+        client.close()
+
+
+def wait_no_containers(task_id: str) -> None:
+    poll(lambda: not task_containers(task_id), f"the containers of task {task_id} to go", 30)
+
+
+def iso(at: str) -> float:
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+
+
+def cli_prefix() -> list[str]:
+    script = Path(sys.executable).parent / "worker-bridge"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "bridge.cli"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env_and_runners(monkeypatch, home: Path):
+    """No pause point or concurrency override leaks in from outside; at the end, any runner
+    process of this test's store that is still alive (a paused one after a failure) is killed,
+    by the pid the store recorded and only when it is that task's runner."""
+    monkeypatch.delenv(PAUSE, raising=False)
+    monkeypatch.delenv("WORKER_BRIDGE_MAX_CONCURRENCY", raising=False)
+    yield
+    if not (home / "bridge.db").exists():
+        return
+    conn = _db(home)
+    try:
+        rows = conn.execute(
+            "SELECT task_id, runner_pid FROM tasks WHERE runner_pid IS NOT NULL"
+        ).fetchall()
+    finally:
+        conn.close()
+    for task_id, pid in rows:
+        try:
+            cmdline = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if "bridge.pipeline" in cmdline and task_id in cmdline:
+            os.kill(pid, signal.SIGKILL)
+
+
+def limit_concurrency_to_one(home: Path) -> None:
+    (home / "config.yaml").write_text("max_concurrency: 1\n")
+
+
+# -- cancel -------------------------------------------------------------------------------------
+
+
+def test_cancelling_a_detached_run_is_final_and_its_container_goes(
+    cli, repo, workdir, home, docker_images
+):
+    task_id = create(cli, workdir, mock_task(repo, {"sleep": 30, "write": {"x.txt": "x"}}))
+    start_detached(cli, task_id)
+    wait_for_event(cli, task_id, "worker.started")
+    pid = runner_row(home, task_id)["runner_pid"]
+    assert pid, "the runner recorded no pid"
+    assert task_containers(task_id, role="worker"), "the worker container is not there"
+
+    cancelled = cli("tasks", "cancel", task_id)
+    assert cancelled.code == 0, cancelled.stderr
+    assert show(cli, task_id)["status"] == "cancelled"
+    wait_no_containers(task_id)
+
+    poll(lambda: process_gone(pid), "the cancelled task's runner to exit", 60)
+    result = show(cli, task_id)
+    assert result["status"] == "cancelled"
+    assert result["error"]["kind"] == "cancelled"
+    statuses = [e["data"]["to"] for e in kinds(cli_events(cli, task_id), "task.status")]
+    assert statuses[-1] == "cancelled" and statuses.count("cancelled") == 1
+    assert not task_containers(task_id)
+
+
+def test_cancelling_a_wait_run_from_another_process_ends_it_with_exit_1(
+    cli, repo, workdir, home, docker_images
+):
+    task_id = create(cli, workdir, mock_task(repo, {"sleep": 30}))
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    proc = subprocess.Popen(
+        [*cli_prefix(), "tasks", "start", task_id, "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        wait_for_event(cli, task_id, "worker.started")
+        cancelled = cli("tasks", "cancel", task_id)
+        assert cancelled.code == 0, cancelled.stderr
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    assert f"task {task_id} cancelled" in err
+    result = show(cli, task_id)
+    assert result["status"] == "cancelled"
+    assert result["error"]["kind"] == "cancelled"
+    wait_no_containers(task_id)
+
+
+def test_cancelling_during_verification_removes_the_verify_container(
+    cli, repo, workdir, home, docker_images
+):
+    task_id = create(cli, workdir, mock_task(repo, {"write": {"v.txt": "v"}}, verify=["sleep 30"]))
+    start_detached(cli, task_id)
+    wait_for_event(cli, task_id, "verification.started")
+    poll(lambda: task_containers(task_id, role="verify"), "the verify container to start", 30)
+    pid = runner_row(home, task_id)["runner_pid"]
+
+    cancelled = cli("tasks", "cancel", task_id)
+    assert cancelled.code == 0, cancelled.stderr
+    wait_no_containers(task_id)
+    poll(lambda: process_gone(pid), "the cancelled task's runner to exit", 60)
+    result = show(cli, task_id)
+    assert result["status"] == "cancelled"
+    assert result["error"]["kind"] == "cancelled"
+
+
+def test_cancelling_a_finished_task_is_refused_and_leaves_it_as_it_was(
+    cli, repo, workdir, docker_images
+):
+    spec = write_spec(workdir / "t.json", mock_task(repo, {"write": {"f.txt": "f"}}))
+    run = cli("tasks", "run", "--spec", str(spec), "--json")
+    assert run.code == 0, run.stderr
+    task_id = run.json()["task_id"]
+    before = show(cli, task_id)
+    assert before["status"] == "succeeded"
+
+    refused = cli("tasks", "cancel", task_id)
+    assert refused.code == 1
+    assert "already ended succeeded" in refused.stderr
+    after = show(cli, task_id)
+    assert after["status"] == "succeeded"
+    assert after["error"] is None
+    assert after["finished_at"] == before["finished_at"]
+
+
+# -- deadlines and memory -----------------------------------------------------------------------
+
+
+def test_the_deadline_passing_while_the_worker_runs_times_the_task_out(
+    cli, repo, workdir, docker_images
+):
+    spec = write_spec(workdir / "t.json", mock_task(repo, {"sleep": 60}))
+    run = cli("tasks", "run", "--spec", str(spec), "--timeout", "2", "--json")
+    assert run.code == 1, run.stderr
+    result = run.json()
+    assert result["status"] == "timed_out"
+    assert result["error"]["kind"] == "timeout"
+    assert "worker" in result["error"]["message"]
+    assert "2 s" in result["error"]["message"]
+    wait_no_containers(result["task_id"])
+
+
+def test_the_deadline_passing_during_verification_times_the_task_out(
+    cli, repo, workdir, docker_images
+):
+    spec = write_spec(
+        workdir / "t.json", mock_task(repo, {"write": {"v.txt": "v"}}, verify=["sleep 60"])
+    )
+    run = cli("tasks", "run", "--spec", str(spec), "--timeout", "3", "--json")
+    assert run.code == 1, run.stderr
+    result = run.json()
+    assert result["status"] == "timed_out", result["error"]
+    assert result["error"]["kind"] == "timeout"
+    assert "verification" in result["error"]["message"]
+    assert result["verification"]["ok"] is False
+    wait_no_containers(result["task_id"])
+
+
+def test_a_worker_over_its_memory_limit_fails_with_out_of_memory(cli, repo, workdir, docker_images):
+    spec = mock_task(
+        repo, {"script": 'python3 -c "x = bytearray(400*1024*1024)"'}, limits={"memory_mb": 64}
+    )
+    run = cli("tasks", "run", "--spec", str(write_spec(workdir / "t.json", spec)), "--json")
+    assert run.code == 1, run.stderr
+    result = run.json()
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "out_of_memory", result["error"]
+    message = result["error"]["message"]
+    assert "64 MB" in message
+    completed = kinds(cli_events(cli, result["task_id"]), "worker.completed")
+    assert completed and completed[-1]["data"]["oom_killed"] is True
+    assert f"exit status {completed[-1]['data']['exit_code']}" in message
+    wait_no_containers(result["task_id"])
+
+
+# -- crash recovery -----------------------------------------------------------------------------
+
+
+def assert_workspace_is_only_the_tasks(repo: Path, home: Path, task_id: str) -> None:
+    listed = [
+        Path(line.split(" ", 1)[1]).resolve()
+        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+        if line.startswith("worktree ")
+    ]
+    assert listed == [repo.resolve(), (home / "worktrees" / task_id).resolve()]
+    assert sorted(os.listdir(home / "worktrees")) == [task_id]
+    assert sorted(os.listdir(home / "gitdirs")) == [task_id]
+    branches = git(repo, "branch", "--list", "worker-bridge/*", "--format=%(refname:short)")
+    assert branches.split() == [f"worker-bridge/{task_id}"]
+
+
+@pytest.mark.parametrize(
+    "phase, kill_at, mock_sleep",
+    [
+        ("allocating", "pause", 0),
+        ("worker", "pause", 0),
+        ("worker", "worker.started", 3),
+        ("collecting", "pause", 0),
+        ("verifying", "pause", 0),
+    ],
+    ids=[
+        "allocating",
+        "worker-before-the-container-starts",
+        "worker-while-the-container-runs",
+        "collecting",
+        "verifying",
+    ],
+)
+def test_a_runner_killed_in_any_phase_is_resumed_by_the_next_command_and_succeeds(
+    cli, repo, workdir, home, docker_images, phase, kill_at, mock_sleep
+):
+    mock = {"write": {"out.txt": "done\n"}}
+    if mock_sleep:
+        mock["sleep"] = mock_sleep
+    task_id = create(cli, workdir, mock_task(repo, mock, verify=["test -f out.txt"]))
+    if kill_at == "pause":
+        start_detached(cli, task_id, pause=phase)
+        paused = wait_for_event(cli, task_id, "test.paused")
+        assert paused["data"]["phase"] == phase
+        pid = paused["data"]["pid"]
+    else:
+        start_detached(cli, task_id)
+        wait_for_event(cli, task_id, kill_at)
+        pid = runner_row(home, task_id)["runner_pid"]
+    claim = runner_row(home, task_id)
+    assert claim["runner_pid"] == pid
+    assert claim["phase"] == phase
+    kill_runner(pid)
+    assert runner_row(home, task_id)["status"] in {"running", "verifying"}
+    if phase == "allocating":  # as if it died half way through making the workspace
+        worktree = home / "worktrees" / task_id
+        git(repo, "worktree", "add", "-q", "-b", f"worker-bridge/{task_id}", str(worktree))
+        (worktree / "half.txt").write_text("left by the dead runner\n")
+        (home / "gitdirs" / task_id).mkdir(parents=True)
+        (home / "gitdirs" / task_id / "partial").write_text("x")
+
+    listed = cli("tasks", "list")  # no pause: any command recovers the stranded task
+    assert listed.code == 0, listed.stderr
+    result = wait_for_status(cli, task_id)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["ok"] is True
+    assert [c["path"] for c in result["changed_files"]] == ["out.txt"]
+
+    events = cli_events(cli, task_id)
+    assert [e["data"]["phase"] for e in kinds(events, "task.resumed")] == [phase]
+    assert len(kinds(events, "worker.started")) == 1
+    if kill_at == "worker.started":
+        assert len(kinds(events, "worker.adopted")) == 1
+    else:
+        assert not kinds(events, "worker.adopted")
+    wait_no_containers(task_id)
+    assert_workspace_is_only_the_tasks(repo, home, task_id)
+
+
+def test_a_queued_task_whose_runner_died_waiting_for_capacity_is_picked_up_again(
+    cli, repo, workdir, home, docker_images
+):
+    limit_concurrency_to_one(home)
+    long_id = create(cli, workdir, mock_task(repo, {"sleep": 30}, objective="holds the slot"))
+    queued_id = create(
+        cli, workdir, mock_task(repo, {"write": {"q.txt": "q"}}, verify=["test -f q.txt"])
+    )
+    start_detached(cli, long_id)
+    wait_for_event(cli, long_id, "worker.started")
+    start_detached(cli, queued_id)
+    first = poll(
+        lambda: (row := runner_row(home, queued_id))["runner_pid"] and row,
+        "the queued task's runner to claim it",
+    )
+    kill_runner(first["runner_pid"])
+    assert runner_row(home, queued_id)["status"] == "queued"  # it died still waiting
+
+    listed = cli("tasks", "list")
+    assert listed.code == 0, listed.stderr
+    assert kinds(cli_events(cli, queued_id), "task.recovering")
+    second = poll(
+        lambda: (
+            (row := runner_row(home, queued_id))["runner_pid"]
+            and row["runner_id"] != first["runner_id"]
+            and row
+        ),
+        "a new runner to claim the queued task",
+    )
+    assert second["status"] == "queued"  # the slot is still held by the long task
+
+    assert cli("tasks", "cancel", long_id).code == 0
+    result = wait_for_status(cli, queued_id)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["ok"] is True
+    wait_no_containers(queued_id)
+    wait_no_containers(long_id)
+
+
+def test_the_lease_of_a_killed_runner_is_free_at_once_and_both_tasks_finish(
+    cli, repo, workdir, home, docker_images
+):
+    limit_concurrency_to_one(home)
+    a_id = create(
+        cli, workdir, mock_task(repo, {"write": {"a.txt": "a"}}, verify=["test -f a.txt"])
+    )
+    b_id = create(
+        cli, workdir, mock_task(repo, {"write": {"b.txt": "b"}}, verify=["test -f b.txt"])
+    )
+    start_detached(cli, a_id, pause="worker")
+    pid = wait_for_event(cli, a_id, "test.paused")["data"]["pid"]
+    start_detached(cli, b_id)
+    poll(lambda: runner_row(home, b_id)["runner_pid"], "B's runner to claim B")
+    assert runner_row(home, b_id)["status"] == "queued"  # waiting: A holds the only slot
+    held = lease_rows(home, a_id)
+    assert held and {lease["owner"] for lease in held} == {runner_row(home, a_id)["runner_id"]}
+    ttl_end = min(lease["expires_at"] for lease in held)
+
+    kill_runner(pid)
+    # Watch B through the store only: any CLI command here would itself recover A.
+    poll(
+        lambda: kinds(store_events(home, b_id), "worker.started"),
+        "B to start once A's runner is dead",
+    )
+    b_running = next(
+        e for e in kinds(store_events(home, b_id), "task.status") if e["data"]["to"] == "running"
+    )
+    assert iso(b_running["at"]) < ttl_end, "B waited for the dead runner's lease to expire"
+    a_resumed = kinds(store_events(home, a_id), "task.resumed")
+    assert all(e["event_id"] > b_running["event_id"] for e in a_resumed)
+
+    listed = cli("tasks", "list")  # recovers A
+    assert listed.code == 0, listed.stderr
+    for task_id in (a_id, b_id):
+        result = wait_for_status(cli, task_id)
+        assert result["status"] == "succeeded", (task_id, result["error"])
+        assert result["verification"]["ok"] is True
+        wait_no_containers(task_id)
+    assert [e["data"]["phase"] for e in kinds(cli_events(cli, a_id), "task.resumed")] == ["worker"]
+
+
+def test_a_killed_runners_still_running_container_keeps_its_slot(
+    cli, repo, workdir, home, docker_images
+):
+    """MAX_CONCURRENCY counts worker containers running at once: the container of a dead
+    runner still runs (recovery adopts it), so a waiting task must not start beside it."""
+    limit_concurrency_to_one(home)
+    a_id = create(cli, workdir, mock_task(repo, {"sleep": 8, "write": {"a.txt": "a"}}))
+    b_id = create(cli, workdir, mock_task(repo, {"write": {"b.txt": "b"}}))
+    start_detached(cli, a_id)
+    wait_for_event(cli, a_id, "worker.started")
+    start_detached(cli, b_id)
+    poll(lambda: runner_row(home, b_id)["runner_pid"], "B's runner to claim B")
+    kill_runner(runner_row(home, a_id)["runner_pid"])
+    assert [c.status for c in task_containers(a_id, role="worker")] == ["running"]
+
+    poll(
+        lambda: kinds(store_events(home, b_id), "worker.started"),
+        "B to start",
+    )
+    a_running = [c for c in task_containers(a_id, role="worker") if c.status == "running"]
+    assert not a_running, "B's worker started while A's worker container was still running"
+
+    assert cli("tasks", "list").code == 0
+    for task_id in (a_id, b_id):
+        assert wait_for_status(cli, task_id)["status"] == "succeeded"
