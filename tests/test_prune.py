@@ -303,3 +303,21 @@ def test_prune_after_accept_removes_the_task_branch_and_leaves_the_working_tree(
     assert {name: (repo / name).read_text() for name in files_before} == files_before
     assert files_before["new.txt"] == "from the worker\n"
     assert show(cli, task_id)["status"] == "accepted"
+
+
+def test_an_orphan_worktree_git_still_knows_is_unregistered_with_its_branch(cli, repo, home):
+    (home / "worktrees").mkdir()
+    ghost = home / "worktrees" / "ghost"
+    git(repo, "worktree", "add", "-q", "-b", "worker-bridge/ghost", str(ghost), "HEAD")
+    (home / "logs").mkdir()
+    (home / "logs" / "runner-ghost.log").write_text("old log\n")
+
+    report = prune(cli)
+    kinds = {(a["kind"], Path(a["target"]).name) for a in report["actions"]}
+    assert ("orphan_dir", "ghost") in kinds and ("orphan_log", "runner-ghost.log") in kinds
+
+    prune(cli, "--apply")
+    assert not ghost.exists()
+    assert str(ghost) not in git(repo, "worktree", "list", "--porcelain")
+    assert git(repo, "branch", "--list", "worker-bridge/ghost") == ""
+    assert not (home / "logs" / "runner-ghost.log").exists()

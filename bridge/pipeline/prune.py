@@ -18,6 +18,7 @@ from bridge.pipeline.context import Context
 from bridge.pipeline.recovery import orphan_containers
 from bridge.store.db import now_iso
 from bridge.workspace.git import Git
+from bridge.workspace.locks import repository_lock
 from bridge.workspace.worktree import TaskWorkspace, remove_workspace
 
 RECLAIMABLE = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.REJECTED, Status.ACCEPTED}
@@ -25,7 +26,7 @@ RECLAIMABLE = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.REJECTE
 
 @dataclass
 class PruneAction:
-    kind: str  # workspace | artifacts | orphan_dir | container
+    kind: str  # workspace | artifacts | orphan_dir | orphan_log | container
     target: str
     task_id: str | None
     reason: str
@@ -79,6 +80,15 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
                     f"{status} task finished over {ctx.config.retention_days} days ago",
                 )
             )
+    logs = home / "logs"
+    if logs.is_dir():
+        for entry in sorted(logs.glob("runner-*.log")):
+            task_id = entry.name.removeprefix("runner-").removesuffix(".log")
+            task = tasks.get(task_id)
+            if task is None:
+                actions.append(
+                    PruneAction("orphan_log", str(entry), None, f"no task '{task_id}' in the store")
+                )
     for folder in ("worktrees", "gitdirs", "tasks"):
         root = home / folder
         if not root.is_dir():
@@ -117,13 +127,36 @@ def apply_prune(ctx: Context, actions: list[PruneAction]) -> list[PruneAction]:
             ctx.store.update_task(action.task_id, pruned_at=now_iso())
         elif action.kind == "artifacts" and action.task_id:
             shutil.rmtree(action.target, ignore_errors=True)
+            (ctx.home / "logs" / f"runner-{action.task_id}.log").unlink(missing_ok=True)
             ctx.store.remove_artifacts(action.task_id)
         elif action.kind == "orphan_dir":
-            shutil.rmtree(action.target, ignore_errors=True)
+            _remove_orphan_dir(ctx, Path(action.target))
+        elif action.kind == "orphan_log":
+            Path(action.target).unlink(missing_ok=True)
         elif action.kind == "container":
             ctx.sandbox.remove(action.target)
         done.append(action)
     return done
+
+
+def _remove_orphan_dir(ctx: Context, path: Path) -> None:
+    """Remove a folder no task references; if it is a worktree git still knows, also drop the
+    repository's record of it and its worker-bridge branch."""
+    gitfile = path / ".git"
+    repo = None
+    if path.parent.name == "worktrees" and gitfile.is_file():
+        text = gitfile.read_text(errors="replace").strip()
+        if text.startswith("gitdir: "):
+            admin = Path(text.removeprefix("gitdir: "))  # <repo>/.git/worktrees/<name>
+            repo = admin.parent.parent.parent if admin.parent.name == "worktrees" else None
+    shutil.rmtree(path, ignore_errors=True)
+    if repo is not None and repo.is_dir():
+        with repository_lock(ctx.home, repo.resolve()):
+            git = Git(repo)
+            git.run("worktree", "prune", check=False)
+            branch = f"worker-bridge/{path.name}"
+            if _branch_exists(repo, branch):
+                git.run("branch", "-D", "--quiet", branch, check=False)
 
 
 def prune(ctx: Context, apply: bool = False, include_unaccepted: bool = False) -> dict:
