@@ -27,6 +27,7 @@ from bridge.redact import Redactor
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import Turn, get_worker
+from bridge.workspace.baseline import Stat, record_files
 from bridge.workspace.changes import (
     Change,
     list_changes,
@@ -71,6 +72,7 @@ class TaskRunner:
         self.redactor: Redactor = redactor_for(self.task)
         self.timings: dict[str, float] = dict(self.task.get("timings") or {})
         self.deadline_at = self.task.get("deadline_at") or 0.0
+        self.baseline: dict[str, Stat] | None = None
         self._stop = threading.Event()
         self._lost = False
 
@@ -225,6 +227,8 @@ class TaskRunner:
             return Outcome(Status.TIMED_OUT, self._timeout_error(phase))
         if phase == "allocating":
             self._allocate(ws, sweep=resume_phase is not None)
+            # Only a first turn in one process knows the worktree is exactly the base checkout.
+            self.baseline = record_files(ws.worktree)
             phase = "worker"
         turn = self._turn()
         if phase == "worker":
@@ -273,7 +277,7 @@ class TaskRunner:
         self, ws: TaskWorkspace, exit_info: WorkerExit | None, turn: Turn
     ) -> Outcome:
         t0 = time.monotonic()
-        snapshot, changes = collect_changes(self.ctx, ws, self.task)
+        snapshot, changes = collect_changes(self.ctx, ws, self.task, self.baseline)
         self.timings["collect_s"] = round(time.monotonic() - t0, 3)
         self.store.update_task(
             self.task_id,

@@ -112,24 +112,49 @@ def chown_tree(root: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(dirpath, name), uid, gid)
 
 
-def snapshot_worktree(ws: TaskWorkspace, base_commit: str, message: str) -> str:
+def snapshot_worktree(
+    ws: TaskWorkspace, base_commit: str, message: str, touched: list[str] | None = None
+) -> str:
     """Commit the worktree's files (as they are, against the base commit) to the task branch.
 
     Whatever the worker did with git inside the container is ignored: the snapshot's parent is
     always the base commit and its tree is built from the files, with the repository's ignores.
+    ``touched`` (from `baseline.touched_paths`) limits the work to those paths; without it,
+    every file is examined.
     """
     git = Git(ws.worktree)
     index = ws.private_gitdir.parent / "snapshot.index"
     env = {"GIT_INDEX_FILE": str(index)}
-    # Start from the worktree's own index (made at checkout, so its stat data lets git skip
-    # re-hashing unchanged files); ctime is not trusted because the run may have chowned them.
+    # Start from the worktree's own index, as checked out from the base commit; ctime is not
+    # trusted because the run may have chowned the files.
     shutil.copyfile(_worktree_gitdir(ws) / "index", index)
-    git.run("-c", "core.trustctime=false", "add", "--all", "--", ".", env=env)
+    if touched is None or any(".git" in path.split("/") for path in touched):
+        git.run("-c", "core.trustctime=false", "add", "--all", "--", ".", env=env)
+    elif touched:
+        ignored = git.run(
+            "check-ignore", "-z", "--stdin", input=_nul(touched), env=env, check=False
+        ).stdout.split(b"\0")
+        wanted = sorted(set(touched) - {p.decode() for p in ignored if p})
+        if wanted:
+            git.run(
+                "-c",
+                "core.trustctime=false",
+                "add",
+                "--all",
+                "--pathspec-from-file=-",
+                "--pathspec-file-nul",
+                input=_nul(f":(literal){p}" for p in wanted),
+                env=env,
+            )
     tree = git.out("write-tree", env=env)
     commit = git.out("commit-tree", tree, "-p", base_commit, "-m", message)
     Git(ws.repository).run("update-ref", f"refs/heads/{ws.branch}", commit)
     index.unlink(missing_ok=True)
     return commit
+
+
+def _nul(items) -> bytes:
+    return b"".join(item.encode() + b"\0" for item in items)
 
 
 def remove_workspace(home: Path, ws: TaskWorkspace, *, delete_branch: bool = False) -> None:
