@@ -21,7 +21,7 @@ from bridge.pipeline.collect import collect_changes
 from bridge.pipeline.context import Context
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
-from bridge.pipeline.verify import run_verification
+from bridge.pipeline.verify import VerifyCheckout, run_verification
 from bridge.pipeline.worker_run import WorkerExit, run_worker_turn
 from bridge.redact import Redactor
 from bridge.store.db import now_iso
@@ -73,6 +73,7 @@ class TaskRunner:
         self.timings: dict[str, float] = dict(self.task.get("timings") or {})
         self.deadline_at = self.task.get("deadline_at") or 0.0
         self.baseline: dict[str, Stat] | None = None
+        self.checkout: VerifyCheckout | None = None
         self._stop = threading.Event()
         self._lost = False
 
@@ -129,6 +130,8 @@ class TaskRunner:
             self._stop.set()
             if not self._lost:  # a runner that lost its claim leaves the containers alone
                 self._remove_containers()
+            if self.checkout is not None:
+                self.checkout.discard()
         if outcome is not None:
             self._finish(outcome)
         self.store.runners.release(self.task_id, self.owner)
@@ -231,6 +234,10 @@ class TaskRunner:
             self.baseline = record_files(ws.worktree)
             phase = "worker"
         turn = self._turn()
+        if self.spec.verification.commands:
+            self.checkout = VerifyCheckout(self.ctx, ws, self.task["base_commit"], turn.number)
+            if phase == "worker":
+                self.checkout.start()  # checks out the base while the worker runs
         if phase == "worker":
             self.enter_phase("worker")
             t0 = time.monotonic()
@@ -350,10 +357,15 @@ class TaskRunner:
         )
         self.emit("verification.started", {"commands": commands, "image": self._verify_image()})
         t0 = time.monotonic()
+        checkout = self.checkout or VerifyCheckout(
+            self.ctx, ws, self.task["base_commit"], turn.number
+        )
         outcome = run_verification(
             self.ctx,
             ws,
+            checkout,
             snapshot,
+            changes,
             commands,
             self._verify_image(),
             self.limits,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 from bridge.pipeline.context import Context
 from bridge.redact import Redactor
 from bridge.sandbox import ContainerSpec, Mount
-from bridge.workspace.changes import export_snapshot
+from bridge.workspace.changes import Change, export_snapshot, update_checkout
 from bridge.workspace.worktree import TaskWorkspace, chown_tree
 
 
@@ -60,10 +61,66 @@ def _tail(path: Path, limit: int) -> str:
         return ""
 
 
+class VerifyCheckout:
+    """The clean checkout verification runs on, prepared off the critical path.
+
+    While the worker runs, a thread checks out the *base* commit into a fresh folder; once the
+    snapshot exists, only the paths the task changed are brought to the snapshot (deleted, or
+    written by `git checkout-index` from an index of the snapshot). Without a prepared base (a
+    resumed runner), `finish` makes a fresh checkout of the whole snapshot.
+    """
+
+    def __init__(self, ctx: Context, ws: TaskWorkspace, base: str, turn: int) -> None:
+        self.ctx, self.ws, self.base = ctx, ws, base
+        self.scratch = ctx.task_dir(ws.task_id) / f"verify-{turn}"
+        self.path = self.scratch / "checkout"
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _chown(self) -> None:
+        _, owner = self.ctx.sandbox_identity()
+        if owner is not None:
+            chown_tree(self.path, *owner)
+
+    def _prepare(self) -> None:
+        try:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch.mkdir(parents=True)
+            export_snapshot(self.ws.repository, self.base, self.path, self.scratch)
+            self._chown()
+        except BaseException as exc:  # finish() falls back to a fresh checkout
+            self._error = exc
+
+    def start(self) -> VerifyCheckout:
+        self._thread = threading.Thread(target=self._prepare, name="verify-checkout", daemon=True)
+        self._thread.start()
+        return self
+
+    def finish(self, snapshot: str, changes: list[Change]) -> Path:
+        """The folder, holding exactly ``snapshot`` (``changes``: base -> snapshot)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._thread is None or self._error is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch.mkdir(parents=True)
+            export_snapshot(self.ws.repository, snapshot, self.path, self.scratch)
+        else:
+            update_checkout(self.ws.repository, self.path, snapshot, changes, self.scratch)
+        self._chown()
+        return self.path
+
+    def discard(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 def run_verification(
     ctx: Context,
     ws: TaskWorkspace,
+    checkout: VerifyCheckout,
     snapshot: str,
+    changes: list[Change],
     commands: list[str],
     image: str,
     limits: dict[str, Any],
@@ -72,26 +129,22 @@ def run_verification(
     emit: Callable[[str, dict[str, Any]], None],
     turn: int = 0,
 ) -> VerificationOutcome:
-    """Check out the snapshot, run every command in one fresh container, record each outcome."""
+    """Run every command on the snapshot in one fresh container; record each outcome."""
     outcome = VerificationOutcome(ok=None, image=image)
     if not commands:
         return outcome
     user, owner = ctx.sandbox_identity()
-    scratch = ctx.task_dir(ws.task_id) / f"verify-{turn}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    checkout, inputs, results = scratch / "checkout", scratch / "in", scratch / "out"
+    inputs, results = checkout.scratch / "in", checkout.scratch / "out"
     container_id = None
     try:
-        scratch.mkdir(parents=True)
-        export_snapshot(ws.repository, snapshot, checkout, scratch)
+        path = checkout.finish(snapshot, changes)
         inputs.mkdir()
         results.mkdir()
         for i, command in enumerate(commands):
             (inputs / f"cmd.{i}").write_text(command)
-        for path in (scratch, inputs, *inputs.iterdir()):
-            path.chmod(0o755 if path.is_dir() else 0o644)
+        for entry in (checkout.scratch, inputs, *inputs.iterdir()):
+            entry.chmod(0o755 if entry.is_dir() else 0o644)
         if owner is not None:
-            chown_tree(checkout, *owner)
             os.chown(results, *owner)
         ctx.store.update_task(ws.task_id, container_id="starting")
         container_id = ctx.sandbox.start(
@@ -101,7 +154,7 @@ def run_verification(
                 user=user,
                 labels=ctx.labels(ws.task_id, "verify", turn=str(turn)),
                 mounts=[
-                    Mount(checkout, "/workspace", read_only=False),
+                    Mount(path, "/workspace", read_only=False),
                     Mount(inputs, "/var/lib/worker-bridge/verify-in", read_only=True),
                     Mount(results, "/var/lib/worker-bridge/verify-out", read_only=False),
                 ],
@@ -135,4 +188,4 @@ def run_verification(
         if container_id:
             ctx.sandbox.remove(container_id)
         ctx.store.update_task(ws.task_id, container_id=None)
-        shutil.rmtree(scratch, ignore_errors=True)
+        checkout.discard()

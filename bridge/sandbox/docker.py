@@ -7,9 +7,7 @@ user, and io.worker-bridge.* labels so any process can find (and clean up) it la
 
 from __future__ import annotations
 
-import threading
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import docker
 import docker.errors
@@ -136,24 +134,26 @@ class DockerSandbox:
             yield pending.decode(errors="replace")
 
     def wait(self, container_id: str, timeout: float | None) -> ExitInfo:
-        """Wait for exit; on timeout the container is killed (with everything in it)."""
-        container = self.client.containers.get(container_id)
+        """Wait for exit; on timeout the container is killed (with everything in it). A
+        container removed meanwhile (a cancel) ends with exit_code None."""
+        api = self.client.api
         timed_out = False
         try:
-            result = container.wait(timeout=timeout)
-            code = result.get("StatusCode")
-        except requests.exceptions.ConnectionError as exc:
-            # docker-py surfaces a read timeout as ConnectionError(ReadTimeoutError)
-            if "timed out" not in str(exc).lower():
-                raise _engine_down(exc) from exc
-            timed_out = True
-        except requests.exceptions.ReadTimeout:
-            timed_out = True
-        if timed_out:
-            self.kill(container_id)
-            code = container.wait(timeout=60).get("StatusCode")
-        container.reload()
-        state = container.attrs.get("State", {})
+            try:
+                code = api.wait(container_id, timeout=timeout).get("StatusCode")
+            except requests.exceptions.ConnectionError as exc:
+                # docker-py surfaces a read timeout as ConnectionError(ReadTimeoutError)
+                if "timed out" not in str(exc).lower():
+                    raise _engine_down(exc) from exc
+                timed_out = True
+            except requests.exceptions.ReadTimeout:
+                timed_out = True
+            if timed_out:
+                self.kill(container_id)
+                code = api.wait(container_id, timeout=60).get("StatusCode")
+            state = api.inspect_container(container_id).get("State", {})
+        except docker.errors.NotFound:
+            return ExitInfo(exit_code=None, oom_killed=False, timed_out=timed_out)
         return ExitInfo(
             exit_code=code, oom_killed=bool(state.get("OOMKilled")), timed_out=timed_out
         )
@@ -178,63 +178,17 @@ class DockerSandbox:
                     f"Could not remove container {container_id[:12]}: {exc}"
                 ) from exc
 
-    def exec(
-        self,
-        container_id: str,
-        command: list[str],
-        *,
-        user: str,
-        workdir: str,
-        env: dict[str, str],
-        tail_chars: int,
-        on_output: Callable[[str, str], None] | None = None,
-    ) -> tuple[int | None, str, str]:
-        """Run a command in a running container; returns (exit_code, stdout_tail, stderr_tail)."""
-        api = self.client.api
-        exec_id = api.exec_create(
-            container_id, command, user=user, workdir=workdir, environment=env
-        )["Id"]
-        tails = {"stdout": _Tail(tail_chars), "stderr": _Tail(tail_chars)}
-        for out, err in api.exec_start(exec_id, stream=True, demux=True):
-            for name, data in (("stdout", out), ("stderr", err)):
-                if data:
-                    text = data.decode(errors="replace")
-                    tails[name].add(text)
-                    if on_output:
-                        on_output(name, text)
-        code = api.exec_inspect(exec_id).get("ExitCode")
-        return code, tails["stdout"].text(), tails["stderr"].text()
-
-    def containers(self, labels: dict[str, str], *, all: bool = True) -> list[dict]:
+    def containers(self, labels: dict[str, str]) -> list[dict]:
+        """Containers (any state) carrying all ``labels``: id, status, labels."""
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        return [
-            {"id": c.id, "status": c.status, "labels": c.labels}
-            for c in self.client.containers.list(all=all, filters=filters)
-        ]
+        try:
+            found = self.client.api.containers(all=True, filters=filters)
+        except requests.exceptions.ConnectionError as exc:
+            raise _engine_down(exc) from exc
+        return [{"id": c["Id"], "status": c["State"], "labels": c["Labels"] or {}} for c in found]
 
     def remove_by_labels(self, labels: dict[str, str]) -> int:
         found = self.containers(labels)
         for item in found:
             self.remove(item["id"])
         return len(found)
-
-
-class _Tail:
-    """The last ``limit`` characters of a stream, cheap to append to."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.parts: deque[str] = deque()
-        self.size = 0
-        self._lock = threading.Lock()
-
-    def add(self, text: str) -> None:
-        with self._lock:
-            self.parts.append(text)
-            self.size += len(text)
-            while self.parts and self.size - len(self.parts[0]) >= self.limit:
-                self.size -= len(self.parts.popleft())
-
-    def text(self) -> str:
-        with self._lock:
-            return "".join(self.parts)[-self.limit :]

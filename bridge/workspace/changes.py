@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -183,3 +184,45 @@ def export_snapshot(repo: Path, snapshot: str, dest: Path, scratch: Path) -> Non
         git.run("checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
     finally:
         index.unlink(missing_ok=True)
+
+
+def update_checkout(
+    repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
+) -> None:
+    """Bring a clean checkout of the base commit to exactly ``snapshot`` by touching only the
+    changed paths: deletions (and rename sources) first, then `checkout-index` of the rest."""
+    for change in changes:
+        for path in ([change.old_path] if change.old_path else []) + (
+            [change.path] if change.change in ("deleted", "type_changed") else []
+        ):
+            target = dest / path
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+            _remove_empty_parents(target.parent, dest)
+    wanted = [c.path for c in changes if c.change != "deleted"]
+    if not wanted:
+        return
+    index = scratch / "update.index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    git = Git(repo)
+    try:
+        git.run("read-tree", snapshot, env=env)
+        git.run(
+            "checkout-index",
+            "--force",
+            "-z",
+            "--stdin",
+            f"--prefix={dest}/",
+            env=env,
+            input=b"".join(p.encode() + b"\0" for p in wanted),
+        )
+    finally:
+        index.unlink(missing_ok=True)
+
+
+def _remove_empty_parents(folder: Path, root: Path) -> None:
+    while folder != root and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
