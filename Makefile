@@ -14,7 +14,7 @@ LINT_PATHS := bridge tests scripts $(wildcard bench/*.py bench/*/)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 
 install: $(VENV)/.installed

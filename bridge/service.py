@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import secrets
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +90,7 @@ class WorkerBridge:
         limits.update(parsed.limits.model_dump(exclude_none=True))
         effective = self.config.model_dump(mode="json")
         effective["effective_limits"] = limits
-        task_id = secrets.token_hex(6)
+        task_id = os.urandom(6).hex()
         stored_spec = parsed.model_dump(mode="json")
         task_id, _ = self.store.insert_task(
             {

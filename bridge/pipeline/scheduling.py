@@ -58,4 +58,4 @@ def wait_for_leases(
             on_idle()
             last_idle = time.monotonic()
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.2)
+        delay = min(delay * 1.5, 0.05)
