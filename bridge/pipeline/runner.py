@@ -11,7 +11,6 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from bridge.errors import BridgeError
 from bridge.models import TERMINAL, Status, TaskSpec
 from bridge.pipeline.collect import collect_changes
 from bridge.pipeline.context import Context
+from bridge.pipeline.outcomes import Outcome, error, judge_worker, timeout_error
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import VerifyCheckout, run_verification
@@ -31,7 +31,6 @@ from bridge.workspace.baseline import Stat, record_files
 from bridge.workspace.changes import (
     Change,
     list_changes,
-    protected_violations,
 )
 from bridge.workspace.disk import check_free_space
 from bridge.workspace.worktree import (
@@ -41,17 +40,6 @@ from bridge.workspace.worktree import (
 )
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
-
-
-@dataclass
-class Outcome:
-    status: Status
-    error: dict[str, str] | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-def _error(kind: str, message: str) -> dict[str, str]:
-    return {"kind": kind, "message": message}
 
 
 class Superseded(Exception):
@@ -115,12 +103,12 @@ class TaskRunner:
         except Superseded:
             outcome = None
         except BridgeError as exc:
-            outcome = Outcome(Status.FAILED, _error(exc.kind, exc.message))
+            outcome = Outcome(Status.FAILED, error(exc.kind, exc.message))
         except Exception as exc:  # the unexpected still ends in a terminal status
             self.emit("task.internal_error", {"traceback": traceback.format_exc()[-4000:]})
             outcome = Outcome(
                 Status.FAILED,
-                _error(
+                error(
                     "internal",
                     f"worker-bridge hit an internal error ({exc.__class__.__name__}: "
                     f"{str(exc)[:200]}); see `worker-bridge tasks logs {self.task_id}`.",
@@ -292,49 +280,9 @@ class TaskRunner:
             snapshot_commit=snapshot,
             changed_files=[c.result_entry() for c in changes],
         )
-        if exit_info is None:
-            return Outcome(
-                Status.FAILED,
-                _error("internal", "The worker's exit was not recorded; run the task again."),
-            )
-        if exit_info.timed_out:
-            return Outcome(Status.TIMED_OUT, self._timeout_error("the worker was running"))
-        if exit_info.oom_killed:
-            return Outcome(
-                Status.FAILED,
-                _error(
-                    "out_of_memory",
-                    f"The worker ran out of memory (limit {self.limits['memory_mb']} MB, "
-                    f"limits.memory_mb; exit status {exit_info.exit_code}"
-                    + (
-                        f"; last output: {exit_info.last_progress}"
-                        if exit_info.last_progress
-                        else ""
-                    )
-                    + "); raise the limit or narrow the task.",
-                ),
-            )
-        if exit_info.exit_code != 0:
-            last = exit_info.last_progress
-            return Outcome(
-                Status.FAILED,
-                _error(
-                    "worker_exit",
-                    f"The worker exited with status {exit_info.exit_code}"
-                    + (f" (last output: {last})" if last else "")
-                    + f"; see `worker-bridge tasks logs {self.task_id}`.",
-                ),
-            )
-        hits = protected_violations(changes, self.spec.verification.protected_paths)
-        if hits:
-            return Outcome(
-                Status.FAILED,
-                _error(
-                    "protected_path",
-                    f"The worker changed protected path '{self.redactor.redact(hits[0])}' "
-                    "(verification.protected_paths); the change was not verified.",
-                ),
-            )
+        verdict = judge_worker(exit_info, changes, self.spec, self.limits, self.task_id)
+        if verdict is not None:
+            return verdict  # _finish redacts the error
         return self._verify(ws, snapshot, changes, turn)
 
     def _verify(
@@ -388,7 +336,7 @@ class TaskRunner:
             bad = next(c for c in outcome.commands if c["exit_code"] != 0)
             return Outcome(
                 Status.FAILED,
-                _error(
+                error(
                     "verification_failed",
                     f"Verification command `{bad['command']}` exited with status "
                     f"{bad['exit_code']}.",
@@ -398,11 +346,7 @@ class TaskRunner:
         return Outcome(Status.SUCCEEDED, fields={"verification": doc})
 
     def _timeout_error(self, phase: str) -> dict[str, str]:
-        return _error(
-            "timeout",
-            f"The task passed its {self.limits['timeout_seconds']} s deadline while {phase} "
-            "(limits.timeout_seconds); raise the limit or narrow the task.",
-        )
+        return timeout_error(self.limits, phase)
 
     # -- the end ------------------------------------------------------------------------------
 
