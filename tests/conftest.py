@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import uuid
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,3 +167,59 @@ def mock_task(repo: Path, mock: dict, *, verify: list[str] | None = None, **extr
     for key, value in extra.items():
         spec[key] = value
     return spec
+
+
+LABEL = "io.worker-bridge"
+
+
+class EngineSampler:
+    """Samples, in a background thread, the running containers of one state root:
+    each sample is a list of (task id, role)."""
+
+    def __init__(self, home: Path) -> None:
+        import docker
+
+        from bridge.sandbox.docker import home_id
+
+        self.client = docker.from_env()
+        self.filters = {"label": [f"{LABEL}.home={home_id(home)}"]}
+        self.samples: list[list[tuple[str, str]]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-sampler", daemon=True)
+
+    def __enter__(self) -> EngineSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.client.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                found = self.client.containers.list(sparse=True, filters=self.filters)
+            except Exception as exc:  # an engine hiccup must not kill the sampler silently
+                self.errors.append(repr(exc))
+            else:
+                sample = []
+                for c in found:
+                    labels = c.attrs.get("Labels") or {}
+                    if c.attrs.get("State", "running") == "running":
+                        sample.append((labels.get(f"{LABEL}.task"), labels.get(f"{LABEL}.role")))
+                self.samples.append(sample)
+            self._stop.wait(0.05)
+
+    def max_count(self, keep=lambda task, role: role == "worker") -> int:
+        return max((sum(1 for t, r in s if keep(t, r)) for s in self.samples), default=0)
+
+    def max_per(self, group, role: str = "worker") -> dict[str, int]:
+        """Largest number of ``role`` containers seen at once per group(task id)."""
+        best: dict[str, int] = defaultdict(int)
+        for s in self.samples:
+            counts = Counter(group(t) for t, r in s if r == role)
+            for key, n in counts.items():
+                best[key] = max(best[key], n)
+        return dict(best)

@@ -11,17 +11,15 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter, defaultdict
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import git, mock_task, write_spec
+from conftest import EngineSampler, git, mock_task, write_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
-LABEL = "io.worker-bridge"
+
 SCRIPT = Path(sys.executable).parent / "worker-bridge"
 PREFIX = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "bridge.cli"]
 
@@ -83,59 +81,6 @@ def wait_terminal(bridge, task_ids, deadline_s: float = 60) -> dict[str, dict]:
 
 def at(event: dict) -> datetime:
     return datetime.fromisoformat(event["at"])
-
-
-class EngineSampler:
-    """Samples, in a background thread, the running containers of one state root:
-    each sample is a list of (task id, role)."""
-
-    def __init__(self, home: Path) -> None:
-        import docker
-
-        from bridge.sandbox.docker import home_id
-
-        self.client = docker.from_env()
-        self.filters = {"label": [f"{LABEL}.home={home_id(home)}"]}
-        self.samples: list[list[tuple[str, str]]] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="engine-sampler", daemon=True)
-
-    def __enter__(self) -> EngineSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.client.close()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                found = self.client.containers.list(sparse=True, filters=self.filters)
-            except Exception as exc:  # an engine hiccup must not kill the sampler silently
-                self.errors.append(repr(exc))
-            else:
-                sample = []
-                for c in found:
-                    labels = c.attrs.get("Labels") or {}
-                    if c.attrs.get("State", "running") == "running":
-                        sample.append((labels.get(f"{LABEL}.task"), labels.get(f"{LABEL}.role")))
-                self.samples.append(sample)
-            self._stop.wait(0.05)
-
-    def max_count(self, keep=lambda task, role: role == "worker") -> int:
-        return max((sum(1 for t, r in s if keep(t, r)) for s in self.samples), default=0)
-
-    def max_per(self, group, role: str = "worker") -> dict[str, int]:
-        """Largest number of ``role`` containers seen at once per group(task id)."""
-        best: dict[str, int] = defaultdict(int)
-        for s in self.samples:
-            counts = Counter(group(t) for t, r in s if r == role)
-            for key, n in counts.items():
-                best[key] = max(best[key], n)
-        return dict(best)
 
 
 @pytest.fixture

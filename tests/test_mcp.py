@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import git
+from conftest import LABEL, EngineSampler, git
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -40,7 +40,7 @@ TOOLS = {
     "worker_follow_up",
 }
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
-LABEL = "io.worker-bridge"
+
 SERVER_SCRIPT = Path(sys.executable).parent / "worker-bridge-mcp"
 SERVER = (
     [str(SERVER_SCRIPT)] if SERVER_SCRIPT.exists() else [sys.executable, "-m", "bridge.mcp_server"]
@@ -672,57 +672,13 @@ async def test_the_client_session_leaves_the_server_log_under_the_state_root(hom
 # -- several servers, one state root -----------------------------------------------------------
 
 
-class WorkerSampler:
-    """Samples, in a thread, the running worker containers of one state root."""
-
-    def __init__(self, home: Path) -> None:
-        import docker
-
-        from bridge.sandbox.docker import home_id
-
-        self.client = docker.from_env()
-        self.filters = {"label": [f"{LABEL}.home={home_id(home)}", f"{LABEL}.role=worker"]}
-        self.samples: list[set[str]] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="worker-sampler", daemon=True)
-
-    def __enter__(self) -> WorkerSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.client.close()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                found = self.client.containers.list(sparse=True, filters=self.filters)
-            except Exception as exc:  # an engine hiccup must not end the sampling silently
-                self.errors.append(repr(exc))
-            else:
-                self.samples.append(
-                    {
-                        (c.attrs.get("Labels") or {}).get(f"{LABEL}.task", "?")
-                        for c in found
-                        if c.attrs.get("State", "running") == "running"
-                    }
-                )
-            self._stop.wait(0.05)
-
-    def most_at_once(self) -> int:
-        return max((len(s) for s in self.samples), default=0)
-
-
 async def test_three_servers_sharing_a_state_root_keep_the_host_limit(home, workdir, docker_images):
     env = {"WORKER_BRIDGE_MAX_CONCURRENCY": "2"}
     repos = [make_repo(workdir, f"repo{i}") for i in range(6)]
     slow = {"sleep": 3, "write": {"done.txt": "done\n"}}
     task_ids: list[str] = []
 
-    with WorkerSampler(home) as sampler:
+    with EngineSampler(home) as sampler:
         async with AsyncExitStack() as stack:
             clients = [
                 await stack.enter_async_context(
@@ -751,10 +707,10 @@ async def test_three_servers_sharing_a_state_root_keep_the_host_limit(home, work
     assert len(set(task_ids)) == 6
     assert not sampler.errors, sampler.errors
     assert sampler.samples, "the engine was sampled"
-    seen = set().union(*sampler.samples)
+    seen = {task for sample in sampler.samples for task, role in sample if role == "worker"}
     assert set(task_ids) <= seen, "every task's worker container was seen running"
-    assert sampler.most_at_once() <= 2, "never more than two worker containers at once"
-    assert sampler.most_at_once() == 2, "the capacity of two is used"
+    assert sampler.max_count() <= 2, "never more than two worker containers at once"
+    assert sampler.max_count() == 2, "the capacity of two is used"
     for task_id, result in results.items():
         assert result["status"] == "succeeded", (task_id, result["error"])
         assert result["verification"]["ok"] is True
