@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -148,6 +149,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "docker_images" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.docker)
+
+
+def poll(check, what: str, deadline_s: float = 60.0):
+    """Return check()'s first truthy value, polling (with backoff) until a deadline."""
+    deadline = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.3)
 
 
 def write_spec(path: Path, spec: dict) -> Path:

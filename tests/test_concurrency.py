@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import EngineSampler, git, mock_task, write_spec
+from conftest import EngineSampler, git, mock_task, poll, write_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 
@@ -39,17 +39,7 @@ def make_repo(workdir: Path, name: str) -> Path:
 
 
 def wait_until(condition, deadline_s: float, what: str):
-    """Poll ``condition`` until it returns something truthy; fail after ``deadline_s``."""
-    deadline = time.monotonic() + deadline_s
-    delay = 0.05
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.3)
+    return poll(condition, what, deadline_s)
 
 
 def events(bridge, task_id: str) -> list[dict]:

@@ -5,32 +5,18 @@ not accepted yet (unless --include-unaccepted)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
 import docker
 import psutil
 import pytest
-from conftest import git, mock_task, write_spec
+from conftest import git, mock_task, poll, write_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def poll(check, what: str, deadline_s: float = 60.0):
-    deadline = time.monotonic() + deadline_s
-    delay = 0.05
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
 
 
 def show(cli, task_id: str) -> dict:

@@ -14,7 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -22,27 +21,13 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-from conftest import git, mock_task, write_spec
+from conftest import git, mock_task, poll, write_spec
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 PAUSE = "WORKER_BRIDGE_TEST_PAUSE_AT"
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def poll(check, what: str, deadline_s: float = 60.0):
-    """Return check()'s first truthy value, polling until a deadline."""
-    deadline = time.monotonic() + deadline_s
-    delay = 0.05
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
 
 
 def create(cli, workdir: Path, spec: dict) -> str:
