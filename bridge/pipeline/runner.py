@@ -62,6 +62,7 @@ class TaskRunner:
         self.deadline_at = self.task.get("deadline_at") or 0.0
         self.baseline: dict[str, Stat] | None = None
         self.checkout: VerifyCheckout | None = None
+        self.repairs = 0  # auto-repair turns taken by this runner
         self._stop = threading.Event()
         self._lost = False
 
@@ -334,6 +335,8 @@ class TaskRunner:
             )
         if not outcome.ok:
             bad = next(c for c in outcome.commands if c["exit_code"] != 0)
+            if self._may_repair():
+                return self._repair(turn, bad, doc)
             return Outcome(
                 Status.FAILED,
                 error(
@@ -344,6 +347,37 @@ class TaskRunner:
                 {"verification": doc},
             )
         return Outcome(Status.SUCCEEDED, fields={"verification": doc})
+
+    def _may_repair(self) -> bool:
+        """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
+        budget = self.spec.metadata.get("auto_repair", self.task["config"].get("auto_repair", 0))
+        worker = get_worker(self.ctx.config, self.spec.worker)
+        return self.repairs < int(budget) and worker.can_repair(self.spec.metadata)
+
+    def _repair(self, turn: Turn, bad: dict[str, Any], doc: dict[str, Any]) -> Outcome:
+        """Give the worker another turn with what failed, then collect and verify again."""
+        self.repairs += 1
+        message = (
+            f"Verification failed: `{bad['command']}` exited with status {bad['exit_code']}.\n"
+            f"stdout (end):\n{bad['stdout_tail']}\nstderr (end):\n{bad['stderr_tail']}\n"
+            "Fix the cause so that the command succeeds."
+        )
+        follow_ups = [*(self.store.get_task(self.task_id).get("follow_ups") or []), message]
+        self.emit(
+            "verification.auto_repair",
+            {"turn": len(follow_ups), "repair": self.repairs, "command": bad["command"]},
+        )
+        if not self.store.transition(
+            self.task_id,
+            Status.RUNNING,
+            expect={Status.VERIFYING},
+            turn=len(follow_ups),
+            follow_ups=follow_ups,
+            verification=doc,
+            phase="worker",
+        ):
+            raise Superseded("not verifying")
+        return self._pipeline(resume_phase="worker")
 
     def _timeout_error(self, phase: str) -> dict[str, str]:
         return timeout_error(self.limits, phase)

@@ -61,3 +61,7 @@ class Worker(ABC):
 
     def parse_line(self, line: str) -> ParsedLine:
         return ParsedLine(progress=line)
+
+    def can_repair(self, metadata: dict[str, Any]) -> bool:
+        """Whether a repair turn (after failed verification) can change anything."""
+        return True

@@ -45,6 +45,10 @@ class MockWorker(Worker):
             files={"mock.json": json.dumps(actions), "prompt.txt": turn.prompt},
         )
 
+    def can_repair(self, metadata: dict) -> bool:
+        # The mock only acts on a later turn through on_follow_up; without it a repair is moot.
+        return bool((metadata.get("mock") or {}).get("on_follow_up"))
+
     def parse_line(self, line: str) -> ParsedLine:
         if line.startswith("{"):
             try:
