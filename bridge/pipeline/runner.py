@@ -62,7 +62,7 @@ class TaskRunner:
         self.deadline_at = self.task.get("deadline_at") or 0.0
         self.baseline: dict[str, Stat] | None = None
         self.checkout: VerifyCheckout | None = None
-        self.repairs = 0  # auto-repair turns taken by this runner
+        self.repairs = self._repairs_taken()
         self._stop = threading.Event()
         self._lost = False
 
@@ -347,6 +347,19 @@ class TaskRunner:
                 {"verification": doc},
             )
         return Outcome(Status.SUCCEEDED, fields={"verification": doc})
+
+    def _repairs_taken(self) -> int:
+        """Repair turns since the task's last explicit turn (from the log, so a runner that
+        resumes a task after a crash does not get a fresh budget)."""
+        events = self.store.query(
+            "SELECT kind FROM events WHERE task_id = ? AND kind IN"
+            " ('task.follow_up', 'verification.auto_repair') ORDER BY event_id",
+            (self.task_id,),
+        )
+        taken = 0
+        for event in events:
+            taken = 0 if event["kind"] == "task.follow_up" else taken + 1
+        return taken
 
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
