@@ -256,11 +256,6 @@ class Store:
         with self.transaction() as conn:
             return self._insert_event(conn, task_id, kind, data or {})
 
-    def add_events(self, task_id: str, items: list[tuple[str, dict[str, Any]]]) -> None:
-        with self.transaction() as conn:
-            for kind, data in items:
-                self._insert_event(conn, task_id, kind, data)
-
     def events(self, task_id: str, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
         rows = self.query(
             "SELECT event_id, task_id, kind, at, data FROM events"
@@ -296,8 +291,3 @@ class Store:
     def remove_artifacts(self, task_id: str) -> None:
         with self.transaction() as conn:
             conn.execute("DELETE FROM artifacts WHERE task_id = ?", (task_id,))
-
-
-def transition_table() -> dict[str, list[str]]:
-    """The declared table, for docs and `doctor`."""
-    return {str(k): sorted(str(v) for v in vs) for k, vs in TRANSITIONS.items()}
