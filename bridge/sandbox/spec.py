@@ -43,4 +43,3 @@ class ExitInfo:
     exit_code: int | None
     oom_killed: bool
     timed_out: bool = False
-    output_tail: str = ""
