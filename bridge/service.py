@@ -17,7 +17,7 @@ from bridge.pipeline.runner import TaskRunner
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
-from bridge.workers import all_workers, check_mock_metadata, get_worker
+from bridge.workers import BUILTIN, all_workers, check_mock_metadata, get_worker
 from bridge.workspace.accept import apply_snapshot
 from bridge.workspace.changes import list_changes
 from bridge.workspace.git import Git, repository_root
@@ -218,7 +218,8 @@ class WorkerBridge:
                 f"Unknown status '{status}'; use one of {', '.join(s.value for s in Status)}."
             )
         rows = self.store.list_tasks(status=status, limit=limit)
-        return [task_result(row, self.store.artifacts(row["task_id"])) for row in rows]
+        artifacts = self.store.artifacts_of([row["task_id"] for row in rows]) if rows else {}
+        return [task_result(row, artifacts.get(row["task_id"], {})) for row in rows]
 
     def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
         self.store.get_task(task_id)
@@ -290,7 +291,7 @@ class WorkerBridge:
         return out
 
     def link_worker(self, name: str, command: list[str], image: str | None = None) -> None:
-        if name in ("mock",):
+        if name in BUILTIN:
             raise InvalidSpec(f"'{name}' is a built-in worker; choose another name.")
         if not command or not all(isinstance(part, str) for part in command):
             raise InvalidSpec("--command-json must be a JSON list of strings.")

@@ -30,11 +30,9 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         spec["objective"] = args.objective
     if args.worker is not None:
         spec["worker"] = args.worker
-    workspace = (
-        spec.setdefault("workspace", {})
-        if isinstance(spec.get("workspace", {}), dict)
-        else spec["workspace"]
-    )
+    workspace = spec.setdefault("workspace", {})
+    if not isinstance(workspace, dict):
+        raise InvalidSpec("workspace in the task spec must be an object.")
     if args.repo is not None:
         workspace["repository"] = str(Path(args.repo).expanduser().absolute())
     if args.base_ref is not None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 
 from bridge.config import Config
 from bridge.store import Store
+from bridge.store.owners import new_runner_id
 
 STARTUP_GRACE = 30.0  # seconds a reservation holds before the process has claimed it
 
@@ -23,7 +23,7 @@ def reserve_runner(
     """Reserve the task for a runner about to start: a compare-and-set on the runner id the
     caller saw (``replacing``; None for a new task), so of several processes recovering one
     task, only one wins. Returns the new runner id, or None when another process won."""
-    runner_id = f"runner-{uuid.uuid4().hex[:12]}"
+    runner_id = new_runner_id()
     taken = store.runners.reserve(
         task_id, runner_id, STARTUP_GRACE, replacing, finished_ok=finished_ok
     )

@@ -25,13 +25,13 @@ def recover_stranded(ctx: Context) -> list[str]:
 def orphan_containers(ctx: Context) -> list[dict]:
     """Containers of this state root whose task is unknown or already terminal."""
     found = ctx.sandbox.containers({f"{LABEL}.home": home_id(ctx.home)})
-    orphans = []
-    for item in found:
-        task_id = item["labels"].get(f"{LABEL}.task", "")
-        rows = ctx.store.list_tasks_by_ids([task_id]) if task_id else []
-        if not rows or rows[0]["status"] in TERMINAL:
-            orphans.append(item)
-    return orphans
+    task_ids = [item["labels"].get(f"{LABEL}.task", "") for item in found]
+    statuses = ctx.store.statuses(task_ids) if task_ids else {}
+    return [
+        item
+        for item, task_id in zip(found, task_ids, strict=True)
+        if statuses.get(task_id) is None or statuses[task_id] in TERMINAL
+    ]
 
 
 def remove_orphan_containers(ctx: Context) -> int:

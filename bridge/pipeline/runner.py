@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import traceback
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from bridge.models import TERMINAL, Status, TaskSpec
 from bridge.pipeline.collect import collect_changes
 from bridge.pipeline.context import Context
 from bridge.pipeline.outcomes import Outcome, error, judge_worker, timeout_error
+from bridge.pipeline.recovery import recover_stranded
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import VerifyCheckout, run_verification
@@ -26,7 +28,7 @@ from bridge.pipeline.worker_run import WorkerExit, run_worker_turn
 from bridge.redact import Redactor
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
-from bridge.workers import Turn, get_worker
+from bridge.workers import Turn, Worker, get_worker
 from bridge.workspace.baseline import Stat, record_files
 from bridge.workspace.changes import (
     Change,
@@ -85,7 +87,7 @@ class TaskRunner:
     def ensure_active(self, kill: str | None = None) -> None:
         """Raise Superseded when the task was cancelled (killing ``kill``, a container we just
         started, so a cancel racing its start cannot miss it)."""
-        status = self.store.get_task(self.task_id)["status"]
+        status = self.store.status(self.task_id)
         if self._lost or status in TERMINAL:
             if kill:
                 self.ctx.sandbox.remove(kill)
@@ -127,10 +129,7 @@ class TaskRunner:
         return self.store.get_task(self.task_id)
 
     def _run_claimed(self) -> Outcome | None:
-        status = self.store.get_task(self.task_id)["status"]
-        if status == Status.CREATED:
-            self.store.transition(self.task_id, Status.QUEUED, expect={Status.CREATED})
-            status = Status.QUEUED
+        status = self.store.status(self.task_id)  # claim() already queued a created task
         if status == Status.QUEUED:
             return self._start_fresh()
         if status in ACTIVE:
@@ -140,7 +139,7 @@ class TaskRunner:
     def _start_fresh(self) -> Outcome:
         queued_at = time.time()
         self._preflight()
-        wanted = lambda: self.store.get_task(self.task_id)["status"] == Status.QUEUED  # noqa: E731
+        wanted = lambda: self.store.status(self.task_id) == Status.QUEUED  # noqa: E731
         if not wait_for_leases(
             self.store,
             self.ctx.config,
@@ -167,7 +166,7 @@ class TaskRunner:
     def _resume(self) -> Outcome:
         task = self.store.get_task(self.task_id)
         self.emit("task.resumed", {"phase": task["phase"], "runner": self.owner.id})
-        wanted = lambda: self.store.get_task(self.task_id)["status"] in ACTIVE  # noqa: E731
+        wanted = lambda: self.store.status(self.task_id) in ACTIVE  # noqa: E731
         if not wait_for_leases(
             self.store,
             self.ctx.config,
@@ -182,7 +181,7 @@ class TaskRunner:
     def _preflight(self) -> None:
         """Fail fast, before anything is allocated: engine reachable, images present."""
         self.ctx.sandbox.ping()
-        worker = get_worker(self.ctx.config, self.spec.worker)
+        worker = self.worker
         self.ctx.sandbox.require_image(worker.image(self.ctx.config), worker.build_target)
         if self.spec.verification.commands:
             image = self._verify_image()
@@ -191,8 +190,6 @@ class TaskRunner:
 
     def _recover_others(self) -> None:
         """While waiting for capacity, a surviving runner also hands on stranded tasks."""
-        from bridge.pipeline.recovery import recover_stranded
-
         recover_stranded(self.ctx)
 
     def _start_heartbeat(self) -> None:
@@ -210,7 +207,8 @@ class TaskRunner:
 
     def _pipeline(self, resume_phase: str | None) -> Outcome:
         ws = TaskWorkspace.plan(self.ctx.home, Path(self.task["repository"]), self.task_id)
-        if resume_phase is None and self._turn().number > 0:
+        turn = self._turn()
+        if resume_phase is None and turn.number > 0:
             if not ws.worktree.is_dir():
                 raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
             resume_phase = "worker"  # a follow-up turn continues on the existing worktree
@@ -222,7 +220,6 @@ class TaskRunner:
             # Only a first turn in one process knows the worktree is exactly the base checkout.
             self.baseline = record_files(ws.worktree)
             phase = "worker"
-        turn = self._turn()
         if self.spec.verification.commands:
             self.checkout = VerifyCheckout(self.ctx, ws, self.task["base_commit"], turn.number)
             if phase == "worker":
@@ -244,6 +241,11 @@ class TaskRunner:
         task = self.store.get_task(self.task_id)
         changes = list_changes(ws.repository, task["base_commit"], task["snapshot_commit"])
         return self._verify(ws, task["snapshot_commit"], changes, turn)
+
+    @cached_property
+    def worker(self) -> Worker:
+        """Resolved on first use, inside run(), so an unknown worker fails the task cleanly."""
+        return get_worker(self.ctx.config, self.spec.worker)
 
     def _turn(self) -> Turn:
         task = self.store.get_task(self.task_id)
@@ -295,7 +297,7 @@ class TaskRunner:
                 Status.SUCCEEDED,
                 fields={"verification": {"ok": None, "image": None, "commands": []}},
             )
-        status = self.store.get_task(self.task_id)["status"]
+        status = self.store.status(self.task_id)
         if status != Status.VERIFYING and not self.store.transition(
             self.task_id, Status.VERIFYING, expect={Status.RUNNING}, phase="verifying"
         ):
@@ -364,8 +366,7 @@ class TaskRunner:
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
         budget = self.spec.metadata.get("auto_repair", self.task["config"].get("auto_repair", 0))
-        worker = get_worker(self.ctx.config, self.spec.worker)
-        return self.repairs < int(budget) and worker.can_repair(self.spec.metadata)
+        return self.repairs < int(budget) and self.worker.can_repair(self.spec.metadata)
 
     def _repair(self, turn: Turn, bad: dict[str, Any], doc: dict[str, Any]) -> Outcome:
         """Give the worker another turn with what failed, then collect and verify again."""

@@ -15,7 +15,7 @@ from bridge.pipeline.context import Context
 from bridge.redact import Redactor
 from bridge.sandbox import ContainerSpec, Mount
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
-from bridge.workspace.worktree import TaskWorkspace, chown_tree
+from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
 
 @dataclass
@@ -77,10 +77,15 @@ class VerifyCheckout:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def _chown(self) -> None:
+    def _chown(self, written: list[str] | None = None) -> None:
+        """Hand the checkout (or only the paths just ``written`` into it) to the sandbox user."""
         _, owner = self.ctx.sandbox_identity()
-        if owner is not None:
+        if owner is None:
+            return
+        if written is None:
             chown_tree(self.path, *owner)
+        else:
+            chown_paths(self.path, written, *owner)
 
     def _prepare(self) -> None:
         try:
@@ -104,9 +109,12 @@ class VerifyCheckout:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch.mkdir(parents=True)
             export_snapshot(self.ws.repository, snapshot, self.path, self.scratch)
-        else:
-            update_checkout(self.ws.repository, self.path, snapshot, changes, self.scratch)
-        self._chown()
+            self._chown()
+        else:  # the prepared base is already the sandbox user's: only new files need it
+            written = update_checkout(
+                self.ws.repository, self.path, snapshot, changes, self.scratch
+            )
+            self._chown(written)
         return self.path
 
     def discard(self) -> None:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from bridge.sandbox import ContainerSpec, Mount
-from bridge.workers import INPUTS_DIR, Turn, Worker, get_worker
+from bridge.workers import INPUTS_DIR, Turn, Worker
 from bridge.workspace.worktree import CONTAINER_GITDIR, CONTAINER_OBJECTS, TaskWorkspace
 
 if TYPE_CHECKING:
@@ -51,12 +51,8 @@ def run_worker_turn(
         )
         if recorded is not None:
             return recorded
-    worker = get_worker(ctx.config, runner.spec.worker)
-    labels = {
-        "io.worker-bridge.task": runner.task_id,
-        "io.worker-bridge.role": "worker",
-        "io.worker-bridge.turn": str(turn.number),
-    }
+    worker = runner.worker
+    labels = ctx.labels(runner.task_id, "worker", turn=str(turn.number))
     existing = ctx.sandbox.containers(labels) if resume else []
     if existing and existing[0]["status"] in ("running", "exited", "dead"):
         container_id = existing[0]["id"]
@@ -65,7 +61,7 @@ def run_worker_turn(
     else:
         for item in existing:
             ctx.sandbox.remove(item["id"])
-        container_id = _start(runner, ws, turn, worker)
+        container_id = _start(runner, ws, turn, worker, labels)
         since = None
     runner.ensure_active(kill=container_id)
     reader = _OutputReader(runner, worker, container_id, since)
@@ -91,7 +87,9 @@ def run_worker_turn(
     return result
 
 
-def _start(runner: TaskRunner, ws: TaskWorkspace, turn: Turn, worker: Worker) -> str:
+def _start(
+    runner: TaskRunner, ws: TaskWorkspace, turn: Turn, worker: Worker, labels: dict[str, str]
+) -> str:
     ctx = runner.ctx
     launch = worker.launch(turn)
     for secret in launch.secrets:
@@ -122,7 +120,7 @@ def _start(runner: TaskRunner, ws: TaskWorkspace, turn: Turn, worker: Worker) ->
             image=worker.image(ctx.config),
             command=launch.command,
             user=user,
-            labels=ctx.labels(runner.task_id, "worker", turn=str(turn.number)),
+            labels=labels,
             mounts=mounts,
             env=env,
             memory_mb=limits["memory_mb"],

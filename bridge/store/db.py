@@ -174,10 +174,18 @@ class Store:
             params.append(limit)
         return [self._decode(row) for row in self.query(sql, params)]
 
-    def list_tasks_by_ids(self, task_ids: list[str]) -> list[dict[str, Any]]:
+    def status(self, task_id: str) -> str:
+        """Just the status: what polling loops need, without decoding the whole row."""
+        rows = self.query("SELECT status FROM tasks WHERE task_id = ?", (task_id,))
+        if not rows:
+            raise TaskNotFound(f"No task '{task_id}' in this store.")
+        return rows[0]["status"]
+
+    def statuses(self, task_ids: list[str]) -> dict[str, str]:
+        """task id -> status for those of ``task_ids`` that exist."""
         marks = ", ".join("?" for _ in task_ids)
-        sql = f"SELECT * FROM tasks WHERE task_id IN ({marks})"
-        return [self._decode(row) for row in self.query(sql, task_ids)]
+        sql = f"SELECT task_id, status FROM tasks WHERE task_id IN ({marks})"
+        return {row["task_id"]: row["status"] for row in self.query(sql, task_ids)}
 
     def set_phase(self, task_id: str, phase: str) -> bool:
         """Record the phase a runner enters; False when the task is no longer running (e.g.
@@ -283,10 +291,19 @@ class Store:
             )
 
     def artifacts(self, task_id: str) -> dict[str, str]:
+        return self.artifacts_of([task_id]).get(task_id, {})
+
+    def artifacts_of(self, task_ids: list[str]) -> dict[str, dict[str, str]]:
+        """task id -> {artifact name: path}, in one query for any number of tasks."""
+        marks = ", ".join("?" for _ in task_ids)
         rows = self.query(
-            "SELECT name, path FROM artifacts WHERE task_id = ? ORDER BY name", (task_id,)
+            f"SELECT task_id, name, path FROM artifacts WHERE task_id IN ({marks}) ORDER BY name",
+            task_ids,
         )
-        return {row["name"]: row["path"] for row in rows}
+        found: dict[str, dict[str, str]] = {}
+        for row in rows:
+            found.setdefault(row["task_id"], {})[row["name"]] = row["path"]
+        return found
 
     def remove_artifacts(self, task_id: str) -> None:
         with self.transaction() as conn:

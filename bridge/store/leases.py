@@ -14,10 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL
-from bridge.store.owners import Owner, process_alive
+from bridge.store.owners import Owner, owner_live
 
 if TYPE_CHECKING:
     from bridge.store.db import Store
+
+
+def _runner_live(row: dict[str, Any]) -> bool:
+    return owner_live(
+        row["runner_expires_at"], row["runner_host"], row["runner_pid"], row["runner_pid_started"]
+    )
 
 
 class Runners:
@@ -36,12 +42,7 @@ class Runners:
         if row is None:
             raise TaskNotFound(f"No task '{task_id}' in this store.")
         status, runner_id, host, pid, started, expires = row
-        live = (
-            runner_id is not None
-            and (expires or 0) > time.time()
-            and process_alive(host, pid, started)
-        )
-        return status, runner_id, live
+        return status, runner_id, runner_id is not None and owner_live(expires, host, pid, started)
 
     def claim(self, task_id: str, owner: Owner, ttl: float) -> bool:
         """Make ``owner`` the task's only runner, unless another live runner holds it; a
@@ -49,7 +50,7 @@ class Runners:
         claimed task looks unstarted. A reservation under the same id is taken over."""
         with self.store.transaction() as conn:
             status, runner_id, live = self._holder(conn, task_id)
-            if status in {str(s) for s in TERMINAL} or (live and runner_id != owner.id):
+            if status in TERMINAL or (live and runner_id != owner.id):
                 return False
             conn.execute(
                 "UPDATE tasks SET runner_id = ?, runner_host = ?, runner_pid = ?,"
@@ -78,7 +79,7 @@ class Runners:
         """
         with self.store.transaction() as conn:
             status, current, live = self._holder(conn, task_id)
-            finished = status in {str(s) for s in TERMINAL}
+            finished = status in TERMINAL
             if current != replacing or (finished and not finished_ok) or (live and not finished):
                 return False
             conn.execute(
@@ -109,20 +110,12 @@ class Runners:
 
     def stranded(self) -> list[dict[str, Any]]:
         """Non-terminal tasks past `created` whose runner is gone (expired, or dead here)."""
-        now = time.time()
         rows = self.store.query(
             "SELECT task_id, status, phase, runner_id, runner_host, runner_pid,"
             " runner_pid_started, runner_expires_at FROM tasks"
             " WHERE status IN ('queued', 'running', 'verifying')"
         )
-        out = []
-        for row in rows:
-            alive = (row["runner_expires_at"] or 0) > now and process_alive(
-                row["runner_host"], row["runner_pid"], row["runner_pid_started"]
-            )
-            if not alive:
-                out.append(row)
-        return out
+        return [row for row in rows if not _runner_live(row)]
 
 
 class Leases:
@@ -139,7 +132,6 @@ class Leases:
         container still uses the capacity until a recovering runner takes the lease over or
         the task ends.
         """
-        now = time.time()
         rows = conn.execute(
             "SELECT l.lease_id, l.scope, l.task_id, l.owner, l.host, l.pid, l.pid_started,"
             " l.expires_at, t.status, t.container_id FROM leases l"
@@ -147,7 +139,7 @@ class Leases:
         ).fetchall()
         counted = []
         for lease_id, scope, task_id, owner, host, pid, started, expires, status, cid in rows:
-            alive = expires > now and process_alive(host, pid, started)
+            alive = owner_live(expires, host, pid, started)
             busy = cid is not None and status in ("running", "verifying")
             if alive or busy:
                 counted.append((scope, task_id, owner))
@@ -204,18 +196,12 @@ class Leases:
 
     def queued_waiting(self) -> list[dict[str, Any]]:
         """Queued tasks with a live runner, in start order: priority (high first), then age."""
-        now = time.time()
         rows = self.store.query(
             "SELECT task_id, worker, repository, priority, runner_host, runner_pid,"
-            " runner_pid_started FROM tasks WHERE status = 'queued' AND runner_expires_at > ?"
-            " ORDER BY priority DESC, created_at ASC, rowid ASC",
-            (now,),
+            " runner_pid_started, runner_expires_at FROM tasks WHERE status = 'queued'"
+            " ORDER BY priority DESC, created_at ASC, rowid ASC"
         )
-        return [
-            r
-            for r in rows
-            if process_alive(r["runner_host"], r["runner_pid"], r["runner_pid_started"])
-        ]
+        return [row for row in rows if _runner_live(row)]
 
     def release(self, task_id: str, owner: Owner | None = None) -> None:
         with self.store.transaction() as conn:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -21,9 +22,13 @@ def _started(pid: int) -> float | None:
         return None
 
 
+def new_runner_id() -> str:
+    return f"runner-{uuid.uuid4().hex[:12]}"
+
+
 @dataclass(frozen=True)
 class Owner:
-    id: str = field(default_factory=lambda: f"runner-{uuid.uuid4().hex[:12]}")
+    id: str = field(default_factory=new_runner_id)
     host: str = HOST
     pid: int = field(default_factory=os.getpid)
     pid_started: float | None = field(default_factory=lambda: _started(os.getpid()))
@@ -43,3 +48,10 @@ def process_alive(host: str | None, pid: int | None, pid_started: float | None) 
     except psutil.AccessDenied:
         return True
     return pid_started is None or abs(started - pid_started) < 1.0
+
+
+def owner_live(
+    expires_at: float | None, host: str | None, pid: int | None, pid_started: float | None
+) -> bool:
+    """A claim or lease counts while it has not expired and its process is not known dead."""
+    return (expires_at or 0) > time.time() and process_alive(host, pid, pid_started)

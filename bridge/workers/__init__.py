@@ -29,6 +29,7 @@ def get_worker(config: Config, name: str) -> Worker:
 
 
 __all__ = [
+    "BUILTIN",
     "INPUTS_DIR",
     "LinkedCliWorker",
     "MockWorker",

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from bridge.workspace.git import Git
+from bridge.workspace.git import Git, nul_join
 
 _KINDS = {
     "A": "added",
@@ -169,28 +169,45 @@ def protected_violations(changes: list[Change], patterns: list[str]) -> list[str
     return hits
 
 
-def export_snapshot(repo: Path, snapshot: str, dest: Path, scratch: Path) -> None:
-    """A clean checkout of exactly the snapshot's tree in ``dest`` (no .git, no ignored files).
+def _checkout(repo: Path, tree: str, dest: Path, scratch: Path, paths: list[str] | None) -> None:
+    """Write ``paths`` (all when None) of ``tree`` under ``dest``, through an index of its own.
 
     read-tree + checkout-index rather than `git archive`: archive honours export-ignore and
     export-subst from .gitattributes, which the worker controls.
     """
-    dest.mkdir(parents=True, exist_ok=False)
-    index = scratch / "verify.index"
+    index = scratch / f"checkout-{dest.name}.index"
     env = {"GIT_INDEX_FILE": str(index)}
     git = Git(repo)
     try:
-        git.run("read-tree", snapshot, env=env)
-        git.run("checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
+        git.run("read-tree", tree, env=env)
+        if paths is None:
+            git.run("checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
+        else:
+            git.run(
+                "checkout-index",
+                "--force",
+                "-z",
+                "--stdin",
+                f"--prefix={dest}/",
+                env=env,
+                input=nul_join(paths),
+            )
     finally:
         index.unlink(missing_ok=True)
 
 
+def export_snapshot(repo: Path, snapshot: str, dest: Path, scratch: Path) -> None:
+    """A clean checkout of exactly the snapshot's tree in ``dest`` (no .git, no ignored files)."""
+    dest.mkdir(parents=True, exist_ok=False)
+    _checkout(repo, snapshot, dest, scratch, None)
+
+
 def update_checkout(
     repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
-) -> None:
+) -> list[str]:
     """Bring a clean checkout of the base commit to exactly ``snapshot`` by touching only the
-    changed paths: deletions (and rename sources) first, then `checkout-index` of the rest."""
+    changed paths: deletions (and rename sources) first, then `checkout-index` of the rest.
+    Returns the paths written."""
     for change in changes:
         for path in ([change.old_path] if change.old_path else []) + (
             [change.path] if change.change in ("deleted", "type_changed") else []
@@ -201,25 +218,10 @@ def update_checkout(
             else:
                 target.unlink(missing_ok=True)
             _remove_empty_parents(target.parent, dest)
-    wanted = [c.path for c in changes if c.change != "deleted"]
-    if not wanted:
-        return
-    index = scratch / "update.index"
-    env = {"GIT_INDEX_FILE": str(index)}
-    git = Git(repo)
-    try:
-        git.run("read-tree", snapshot, env=env)
-        git.run(
-            "checkout-index",
-            "--force",
-            "-z",
-            "--stdin",
-            f"--prefix={dest}/",
-            env=env,
-            input=b"".join(p.encode() + b"\0" for p in wanted),
-        )
-    finally:
-        index.unlink(missing_ok=True)
+    written = [c.path for c in changes if c.change != "deleted"]
+    if written:
+        _checkout(repo, snapshot, dest, scratch, written)
+    return written
 
 
 def _remove_empty_parents(folder: Path, root: Path) -> None:

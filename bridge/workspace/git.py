@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from bridge.errors import GitError, InvalidRepository, InvalidSpec
@@ -93,6 +94,11 @@ class Git:
                 "give an existing branch, tag or commit."
             )
         return sha
+
+
+def nul_join(items: Iterable[str]) -> bytes:
+    """NUL-terminated paths for git's -z / --pathspec-file-nul input (any file name is safe)."""
+    return b"".join(item.encode() + b"\0" for item in items)
 
 
 def validate_branch_name(name: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import ConfigError
-from bridge.workspace.git import Git, common_git_dir, validate_branch_name
+from bridge.workspace.git import Git, common_git_dir, nul_join, validate_branch_name
 from bridge.workspace.locks import repository_lock
 
 # Where the container sees its private git dir and (read-only) the user's object store.
@@ -90,19 +90,24 @@ def _make_private_gitdir(ws: TaskWorkspace, base_commit: str) -> None:
     with the worktree's index, so `git status` in the container is clean at start."""
     gitdir = ws.private_gitdir
     Git(ws.worktree).run("init", "--quiet", "--bare", str(gitdir))
-    git = Git(gitdir)
-    git.run("config", "core.bare", "false")
-    git.run("config", "core.logAllRefUpdates", "true")
+    # Our own git dir, so its config is written whole rather than by one `git config` each:
+    # not bare (the worktree is found through the gitfile), and ctime not trusted because the
+    # run may chown the files.
+    (gitdir / "config").write_text(
+        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
+        "\tlogallrefupdates = true\n\ttrustctime = false\n"
+    )
     (gitdir / "objects" / "info" / "alternates").write_text(CONTAINER_OBJECTS + "\n")
     (gitdir / "HEAD").write_text(base_commit + "\n")
-    git.run("config", "core.trustctime", "false")  # the run may chown the files
     shutil.copyfile(_worktree_gitdir(ws) / "index", gitdir / "index")
     ws.gitfile.write_text(f"gitdir: {CONTAINER_GITDIR}\n")
 
 
 def _worktree_gitdir(ws: TaskWorkspace) -> Path:
-    """The worktree's admin dir in the user's repository (.git/worktrees/<name>)."""
-    return Path(Git(ws.worktree).out("rev-parse", "--absolute-git-dir"))
+    """The worktree's admin dir in the user's repository (.git/worktrees/<name>), as named by
+    the worktree's own `.git` file."""
+    path = Path((ws.worktree / ".git").read_text().removeprefix("gitdir:").strip())
+    return path if path.is_absolute() else (ws.worktree / path).resolve()
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -110,6 +115,18 @@ def chown_tree(root: Path, uid: int, gid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def chown_paths(root: Path, paths: list[str], uid: int, gid: int) -> None:
+    """Give ``paths`` under ``root``, and the folders leading to them, to uid:gid."""
+    done: set[Path] = set()
+    for rel in paths:
+        target = root / rel
+        while target != root and target not in done:
+            if os.path.lexists(target):
+                os.lchown(target, uid, gid)
+            done.add(target)
+            target = target.parent
 
 
 def snapshot_worktree(
@@ -132,7 +149,7 @@ def snapshot_worktree(
         git.run("-c", "core.trustctime=false", "add", "--all", "--", ".", env=env)
     elif touched:
         ignored = git.run(
-            "check-ignore", "-z", "--stdin", input=_nul(touched), env=env, check=False
+            "check-ignore", "-z", "--stdin", input=nul_join(touched), env=env, check=False
         ).stdout.split(b"\0")
         wanted = sorted(set(touched) - {p.decode() for p in ignored if p})
         if wanted:
@@ -143,7 +160,7 @@ def snapshot_worktree(
                 "--all",
                 "--pathspec-from-file=-",
                 "--pathspec-file-nul",
-                input=_nul(f":(literal){p}" for p in wanted),
+                input=nul_join(f":(literal){p}" for p in wanted),
                 env=env,
             )
     tree = git.out("write-tree", env=env)
@@ -151,10 +168,6 @@ def snapshot_worktree(
     Git(ws.repository).run("update-ref", f"refs/heads/{ws.branch}", commit)
     index.unlink(missing_ok=True)
     return commit
-
-
-def _nul(items) -> bytes:
-    return b"".join(item.encode() + b"\0" for item in items)
 
 
 def remove_workspace(home: Path, ws: TaskWorkspace, *, delete_branch: bool = False) -> None:
