@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-BIN = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" if os.environ.get("VIRTUAL_ENV") else None
 
 
 def scratch_root() -> Path:
@@ -46,6 +46,27 @@ def make_repo(path: Path, files: int, total_mb: float) -> Path:
     git(path, "add", "-A")
     git(path, "commit", "-qm", "generated")
     return path
+
+
+def tasks_run_command(repo: Path, objective: str, metadata: dict, *verify: str) -> list[str]:
+    """`worker-bridge tasks run` with the mock worker, as a command line (JSON output)."""
+    cmd = [
+        str(Path(sys.executable).parent / "worker-bridge"),
+        "tasks",
+        "run",
+        "--repo",
+        str(repo),
+        "--worker",
+        "mock",
+        "--objective",
+        objective,
+        "--metadata-json",
+        json.dumps(metadata),
+        "--json",
+    ]
+    for command in verify:
+        cmd += ["--verify", command]
+    return cmd
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -3,32 +3,17 @@ limit; makespan against the ideal (waves of one task, the single task measured i
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.common import make_repo, median
+from bench.common import make_repo, median, tasks_run_command
 
 
 def _cmd(repo: Path, sleep: float) -> list[str]:
-    return [
-        str(Path(sys.executable).parent / "worker-bridge"),
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        "sleep",
-        "--metadata-json",
-        json.dumps({"mock": {"sleep": sleep}}),
-        "--json",
-    ]
+    return tasks_run_command(repo, "sleep", {"mock": {"sleep": sleep}})
 
 
 def bench_concurrency(root: Path, tasks: int, limit: int, sleep: float) -> dict:

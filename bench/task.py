@@ -6,39 +6,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import median
+from bench.common import median, tasks_run_command
 from bench.floor import run_floor
 
 MOCK = {"mock": {"script": "echo appended >> target.txt"}}
 VERIFY = "grep -q appended target.txt"
 
 
-def cli_path() -> str:
-    return str(Path(sys.executable).parent / "worker-bridge")
-
-
 def run_cli_task(repo: Path, home: Path) -> tuple[float, dict[str, Any]]:
-    cmd = [
-        cli_path(),
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        "append a line",
-        "--metadata-json",
-        json.dumps(MOCK),
-        "--verify",
-        VERIFY,
-        "--json",
-    ]
+    cmd = tasks_run_command(repo, "append a line", MOCK, VERIFY)
     env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -25,6 +25,19 @@ BASE_IMAGE = os.environ.get("WORKER_BRIDGE_TEST_BASE_IMAGE", "worker-bridge/root
 REQUIRE_DOCKER = os.environ.get("WORKER_BRIDGE_REQUIRE_DOCKER") == "1"
 
 
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+MCP_TOOLS = {
+    "worker_delegate",
+    "worker_status",
+    "list_workers",
+    "worker_cancel",
+    "worker_logs",
+    "worker_prune",
+    "worker_accept",
+    "worker_follow_up",
+}
+
+
 def git(repo: Path, *args: str, check: bool = True) -> str:
     env = {
         **os.environ,
@@ -80,6 +93,17 @@ def repo(workdir: Path) -> Path:
     )
     (path / ".gitignore").write_text("*.log\n__pycache__/\n")
     (path / "README.md").write_text("# demo\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "initial")
+    return path
+
+
+def make_repo(workdir: Path, name: str) -> Path:
+    """Another small committed repository next to the `repo` fixture."""
+    path = workdir / name
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "README.md").write_text(f"# {name}\n")
     git(path, "add", "-A")
     git(path, "commit", "-qm", "initial")
     return path

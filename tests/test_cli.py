@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import mock_task, write_spec
-
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+from conftest import TERMINAL, mock_task, write_spec
 
 
 def wait_for_status(cli, task_id: str, deadline_s: float = 120) -> dict:

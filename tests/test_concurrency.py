@@ -16,26 +16,13 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import EngineSampler, git, mock_task, poll, write_spec
-
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+from conftest import TERMINAL, EngineSampler, make_repo, mock_task, poll, write_spec
 
 SCRIPT = Path(sys.executable).parent / "worker-bridge"
 PREFIX = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "bridge.cli"]
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def make_repo(workdir: Path, name: str) -> Path:
-    """Another small committed repository next to the `repo` fixture."""
-    path = workdir / name
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "README.md").write_text(f"# {name}\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "initial")
-    return path
 
 
 def wait_until(condition, deadline_s: float, what: str):

@@ -25,21 +25,9 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import LABEL, EngineSampler, git
+from conftest import LABEL, MCP_TOOLS, TERMINAL, EngineSampler, git, make_repo
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
-
-TOOLS = {
-    "worker_delegate",
-    "worker_status",
-    "list_workers",
-    "worker_cancel",
-    "worker_logs",
-    "worker_prune",
-    "worker_accept",
-    "worker_follow_up",
-}
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 
 SERVER_SCRIPT = Path(sys.executable).parent / "worker-bridge-mcp"
 SERVER = (
@@ -176,16 +164,6 @@ async def delegate(client: Client, repo: Path, mock: dict, **args: Any) -> dict[
     )
 
 
-def make_repo(workdir: Path, name: str) -> Path:
-    path = workdir / name
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "README.md").write_text(f"# {name}\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "initial")
-    return path
-
-
 def task_containers(task_id: str) -> list[str]:
     import docker
 
@@ -210,7 +188,7 @@ async def test_all_eight_tools_are_listed_with_described_parameters_and_their_de
         instructions = client.instructions
 
     tools = {tool.name: tool for tool in listing.tools}
-    assert set(tools) == TOOLS
+    assert set(tools) == MCP_TOOLS
     for tool in tools.values():
         assert tool.description and len(tool.description) > 80, (tool.name, tool.description)
         schema = tool.input_schema
@@ -638,7 +616,7 @@ def test_stdout_carries_only_protocol_messages_and_the_log_goes_to_a_file(home):
         assert init["result"]["serverInfo"]["name"] == "worker-bridge", init
         raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         tools = raw.request("tools/list")
-        assert {t["name"] for t in tools["result"]["tools"]} == TOOLS
+        assert {t["name"] for t in tools["result"]["tools"]} == MCP_TOOLS
         failed = raw.request("tools/call", {"name": "worker_status", "arguments": {"task_id": "x"}})
         assert failed["result"]["isError"] is True, failed
         ok = raw.request("tools/call", {"name": "list_workers", "arguments": {}})

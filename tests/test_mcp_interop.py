@@ -15,22 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MCP_TOOLS
 
 INTEROP = Path(__file__).parent / "interop"
 CLIENT = INTEROP / "mcp_client.mjs"
 SDK = INTEROP / "node_modules" / "@modelcontextprotocol" / "sdk"
 SERVER = Path(sys.executable).parent / "worker-bridge-mcp"
 REQUIRE = os.environ.get("WORKER_BRIDGE_REQUIRE_INTEROP") == "1"
-TOOLS = {
-    "worker_delegate",
-    "worker_status",
-    "list_workers",
-    "worker_cancel",
-    "worker_logs",
-    "worker_prune",
-    "worker_accept",
-    "worker_follow_up",
-}
 
 
 @pytest.fixture
@@ -76,7 +67,7 @@ def test_the_typescript_sdk_client_lists_the_tools_and_runs_a_task_to_success(
     assert len(lines) == 1, proc.stdout
     outcome = json.loads(lines[0])
 
-    assert set(outcome["tools"]) == TOOLS
+    assert set(outcome["tools"]) == MCP_TOOLS
     assert outcome["status"] == "succeeded", outcome
     assert outcome["error"] is None
     assert outcome["changed_files"] == [{"path": "interop.txt", "change": "added"}]

@@ -13,9 +13,6 @@ import psutil
 import pytest
 from conftest import git, mock_task, poll, write_spec
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
-
-
 # -- helpers ------------------------------------------------------------------------------------
 
 

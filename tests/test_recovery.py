@@ -21,9 +21,8 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-from conftest import git, mock_task, poll, write_spec
+from conftest import TERMINAL, git, mock_task, poll, write_spec
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 PAUSE = "WORKER_BRIDGE_TEST_PAUSE_AT"
 
 
