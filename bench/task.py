@@ -39,7 +39,7 @@ def run_library_task(bridge, repo: Path) -> tuple[float, dict[str, Any]]:
     }
     t0 = time.perf_counter()
     task = bridge.create_task(spec)
-    result = bridge.run_task(task["task_id"])
+    result = bridge.run_task(task.task_id).document()
     elapsed = time.perf_counter() - t0
     if result["status"] != "succeeded":
         raise RuntimeError(f"bench task failed: {result['error']}")

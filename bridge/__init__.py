@@ -1,9 +1,7 @@
 """worker-bridge: delegate coding tasks to CLI agents in disposable containers, verified on
 the host. The library facade is `WorkerBridge`; errors derive from `BridgeError`."""
 
-__version__ = "0.1.0"
-
-from bridge.errors import (  # noqa: E402
+from bridge.errors import (
     BridgeError,
     ConfigError,
     EngineUnavailable,
@@ -12,7 +10,9 @@ from bridge.errors import (  # noqa: E402
     TaskNotFound,
     UnknownWorker,
 )
-from bridge.service import WorkerBridge  # noqa: E402
+from bridge.records import TaskResult
+from bridge.service import WorkerBridge
+from bridge.version import __version__
 
 __all__ = [
     "BridgeError",
@@ -21,6 +21,7 @@ __all__ = [
     "ImageMissing",
     "InvalidSpec",
     "TaskNotFound",
+    "TaskResult",
     "UnknownWorker",
     "WorkerBridge",
     "__version__",

@@ -1,18 +1,34 @@
 """One configuration loader for every entry point: defaults, then `$WORKER_BRIDGE_HOME/config.yaml`,
-then `WORKER_BRIDGE_*` environment variables (env wins). The effective config is stored per task.
+then `WORKER_BRIDGE_*` environment variables (env wins), then a library caller's overrides.
+
+`Config` is plain data: it is recorded with every task, and a task's runner (in this process or a
+detached one) runs with the configuration recorded for it, not with its own environment.
+Loading is pydantic-settings' job: every key can come from the environment as
+`WORKER_BRIDGE_<KEY>` (nested keys as `WORKER_BRIDGE_<KEY>__<SUBKEY>`, mappings and lists as JSON).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
-from bridge import __version__
 from bridge.errors import ConfigError
 from bridge.models import describe_validation_error
+from bridge.version import __version__
+
+ENV_PREFIX = "WORKER_BRIDGE_"
 
 
 class LimitDefaults(BaseModel):
@@ -83,67 +99,99 @@ class Config(BaseModel):
     def config_file(self) -> Path:
         return self.home / "config.yaml"
 
-
-# Scalar keys that may come from the environment as WORKER_BRIDGE_<KEY>.
-_ENV_KEYS = (
-    "store",
-    "max_concurrency",
-    "repo_concurrency",
-    "image_tag",
-    "base_image",
-    "verify_image",
-    "runtime",
-    "sandbox_uid",
-    "extra_ca_file",
-    "auto_repair",
-    "retention_days",
-    "disk_reserve_gb",
-    "allocation_timeout_s",
-)
+    @classmethod
+    def from_record(cls, data: Mapping[str, Any]) -> Config:
+        """The configuration recorded with a task (keys an older version wrote and this one no
+        longer knows are left out, rather than failing an old task)."""
+        return cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
 
 
-def default_home(env: dict[str, str] | None = None) -> Path:
+# The environment and config file of the load in progress (settings sources are built by
+# pydantic-settings from the class, so they read the call's inputs from here).
+_LOADING: ContextVar[tuple[Mapping[str, str], Path]] = ContextVar("_LOADING")
+
+
+class _EnvSource(EnvSettingsSource):
+    """WORKER_BRIDGE_* variables from the mapping given to `load_config` (os.environ by default)."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        env, _ = _LOADING.get()
+        return {key.lower(): value for key, value in env.items() if value != ""}
+
+
+class _Settings(BaseSettings, Config):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        _, path = _LOADING.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
+        if path.exists():
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
-    raw = env.get("WORKER_BRIDGE_HOME")
+    raw = env.get(f"{ENV_PREFIX}HOME")
     return Path(raw).expanduser().absolute() if raw else Path.home() / ".worker-bridge"
 
 
-def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
+def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     """Build the effective config. ``overrides`` (used by the library) win over everything."""
     env = dict(os.environ if env is None else env)
     home = Path(overrides.pop("home", None) or default_home(env)).expanduser().absolute()
-    data: dict[str, Any] = {}
     path = home / "config.yaml"
-    if path.exists():
-        import yaml  # only when there is a config file to read
-
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"{path} is not valid YAML ({exc.__class__.__name__}); fix it."
-            ) from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path} must hold a mapping of keys to values.")
-        data.update(loaded)
-    from_env = set()
-    for key in _ENV_KEYS:
-        value = env.get(f"WORKER_BRIDGE_{key.upper()}")
-        if value not in (None, ""):
-            data[key] = value
-            from_env.add(key)
-    data.update(overrides)
-    data["home"] = home
+    _check_yaml(path)
+    token = _LOADING.set((env, path))
     try:
-        return Config.model_validate(data)
+        loaded = _Settings(**overrides, home=home)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        key = str(first["loc"][0]) if first["loc"] else ""
-        if key in from_env and key not in overrides:
-            name = f"WORKER_BRIDGE_{key.upper()}"
-            msg = first["msg"].removeprefix("Value error, ")
-            raise ConfigError(f"Invalid value {env[name]!r} for {name}: {msg}.") from exc
-        raise ConfigError(describe_validation_error(exc, f"configuration ({path})")) from exc
+        raise _config_error(exc, env, path, overrides) from exc
+    finally:
+        _LOADING.reset(token)
+    return Config.model_validate(loaded.model_dump())
+
+
+def _check_yaml(path: Path) -> None:
+    """A config file that is not a YAML mapping is named as such, before pydantic sees it."""
+    if not path.exists():
+        return
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML ({exc.__class__.__name__}); fix it.") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys to values.")
+
+
+def _config_error(
+    exc: ValidationError, env: Mapping[str, str], path: Path, overrides: dict[str, Any]
+) -> ConfigError:
+    """One sentence naming the environment variable or the config file's key that is wrong."""
+    first = exc.errors()[0]
+    key = str(first["loc"][0]) if first["loc"] else ""
+    if key and key not in overrides:
+        names = [f"{ENV_PREFIX}{key.upper()}"]
+        if len(first["loc"]) > 1:
+            nested = "__".join(str(part).upper() for part in first["loc"])
+            names.insert(0, f"{ENV_PREFIX}{nested}")
+        for name in names:
+            if env.get(name):
+                msg = first["msg"].removeprefix("Value error, ")
+                return ConfigError(f"Invalid value {env[name]!r} for {name}: {msg}.")
+    return ConfigError(describe_validation_error(exc, f"configuration ({path})"))
 
 
 def save_linked_worker(config: Config, name: str, worker: LinkedWorker) -> None:

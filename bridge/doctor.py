@@ -47,8 +47,7 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
                 else f"{ref} is missing; run `worker-bridge images build {name}`.",
             )
         if config.runtime:
-            runtimes = bridge.sandbox.engine_info().get("Runtimes", {})
-            ok = config.runtime in runtimes
+            ok = config.runtime in bridge.sandbox.runtimes()
             add(
                 "runtime",
                 ok,

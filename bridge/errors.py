@@ -10,6 +10,8 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── ConfigError                  (ValueError)    config.yaml / env is wrong         -> exit 2
     ├── TaskNotFound                 (LookupError)   no task with that id               -> exit 2
     ├── InvalidTransition                            a status change the table forbids
+    ├── TaskStateError                               the task is not in a state that allows it
+    ├── DiskFull                     (OSError)       free disk below the reserve, or a limit
     ├── EngineUnavailable            (ConnectionError) the Docker engine cannot be reached -> exit 1
     ├── ImageMissing                 (LookupError)   an image a task needs is not built  -> exit 1
     ├── GitError                                     a git command failed unexpectedly
@@ -63,6 +65,16 @@ class TaskNotFound(BridgeError, LookupError):
 
 class InvalidTransition(BridgeError):
     pass
+
+
+class TaskStateError(BridgeError):
+    """The call does not fit the task's status (start a running task, follow up a queued one)."""
+
+    kind = "invalid_spec"
+
+
+class DiskFull(BridgeError, OSError):
+    kind = "disk"
 
 
 class EngineUnavailable(BridgeError, ConnectionError):

@@ -19,10 +19,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from bridge import __version__
 from bridge.errors import BridgeError
 from bridge.models import TERMINAL
 from bridge.service import WorkerBridge
+from bridge.version import __version__
 
 log = logging.getLogger("worker_bridge.mcp")
 T = TypeVar("T")
@@ -72,8 +72,8 @@ class BridgeTools:
     async def wait_for_end(self, task_id: str) -> dict[str, Any]:
         while True:
             result = await self.call(self.bridge.get_task, task_id)
-            if result["status"] in TERMINAL:
-                return result
+            if result.status in TERMINAL:
+                return result.document()
             await anyio.sleep(POLL_SECONDS)
 
 
@@ -160,10 +160,10 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         if type:
             spec["metadata"]["type"] = type
         created = await tools.call(bridge.create_task, spec)
-        started = await tools.call(bridge.start_detached, created["task_id"])
+        started = await tools.call(bridge.start_detached, created.task_id)
         if wait:
-            return await tools.wait_for_end(created["task_id"])
-        return started
+            return await tools.wait_for_end(created.task_id)
+        return started.document()
 
     @server.tool()
     async def worker_status(
@@ -178,14 +178,15 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         Without task_id: {"tasks": [...]} for the most recent tasks, newest first."""
         await tools.call(bridge.recover)
         if task_id:
-            return await tools.call(bridge.get_task, task_id)
-        return {"tasks": await tools.call(bridge.list_tasks, None, STATUS_LIST_LIMIT)}
+            return (await tools.call(bridge.get_task, task_id)).document()
+        tasks = await tools.call(bridge.list_tasks, None, STATUS_LIST_LIMIT)
+        return {"tasks": [t.document() for t in tasks]}
 
     @server.tool()
     async def list_workers() -> dict[str, Any]:
         """List the workers that can run tasks here, with whether their image is installed and
         healthy, the image, and what they can do. Pick `worker` for worker_delegate from it."""
-        return {"workers": await tools.call(bridge.list_workers)}
+        return {"workers": [w.document() for w in await tools.call(bridge.list_workers)]}
 
     @server.tool()
     async def worker_cancel(
@@ -194,7 +195,7 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         """Cancel a task: its container (worker or verification) is killed with everything in
         it, and the status becomes 'cancelled' for good. A task that already finished is left
         as it is. Returns the task's result with its final status."""
-        return await tools.call(bridge.cancel_task, task_id)
+        return (await tools.call(bridge.cancel_task, task_id)).document()
 
     @server.tool()
     async def worker_logs(
@@ -251,7 +252,8 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         succeed, was not verified, would overwrite uncommitted edits on the same paths, adds a
         symlink pointing outside the repository, or no longer applies. Returns
         {accepted, applied: [paths], reason}."""
-        return await tools.call(bridge.accept_task, task_id, allow_unverified=allow_unverified)
+        accepted = await tools.call(bridge.accept_task, task_id, allow_unverified=allow_unverified)
+        return accepted.document()
 
     @server.tool()
     async def worker_follow_up(
@@ -275,7 +277,7 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         result = await tools.call(bridge.follow_up, task_id, message)
         if wait:
             return await tools.wait_for_end(task_id)
-        return result
+        return result.document()
 
     return server
 

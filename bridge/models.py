@@ -156,6 +156,9 @@ ERROR_KINDS = (
     "out_of_memory",
     "cancelled",
     "sandbox",
+    "environment",
+    "network",
+    "disk",
     "internal",
 )
 

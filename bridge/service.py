@@ -1,19 +1,23 @@
-"""WorkerBridge: the library facade. The CLI and the MCP server are thin layers over it."""
+"""WorkerBridge: the library facade. The CLI and the MCP server are thin layers over it; it returns
+typed results (`TaskResult`, `AcceptResult`, `WorkerInfo`), which those layers turn into JSON."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
-from bridge.errors import BridgeError, InvalidSpec
+from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
 from bridge.pipeline.context import Context
 from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
+from bridge.pipeline.handle import PipelineHooks
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
-from bridge.pipeline.results import task_result
+from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
+from bridge.records import AcceptResult, TaskResult, WorkerInfo
+from bridge.sandbox import Sandbox
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
@@ -23,28 +27,32 @@ from bridge.workspace.changes import list_changes
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import TaskWorkspace, check_disjoint, remove_workspace
 
-if TYPE_CHECKING:
-    from bridge.sandbox.docker import DockerSandbox
-
 
 class WorkerBridge:
     """Create, run, inspect and accept delegated tasks.
 
     >>> bridge = WorkerBridge()                      # config from env + config.yaml
     >>> task = bridge.create_task({...spec...})      # validated, nothing allocated yet
-    >>> result = await bridge.start_task(task["task_id"])
+    >>> result = await bridge.start_task(task.task_id)
+
+    ``sandbox`` chooses the engine (default: the local Docker engine; `FakeSandbox` for tests);
+    ``overrides`` are configuration keys, recorded with every task this bridge creates and used
+    by its runners, detached ones included.
     """
 
     def __init__(
         self,
         config: Config | None = None,
         *,
-        sandbox: DockerSandbox | None = None,
+        sandbox: Sandbox | None = None,
+        hooks: PipelineHooks | None = None,
         **overrides: Any,
     ) -> None:
+        self._overrides = overrides
         self.config = config or load_config(**overrides)
         self._sandbox = sandbox
         self._store: Store | None = None
+        self.hooks = hooks
 
     @property
     def store(self) -> Store:
@@ -53,7 +61,7 @@ class WorkerBridge:
         return self._store
 
     @property
-    def sandbox(self) -> DockerSandbox:
+    def sandbox(self) -> Sandbox:
         if self._sandbox is None:
             from bridge.sandbox.docker import DockerSandbox
 
@@ -70,7 +78,7 @@ class WorkerBridge:
 
     # -- tasks ------------------------------------------------------------------------------
 
-    def create_task(self, spec: dict[str, Any] | TaskSpec) -> dict[str, Any]:
+    def create_task(self, spec: dict[str, Any] | TaskSpec) -> TaskResult:
         """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
         what is wrong; nothing is allocated for a rejected spec."""
         if isinstance(spec, TaskSpec):
@@ -90,11 +98,9 @@ class WorkerBridge:
         limits.update(parsed.limits.model_dump(exclude_none=True))
         effective = self.config.model_dump(mode="json")
         effective["effective_limits"] = limits
-        task_id = os.urandom(6).hex()
-        stored_spec = parsed.model_dump(mode="json")
         task_id, _ = self.store.insert_task(
             {
-                "task_id": task_id,
+                "task_id": os.urandom(6).hex(),
                 "status": str(Status.CREATED),
                 "worker": parsed.worker,
                 "objective": parsed.objective,
@@ -103,60 +109,60 @@ class WorkerBridge:
                 "base_commit": base_commit,
                 "priority": parsed.priority,
                 "idempotency_key": parsed.idempotency_key,
-                "spec": stored_spec,
+                "spec": parsed.model_dump(mode="json"),
                 "config": effective,
             },
             {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit},
         )
         return self.get_task(task_id)
 
-    def run_task(self, task_id: str, *, runner_id: str | None = None) -> dict[str, Any]:
+    def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
         """Run a task in this thread until it reaches a terminal status (or resume one whose
         runner died). Returns the task result."""
-        task = self.store.get_task(task_id)
-        if runner_id is None and task["status"] not in (Status.CREATED, Status.QUEUED):
-            raise BridgeError(
-                f"Task {task_id} is already {task['status']}; only a created or queued task starts."
+        status = self.store.status(task_id)
+        if runner_id is None and status not in (Status.CREATED, Status.QUEUED):
+            raise TaskStateError(
+                f"Task {task_id} is already {status}; only a created or queued task starts."
             )
         owner = Owner(id=runner_id) if runner_id else Owner()
-        TaskRunner(self.context(), task_id, owner).run()
+        TaskRunner(self.context(), task_id, owner, hooks=self.hooks).run()
         return self.get_task(task_id)
 
-    async def start_task(self, task_id: str) -> dict[str, Any]:
+    async def start_task(self, task_id: str) -> TaskResult:
         """Run a task to completion without blocking the event loop; returns the task result."""
         import asyncio  # only the async API needs it; keeps CLI start-up short
 
         return await asyncio.to_thread(self.run_task, task_id)
 
-    def start_detached(self, task_id: str) -> dict[str, Any]:
+    def start_detached(self, task_id: str) -> TaskResult:
         """Queue the task and run it in a detached runner process; returns at once."""
-        task = self.store.get_task(task_id)
-        if task["status"] != Status.CREATED:
-            raise BridgeError(
-                f"Task {task_id} is already {task['status']}; only a created task starts."
+        task = self.store.load_task(task_id)
+        if task.status != Status.CREATED:
+            raise TaskStateError(
+                f"Task {task_id} is already {task.status}; only a created task starts."
             )
-        if not spawn_runner(self.config, self.store, task_id, replacing=task["runner_id"]):
-            raise BridgeError(f"Task {task_id} was started by another process meanwhile.")
+        if not spawn_runner(self.config, self.store, task_id, replacing=task.runner_id):
+            raise TaskStateError(f"Task {task_id} was started by another process meanwhile.")
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
         return self.get_task(task_id)
 
-    def follow_up(self, task_id: str, message: str) -> dict[str, Any]:
+    def follow_up(self, task_id: str, message: str) -> TaskResult:
         """Queue another worker turn on the task's worktree (earlier changes kept), then collect
         and verify again, in a detached runner. Returns the task result (status `queued`)."""
         if not message.strip():
             raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
-        task = self.store.get_task(task_id)
-        if task["status"] not in (Status.SUCCEEDED, Status.FAILED):
-            raise BridgeError(
-                f"Task {task_id} is {task['status']}; only a succeeded or failed task takes a "
+        task = self.store.load_task(task_id)
+        if task.status not in (Status.SUCCEEDED, Status.FAILED):
+            raise TaskStateError(
+                f"Task {task_id} is {task.status}; only a succeeded or failed task takes a "
                 "follow-up (delegate a new task instead)."
             )
-        if task.get("pruned_at") or not (self.config.home / "worktrees" / task_id).is_dir():
-            raise BridgeError(
+        if task.pruned_at or not (self.config.home / "worktrees" / task_id).is_dir():
+            raise TaskStateError(
                 f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
             )
-        runner_id = reserve_runner(self.store, task_id, task["runner_id"], finished_ok=True)
-        follow_ups = [*(task.get("follow_ups") or []), message]
+        runner_id = reserve_runner(self.store, task_id, task.runner_id, finished_ok=True)
+        follow_ups = [*task.follow_ups, message]
         if runner_id is None or not self.store.transition(
             task_id,
             Status.QUEUED,
@@ -170,18 +176,21 @@ class WorkerBridge:
             verification=None,
             finished_at=None,
         ):
-            raise BridgeError(f"Task {task_id} changed meanwhile; check it and try again.")
+            raise TaskStateError(f"Task {task_id} changed meanwhile; check it and try again.")
+        redactor = redactor_for(task)
         self.store.add_event(
-            task_id, "task.follow_up", {"turn": len(follow_ups), "message": message}
+            task_id,
+            "task.follow_up",
+            {"turn": len(follow_ups), "message": redactor.redact(message)},
         )
         launch_runner(self.config, task_id, runner_id)
         return self.get_task(task_id)
 
-    def cancel_task(self, task_id: str) -> dict[str, Any]:
+    def cancel_task(self, task_id: str) -> TaskResult:
         """Cancel from any process: the status becomes `cancelled` (final), then the task's
         containers are killed with everything in them. A finished task is left as it is."""
-        task = self.store.get_task(task_id)
-        if task["status"] not in TERMINAL:
+        task = self.store.load_task(task_id)
+        if task.status not in TERMINAL:
             if self.store.transition(
                 task_id,
                 Status.CANCELLED,
@@ -189,7 +198,7 @@ class WorkerBridge:
                 finished_at=now_iso(),
                 phase=None,
             ):
-                self.store.add_event(task_id, "task.cancelled", {"phase": task["phase"]})
+                self.store.add_event(task_id, "task.cancelled", {"phase": task.phase})
         try:
             self.sandbox.remove_by_labels({"io.worker-bridge.task": task_id})
         except BridgeError:
@@ -208,52 +217,51 @@ class WorkerBridge:
                 pass
         return recovered
 
-    def get_task(self, task_id: str) -> dict[str, Any]:
-        task = self.store.get_task(task_id)
-        return task_result(task, self.store.artifacts(task_id))
+    def get_task(self, task_id: str) -> TaskResult:
+        return task_result(self.store.load_task(task_id), self.store.artifacts(task_id))
 
-    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[TaskResult]:
         if status and status not in {s.value for s in Status}:
             raise InvalidSpec(
                 f"Unknown status '{status}'; use one of {', '.join(s.value for s in Status)}."
             )
-        rows = self.store.list_tasks(status=status, limit=limit)
-        artifacts = self.store.artifacts_of([row["task_id"] for row in rows]) if rows else {}
-        return [task_result(row, artifacts.get(row["task_id"], {})) for row in rows]
+        records = self.store.list_tasks(status=status, limit=limit)
+        artifacts = self.store.artifacts_of([r.task_id for r in records]) if records else {}
+        return [task_result(r, artifacts.get(r.task_id, {})) for r in records]
 
     def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
-        self.store.get_task(task_id)
+        self.store.status(task_id)  # TaskNotFound for an unknown id
         events = self.store.events(task_id, after=after, limit=limit)
         return {"events": events, "next_after": events[-1]["event_id"] if events else after}
 
     # -- accept -----------------------------------------------------------------------------
 
-    def accept_task(self, task_id: str, *, allow_unverified: bool = False) -> dict[str, Any]:
-        """Write the verified snapshot into the user's working tree (uncommitted).
+    def accept_task(self, task_id: str, *, allow_unverified: bool = False) -> AcceptResult:
+        """Write the verified snapshot into the user's working tree (uncommitted), or say why
+        not (nothing is written then)."""
+        task = self.store.load_task(task_id)
 
-        Returns ``{"accepted": bool, "task_id", "applied": [...], "reason": str|None}``.
-        """
-        task = self.store.get_task(task_id)
+        def refused(reason: str, kind: str) -> AcceptResult:
+            return AcceptResult(accepted=False, task_id=task_id, reason=reason, kind=kind)
 
-        def refused(reason: str) -> dict[str, Any]:
-            return {"accepted": False, "task_id": task_id, "applied": [], "reason": reason}
-
-        if task["status"] != Status.SUCCEEDED:
+        if task.status != Status.SUCCEEDED:
             return refused(
-                f"Task {task_id} is {task['status']}; only a succeeded task can be accepted."
+                f"Task {task_id} is {task.status}; only a succeeded task can be accepted.",
+                "status",
             )
-        ok = (task.get("verification") or {}).get("ok")
+        ok = task.verification.ok if task.verification else None
         if ok is not True and not allow_unverified:
             return refused(
                 f"Task {task_id} was not verified (it has no verify commands); review "
-                "its diff and accept with --allow-unverified."
+                "its diff and accept with --allow-unverified.",
+                "unverified",
             )
-        repo = Path(task["repository"])
-        changes = list_changes(repo, task["base_commit"], task["snapshot_commit"])
+        repo = Path(task.repository)
+        changes = list_changes(repo, task.base_commit or "", task.snapshot_commit or "")
         diff = Path(self.store.artifacts(task_id)["diff"])
-        outcome = apply_snapshot(self.config.home, repo, task["snapshot_commit"], changes, diff)
+        outcome = apply_snapshot(self.config.home, repo, task.snapshot_commit or "", changes, diff)
         if not outcome.ok:
-            return refused(outcome.refusal or "refused")
+            return refused(outcome.refusal or "refused", outcome.kind or "conflict")
         if not self.store.transition(
             task_id,
             Status.ACCEPTED,
@@ -261,15 +269,17 @@ class WorkerBridge:
             event={"applied": len(outcome.applied)},
             finished_at=now_iso(),
         ):
-            return refused(f"Task {task_id} changed status while accepting; check it again.")
+            return refused(
+                f"Task {task_id} changed status while accepting; check it again.", "status"
+            )
         self.store.add_event(task_id, "task.accepted", {"files": outcome.applied})
         ws = TaskWorkspace.plan(self.config.home, repo, task_id)
         remove_workspace(self.config.home, ws)
-        return {"accepted": True, "task_id": task_id, "applied": outcome.applied, "reason": None}
+        return AcceptResult(accepted=True, task_id=task_id, applied=outcome.applied)
 
     # -- workers and images -------------------------------------------------------------------
 
-    def list_workers(self) -> list[dict[str, Any]]:
+    def list_workers(self) -> list[WorkerInfo]:
         try:
             self.sandbox.ping()
             engine = True
@@ -279,14 +289,24 @@ class WorkerBridge:
         for name, worker in sorted(all_workers(self.config).items()):
             image = worker.image(self.config)
             installed = engine and self.sandbox.image_present(image)
+            problem = worker.health(self.config)
+            if not engine:
+                reason: str | None = "The container engine cannot be reached."
+            elif not installed:
+                target = worker.build_target
+                how = f"`worker-bridge images build {target}`" if target else "build or load it"
+                reason = f"Image {image} is not present; {how}."
+            else:
+                reason = problem
             out.append(
-                {
-                    "name": name,
-                    "installed": installed,
-                    "healthy": installed,
-                    "image": image,
-                    "capabilities": list(worker.capabilities),
-                }
+                WorkerInfo(
+                    name=name,
+                    installed=installed,
+                    healthy=installed and problem is None,
+                    image=image,
+                    capabilities=list(worker.capabilities),
+                    reason=reason,
+                )
             )
         return out
 
@@ -296,4 +316,4 @@ class WorkerBridge:
         if not command or not all(isinstance(part, str) for part in command):
             raise InvalidSpec("--command-json must be a JSON list of strings.")
         save_linked_worker(self.config, name, LinkedWorker(command=command, image=image))
-        self.config = load_config(home=self.config.home)
+        self.config = load_config(**{**self._overrides, "home": self.config.home})

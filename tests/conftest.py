@@ -65,8 +65,7 @@ def workdir(request):
 
 def _remove_containers(home: Path) -> None:
     try:
-        from bridge.sandbox import DockerSandbox
-        from bridge.sandbox.docker import home_id
+        from bridge.sandbox import DockerSandbox, home_id
 
         DockerSandbox().remove_by_labels({"io.worker-bridge.home": home_id(home)})
     except Exception:
@@ -218,7 +217,7 @@ class EngineSampler:
     def __init__(self, home: Path) -> None:
         import docker
 
-        from bridge.sandbox.docker import home_id
+        from bridge.sandbox import home_id
 
         self.client = docker.from_env()
         self.filters = {"label": [f"{LABEL}.home={home_id(home)}"]}

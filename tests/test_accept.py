@@ -220,14 +220,14 @@ def test_the_library_accept_returns_the_applied_paths(bridge, repo):
         "verification": {"commands": ["true"]},
         "metadata": {"mock": {"write": {"calc.py": NEW_CALC, "lib.py": "X = 1\n"}}},
     }
-    task_id = bridge.create_task(spec)["task_id"]
-    assert bridge.run_task(task_id)["status"] == "succeeded"
+    task_id = bridge.create_task(spec).task_id
+    assert bridge.run_task(task_id).status == "succeeded"
 
     outcome = bridge.accept_task(task_id)
 
-    assert outcome["accepted"] is True
-    assert outcome["task_id"] == task_id
-    assert outcome["reason"] is None
-    assert sorted(outcome["applied"]) == ["calc.py", "lib.py"]
+    assert outcome.accepted is True
+    assert outcome.task_id == task_id
+    assert outcome.reason is None
+    assert sorted(outcome.applied) == ["calc.py", "lib.py"]
     assert (repo / "lib.py").read_text() == "X = 1\n"
-    assert bridge.get_task(task_id)["status"] == "accepted"
+    assert bridge.get_task(task_id).status == "accepted"

@@ -38,7 +38,7 @@ def names_key(line: str, key: str) -> bool:
 def labelled_containers(home: Path) -> list:
     import docker
 
-    from bridge.sandbox.docker import home_id
+    from bridge.sandbox import home_id
 
     client = docker.from_env()
     try:

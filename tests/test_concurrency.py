@@ -45,12 +45,12 @@ def started_events(bridge, task_id: str) -> list[dict]:
 
 
 def status(bridge, task_id: str) -> str:
-    return bridge.get_task(task_id)["status"]
+    return bridge.get_task(task_id).status
 
 
 def wait_terminal(bridge, task_ids, deadline_s: float = 60) -> dict[str, dict]:
     def done():
-        results = {t: bridge.get_task(t) for t in task_ids}
+        results = {t: bridge.get_task(t).document() for t in task_ids}
         return results if all(r["status"] in TERMINAL for r in results.values()) else None
 
     return wait_until(done, deadline_s, f"tasks {list(task_ids)} to finish")
@@ -71,8 +71,8 @@ def guard(home, bridge):
             proc.kill()
             proc.wait(timeout=10)
     for task in bridge.list_tasks():
-        if task["status"] not in TERMINAL:
-            bridge.cancel_task(task["task_id"])
+        if task.status not in TERMINAL:
+            bridge.cancel_task(task.task_id)
 
 
 def popen(guard: list, home: Path, args: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -123,7 +123,7 @@ results = {}
 def run(task_id):
     bridge = WorkerBridge()
     try:
-        results[task_id] = bridge.run_task(task_id)["status"]
+        results[task_id] = bridge.run_task(task_id).status
     finally:
         bridge.close()
 
@@ -217,6 +217,33 @@ def test_the_worker_limit_from_config_holds_across_repositories(
     for task_id, result in results.items():
         assert result["status"] == "succeeded", (task_id, result["error"])
         assert len(started_events(bridge, task_id)) == 1
+
+
+def test_a_library_callers_limit_holds_for_its_detached_runs(
+    home, workdir, repo, docker_images, monkeypatch
+):
+    """WorkerBridge(max_concurrency=1): the detached runners run with the configuration
+    recorded with each task, not with their own environment (which says nothing of it)."""
+    from bridge import WorkerBridge
+
+    monkeypatch.delenv("WORKER_BRIDGE_MAX_CONCURRENCY", raising=False)
+    bridge = WorkerBridge(home=home, max_concurrency=1)
+    try:
+        ids = [bridge.create_task(mock_task(repo, {"sleep": 1.5})).task_id for _ in range(3)]
+        with EngineSampler(home) as sampler:
+            for task_id in ids:
+                bridge.start_detached(task_id)
+            results = wait_terminal(bridge, ids, deadline_s=90)
+        assert not sampler.errors, sampler.errors
+        assert sampler.max_count() == 1
+        for task_id, result in results.items():
+            assert result["status"] == "succeeded", (task_id, result["error"])
+            assert bridge.store.load_task(task_id).config.max_concurrency == 1
+    finally:
+        for task in bridge.list_tasks():
+            if task.status not in TERMINAL:
+                bridge.cancel_task(task.task_id)
+        bridge.close()
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -338,7 +365,7 @@ def test_a_detached_start_is_refused_while_a_live_runner_holds_the_task(
         started = cli("tasks", "start", task_id)
         assert started.code == 1, "a second runner was started for a task a live runner holds"
         assert started.stderr.startswith("worker-bridge: ") and "Traceback" not in started.stderr
-        assert bridge.store.get_task(task_id)["runner_id"] == holder.id
+        assert bridge.store.load_task(task_id).runner_id == holder.id
     finally:
         bridge.store.runners.release(task_id, holder)
         bridge.cancel_task(task_id)  # the claim queued it; no runner of ours will run it

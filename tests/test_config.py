@@ -64,6 +64,6 @@ def test_the_effective_config_is_recorded_with_each_task(bridge, repo):
             "limits": {"timeout_seconds": 42},
         }
     )
-    stored = bridge.store.get_task(task["task_id"])["config"]
-    assert stored["effective_limits"]["timeout_seconds"] == 42
-    assert stored["max_concurrency"] == 4
+    stored = bridge.store.load_task(task.task_id)
+    assert stored.limits.timeout_seconds == 42
+    assert stored.config.max_concurrency == 4

@@ -47,7 +47,7 @@ def test_a_task_below_the_disk_reserve_fails_before_allocating(cli, repo, home, 
     assert run.code == 1
     result = run.json()
     assert result["status"] == "failed"
-    assert result["error"]["kind"] == "sandbox"
+    assert result["error"]["kind"] == "disk"  # a full disk is not a sandbox failure
     assert "reserve" in result["error"]["message"] and "prune" in result["error"]["message"]
     assert not (home / "worktrees").exists() or not any((home / "worktrees").iterdir())
     assert git(repo, "branch", "--list", "worker-bridge/*") == ""

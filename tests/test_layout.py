@@ -17,6 +17,8 @@ OWNERS = {
     "sqlite3": "store/",
     "mcp": "mcp_server.py",
     "yaml": "config.py",
+    "pydantic_settings": "config.py",
+    "tenacity": "sandbox/",
 }
 
 
@@ -52,3 +54,63 @@ def test_every_module_opens_with_a_docstring():
 def test_modules_stay_under_about_400_lines():
     for path in PACKAGE.rglob("*.py"):
         assert len(path.read_text().splitlines()) <= 420, path
+
+
+def _bridge_imports(path: Path) -> set[str]:
+    """bridge.* modules ``path`` imports, anywhere in it except `if TYPE_CHECKING:` blocks."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(child) for child in ast.walk(node))
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("bridge"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("bridge"):
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _module_graph() -> dict[str, set[str]]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        modules[name] = path
+    return {
+        name: {m for m in _bridge_imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    graph = _module_graph()
+    # Packages re-export their modules; a package importing its own modules is not a cycle.
+    edges = {a: {b for b in bs if not a == b.rpartition(".")[0]} for a, bs in graph.items()}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, stack = set(), [start]
+        while stack:
+            node = stack.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                stack.extend(edges.get(node, ()))
+        return False
+
+    cycles = sorted(
+        f"{a} <-> {b}" for a, bs in edges.items() for b in bs if a < b and reaches(b, a)
+    )
+    assert cycles == []
+
+
+def test_no_phase_imports_the_runner():
+    graph = _module_graph()
+    for phase in ("prepare", "worker_turn", "collect", "verify", "finish", "containers"):
+        assert "bridge.pipeline.runner" not in graph[f"bridge.pipeline.{phase}"], phase

@@ -56,8 +56,8 @@ def no_task_outlives_the_test(home: Path):
         if not bridge.config.store_path.exists():
             return
         for task in bridge.list_tasks():
-            if task["status"] not in TERMINAL:
-                bridge.cancel_task(task["task_id"])
+            if task.status not in TERMINAL:
+                bridge.cancel_task(task.task_id)
     finally:
         bridge.close()
 

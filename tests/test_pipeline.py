@@ -387,7 +387,7 @@ def test_a_task_without_verify_commands_succeeds_unverified(
     docker_images, bridge, repo: Path
 ) -> None:
     created = bridge.create_task(mock_task(repo, {"write": {"a.txt": "a\n"}}))
-    result = bridge.run_task(created["task_id"])
+    result = bridge.run_task(created.task_id).document()
     assert result["status"] == "succeeded"
     assert result["verification"] is not None
     assert result["verification"]["ok"] is None
@@ -503,7 +503,7 @@ def test_secrets_are_redacted_in_what_is_stored_and_shown_but_not_in_what_runs(
 
     direct = WorkerBridge(home=home)
     try:
-        stored = direct.store.get_task(task_id)
+        stored = direct.store.load_task(task_id).model_dump(mode="json")
         stored_text = json.dumps(
             [stored["verification"], stored["summary"], stored["error"], stored["objective"]],
             ensure_ascii=False,
@@ -636,18 +636,18 @@ def test_the_library_creates_and_runs_a_task_and_agrees_with_the_cli(
 ) -> None:
     spec = mock_task(repo, {"write": {"calc.py": CALC_WITH_SUB}}, verify=["python3 -m pytest -q"])
     created = bridge.create_task(spec)
-    task_id = created["task_id"]
-    assert created["status"] == "created"
+    task_id = created.task_id
+    assert created.status == "created"
     assert task_id
 
     result = asyncio.run(bridge.start_task(task_id))
-    assert result["task_id"] == task_id
-    assert result["status"] == "succeeded"
-    assert result["verification"]["ok"] is True
-    assert result["changed_files"] == [{"path": "calc.py", "change": "modified"}]
+    assert result.task_id == task_id
+    assert result.status == "succeeded"
+    assert result.verification.ok is True
+    assert result.document()["changed_files"] == [{"path": "calc.py", "change": "modified"}]
 
     from_cli = show(cli, task_id)
-    from_library = json.loads(json.dumps(bridge.get_task(task_id)))
+    from_library = json.loads(json.dumps(bridge.get_task(task_id).document()))
     assert from_cli["status"] == from_library["status"] == "succeeded"
     assert from_cli["changed_files"] == from_library["changed_files"]
     assert from_cli == from_library
@@ -659,11 +659,11 @@ def test_creating_a_task_twice_with_the_same_idempotency_key_returns_the_same_ta
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, idempotency_key="deploy-42")
     first = bridge.create_task(spec)
     second = bridge.create_task(spec)
-    assert first["status"] == "created"
-    assert second["task_id"] == first["task_id"]
-    assert [t["task_id"] for t in bridge.list_tasks()] == [first["task_id"]]
+    assert first.status == "created"
+    assert second.task_id == first.task_id
+    assert [t.task_id for t in bridge.list_tasks()] == [first.task_id]
     other = bridge.create_task(mock_task(repo, {}, idempotency_key="deploy-43"))
-    assert other["task_id"] != first["task_id"]
+    assert other.task_id != first.task_id
 
 
 def test_workspace_write_permission_lets_the_worker_write(docker_images, cli, repo: Path) -> None:

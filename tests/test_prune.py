@@ -12,6 +12,7 @@ import docker
 import psutil
 import pytest
 from conftest import git, mock_task, poll, write_spec
+from testcontainers.core.container import DockerContainer
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -123,8 +124,7 @@ def containers(**labels: str) -> list:
 
 @pytest.fixture(autouse=True)
 def _defaults(monkeypatch):
-    for name in ("WORKER_BRIDGE_RETENTION_DAYS", "WORKER_BRIDGE_TEST_PAUSE_AT"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("WORKER_BRIDGE_RETENTION_DAYS", raising=False)
 
 
 # -- tests --------------------------------------------------------------------------------------
@@ -203,30 +203,27 @@ def test_a_running_task_is_never_touched(cli, repo, workdir, home, docker_images
 
 
 def test_orphan_folders_and_containers_are_listed_and_removed(cli, home, docker_images):
-    from bridge.sandbox.docker import home_id
+    from bridge.sandbox import home_id
 
     assert cli("tasks", "list").code == 0  # makes the store
     orphans = [home / "worktrees" / "not-a-task", home / "tasks" / "gone-task"]
     for folder in orphans:
         folder.mkdir(parents=True)
         (folder / "leftover.txt").write_text("x")
-    client = docker.from_env()
-    try:
-        ghost = client.containers.run(
-            docker_images.image_for("base"),
-            ["sleep", "60"],
-            detach=True,
-            labels={"io.worker-bridge.home": home_id(home), "io.worker-bridge.task": "ghost"},
-            network_mode="none",
-        )
-    finally:
-        client.close()
+    # A throwaway container of this state root that belongs to no task, started by testcontainers.
+    ghost = DockerContainer(
+        docker_images.image_for("base"),
+        command="sleep 60",
+        labels={"io.worker-bridge.home": home_id(home), "io.worker-bridge.task": "ghost"},
+        network_mode="none",
+    ).start()
+    ghost_id = ghost.get_wrapped_container().id
 
     dry = prune(cli)
     dirs = {a["target"] for a in dry["actions"] if a["kind"] == "orphan_dir"}
     assert dirs == {str(folder) for folder in orphans}
     found = [a for a in dry["actions"] if a["kind"] == "container"]
-    assert [(a["target"], a["task_id"]) for a in found] == [(ghost.id[:12], "ghost")]
+    assert [(a["target"], a["task_id"]) for a in found] == [(ghost_id[:12], "ghost")]
     assert all(folder.is_dir() for folder in orphans)
     assert containers(task="ghost", home=home_id(home))
 

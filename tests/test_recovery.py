@@ -1,9 +1,9 @@
 """Cancel, deadlines, memory limits and crash recovery of detached runners.
 
-A runner is killed deterministically with the test pause point (WORKER_BRIDGE_TEST_PAUSE_AT=<phase>
-makes it emit `test.paused` with its pid and sleep at the start of that phase) or right after an
-event it emitted; the next `worker-bridge` command (without the pause) must hand the task to a new
-runner that finishes it. Only pids read from the store are ever signalled.
+A runner is killed deterministically at a phase (tests/support/paused_runner.py runs the task with
+an injected hook that emits `test.paused` with its pid and sleeps at the start of that phase) or
+right after an event it emitted; the next `worker-bridge` command must hand the task to a new runner
+that finishes it. Only pids read from the store are ever signalled.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import TERMINAL, git, mock_task, poll, write_spec
 
-PAUSE = "WORKER_BRIDGE_TEST_PAUSE_AT"
+PAUSED_RUNNER = Path(__file__).parent / "support" / "paused_runner.py"
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -36,9 +36,22 @@ def create(cli, workdir: Path, spec: dict) -> str:
     return created.stdout.strip()
 
 
-def start_detached(cli, task_id: str, pause: str | None = None) -> None:
-    started = cli("tasks", "start", task_id, env={PAUSE: pause} if pause else None)
-    assert started.code == 0, started.stderr
+def start_detached(cli, task_id: str, pause: str | None = None, home: Path | None = None) -> None:
+    """`tasks start`, or with ``pause`` a runner that stops at that phase to be killed."""
+    if pause is None:
+        started = cli("tasks", "start", task_id)
+        assert started.code == 0, started.stderr
+        return
+    assert home is not None
+    log = open(home / f"paused-{task_id}.log", "ab")  # noqa: SIM115 (the runner keeps it)
+    subprocess.Popen(
+        [sys.executable, str(PAUSED_RUNNER), str(home / "bridge.db"), task_id, pause],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    log.close()
 
 
 def show(cli, task_id: str) -> dict:
@@ -155,10 +168,9 @@ def cli_prefix() -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _clean_env_and_runners(monkeypatch, home: Path):
-    """No pause point or concurrency override leaks in from outside; at the end, any runner
+    """No concurrency override leaks in from outside; at the end, any runner
     process of this test's store that is still alive (a paused one after a failure) is killed,
     by the pid the store recorded and only when it is that task's runner."""
-    monkeypatch.delenv(PAUSE, raising=False)
     monkeypatch.delenv("WORKER_BRIDGE_MAX_CONCURRENCY", raising=False)
     yield
     if not (home / "bridge.db").exists():
@@ -175,7 +187,7 @@ def _clean_env_and_runners(monkeypatch, home: Path):
             cmdline = psutil.Process(pid).cmdline()
         except psutil.Error:
             continue
-        if "bridge.pipeline" in cmdline and task_id in cmdline:
+        if ("bridge.pipeline" in cmdline or str(PAUSED_RUNNER) in cmdline) and task_id in cmdline:
             os.kill(pid, signal.SIGKILL)
 
 
@@ -367,7 +379,7 @@ def test_a_runner_killed_in_any_phase_is_resumed_by_the_next_command_and_succeed
         mock["sleep"] = mock_sleep
     task_id = create(cli, workdir, mock_task(repo, mock, verify=["test -f out.txt"]))
     if kill_at == "pause":
-        start_detached(cli, task_id, pause=phase)
+        start_detached(cli, task_id, pause=phase, home=home)
         paused = wait_for_event(cli, task_id, "test.paused")
         assert paused["data"]["phase"] == phase
         pid = paused["data"]["pid"]
@@ -454,7 +466,7 @@ def test_the_lease_of_a_killed_runner_is_free_at_once_and_both_tasks_finish(
     b_id = create(
         cli, workdir, mock_task(repo, {"write": {"b.txt": "b"}}, verify=["test -f b.txt"])
     )
-    start_detached(cli, a_id, pause="worker")
+    start_detached(cli, a_id, pause="worker", home=home)
     pid = wait_for_event(cli, a_id, "test.paused")["data"]["pid"]
     start_detached(cli, b_id)
     poll(lambda: runner_row(home, b_id)["runner_pid"], "B's runner to claim B")

@@ -22,7 +22,8 @@ def _row(task_id: str, **extra) -> dict:
         "worker": "mock",
         "objective": "o",
         "repository": "/r",
-        "spec": {"objective": "o"},
+        "spec": {"objective": "o", "workspace": {"repository": "/r"}},
+        "config": {"home": "/h"},
         **extra,
     }
 
@@ -36,7 +37,7 @@ def store(workdir):
 
 def test_a_new_task_is_stored_with_its_created_and_status_events(store):
     store.insert_task(_row("t1"), {"worker": "mock"})
-    assert store.get_task("t1")["status"] == "created"
+    assert store.load_task("t1").status == "created"
     kinds = [e["kind"] for e in store.events("t1")]
     assert kinds == ["task.created", "task.status"]
 
@@ -53,7 +54,7 @@ def test_a_transition_from_a_status_the_table_does_not_allow_writes_nothing(stor
     store.insert_task(_row("t1"), {})
     before = len(store.events("t1"))
     assert not store.transition("t1", Status.SUCCEEDED)  # created -> succeeded is not declared
-    assert store.get_task("t1")["status"] == "created"
+    assert store.load_task("t1").status == "created"
     assert len(store.events("t1")) == before
 
 
@@ -65,7 +66,7 @@ def test_cancelled_is_never_overwritten_by_a_finishing_run(store):
     assert not store.transition("t1", Status.SUCCEEDED)
     assert not store.transition("t1", Status.FAILED)
     assert not store.transition("t1", Status.VERIFYING)
-    assert store.get_task("t1")["status"] == "cancelled"
+    assert store.load_task("t1").status == "cancelled"
 
 
 def test_terminal_statuses_are_left_only_for_accept_reject_or_an_explicit_follow_up(store):
@@ -86,7 +87,7 @@ def test_expect_narrows_the_statuses_a_transition_may_start_from(store):
 
 def test_an_unknown_task_is_a_clear_error(store):
     with pytest.raises(TaskNotFound, match="tasks list"):
-        store.get_task("nope")
+        store.load_task("nope")
 
 
 def test_event_ids_increase_and_paging_with_after_returns_only_later_events(store):
@@ -104,8 +105,8 @@ def test_list_tasks_is_newest_first_and_filters_by_status(store):
     for i in range(3):
         store.insert_task(_row(f"t{i}"), {})
     store.transition("t1", Status.QUEUED)
-    assert [t["task_id"] for t in store.list_tasks()] == ["t2", "t1", "t0"]
-    assert [t["task_id"] for t in store.list_tasks(status="queued")] == ["t1"]
+    assert [t.task_id for t in store.list_tasks()] == ["t2", "t1", "t0"]
+    assert [t.task_id for t in store.list_tasks(status="queued")] == ["t1"]
 
 
 def test_an_idempotency_key_returns_the_existing_task(store):
@@ -216,7 +217,7 @@ def test_a_reservation_is_a_compare_and_set_on_a_runner_that_is_gone(store):
 def test_claiming_a_created_task_queues_it_in_the_same_transaction(store):
     store.insert_task(_row("t"), {})
     assert store.runners.claim("t", Owner(), ttl=30)
-    assert store.get_task("t")["status"] == "queued"
+    assert store.load_task("t").status == "queued"
     assert store.events("t")[-1]["data"] == {"from": "created", "to": "queued"}
 
 

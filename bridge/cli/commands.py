@@ -69,9 +69,9 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_tasks_create(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     result = bridge.create_task(_spec_from_args(args))
     if args.json:
-        out_json(result)
+        out_json(result.document())
     else:
-        print(result["task_id"])
+        print(result.task_id)
     return 0
 
 
@@ -96,12 +96,12 @@ def _run_in_foreground(bridge: WorkerBridge, task_id: str, args: argparse.Namesp
         result = bridge.run_task(task_id)
     except KeyboardInterrupt:
         result = bridge.cancel_task(task_id)
-    return _finish(result, args)
+    return _finish(result.document(), args)
 
 
 def cmd_tasks_run(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     created = bridge.create_task(_spec_from_args(args))
-    return _run_in_foreground(bridge, created["task_id"], args)
+    return _run_in_foreground(bridge, created.task_id, args)
 
 
 def cmd_tasks_start(bridge: WorkerBridge, args: argparse.Namespace) -> int:
@@ -109,17 +109,17 @@ def cmd_tasks_start(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         return _run_in_foreground(bridge, args.task_id, args)
     result = bridge.start_detached(args.task_id)
     if args.json:
-        out_json(result)
+        out_json(result.document())
     else:
         print(
-            f"task {result['task_id']}: {result['status']} (running in the background; "
-            f"`worker-bridge tasks show {result['task_id']}`)"
+            f"task {result.task_id}: {result.status} (running in the background; "
+            f"`worker-bridge tasks show {result.task_id}`)"
         )
     return 0
 
 
 def cmd_tasks_show(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    result = bridge.get_task(args.task_id)
+    result = bridge.get_task(args.task_id).document()
     if args.json:
         out_json(result)
     else:
@@ -128,7 +128,7 @@ def cmd_tasks_show(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    tasks = bridge.list_tasks(status=args.status, limit=args.limit)
+    tasks = [t.document() for t in bridge.list_tasks(status=args.status, limit=args.limit)]
     if args.json:
         out_json({"tasks": tasks})
         return 0
@@ -153,7 +153,7 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         after = page["next_after"]
         if page["events"]:
             continue
-        if not args.follow or bridge.get_task(args.task_id)["status"] in TERMINAL:
+        if not args.follow or bridge.store.status(args.task_id) in TERMINAL:
             # one last page: events written just before the terminal status
             if args.follow and bridge.task_logs(args.task_id, after=after)["events"]:
                 continue
@@ -165,7 +165,7 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    outcome = bridge.accept_task(args.task_id, allow_unverified=args.allow_unverified)
+    outcome = bridge.accept_task(args.task_id, allow_unverified=args.allow_unverified).document()
     if args.json:
         out_json(outcome)
     if not outcome["accepted"]:
@@ -182,8 +182,8 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    before = bridge.get_task(args.task_id)["status"]
-    result = bridge.cancel_task(args.task_id)
+    before = bridge.store.status(args.task_id)
+    result = bridge.cancel_task(args.task_id).document()
     if args.json:
         out_json(result)
     if result["status"] != "cancelled":
@@ -218,7 +218,7 @@ def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    workers = bridge.list_workers()
+    workers = [w.document() for w in bridge.list_workers()]
     if args.json:
         out_json({"workers": workers})
         return 0

@@ -1,18 +1,20 @@
-"""A detached runner process: `python -m bridge.pipeline TASK_ID RUNNER_ID` (see detached.py).
-It loads the configuration the same way every other entry point does."""
+"""A detached runner process: `python -m bridge.pipeline --store PATH TASK_ID RUNNER_ID` (see
+detached.py). It runs with the configuration recorded with the task."""
 
+import argparse
 import sys
+from pathlib import Path
 
-from bridge.service import WorkerBridge
+from bridge.pipeline.process import run_reserved
 
 
 def main(argv: list[str]) -> int:
-    task_id, runner_id = argv[0], argv[1]
-    bridge = WorkerBridge()
-    try:
-        bridge.run_task(task_id, runner_id=runner_id)
-    finally:
-        bridge.close()
+    parser = argparse.ArgumentParser(prog="python -m bridge.pipeline")
+    parser.add_argument("--store", required=True, type=Path, help="the SQLite store's path")
+    parser.add_argument("task_id")
+    parser.add_argument("runner_id")
+    args = parser.parse_args(argv)
+    run_reserved(args.store, args.task_id, args.runner_id)
     return 0
 
 

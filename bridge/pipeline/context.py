@@ -1,25 +1,23 @@
-"""What every pipeline step needs: the effective config, the store, the sandbox, and who we are."""
+"""What every pipeline step needs: the configuration it runs with, the store, the sandbox, and who
+the sandbox runs as. A task's runner builds its context from the configuration recorded with the
+task; service-level work (recovery, prune) uses the process's own."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bridge.config import Config
-from bridge.sandbox.spec import LABEL, home_id
+from bridge.sandbox import LABEL, Sandbox, home_id
 from bridge.store import Store
-
-if TYPE_CHECKING:
-    from bridge.sandbox.docker import DockerSandbox
 
 
 @dataclass
 class Context:
     config: Config
     store: Store
-    sandbox: DockerSandbox
+    sandbox: Sandbox
 
     @property
     def home(self) -> Path:
@@ -46,3 +44,6 @@ class Context:
 
     def task_dir(self, task_id: str) -> Path:
         return self.home / "tasks" / task_id
+
+    def with_config(self, config: Config) -> Context:
+        return Context(config, self.store, self.sandbox)

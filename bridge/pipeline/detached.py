@@ -1,7 +1,8 @@
-"""Detached runner processes (`python -m bridge.pipeline TASK_ID RUNNER_ID`).
+"""Detached runner processes (`python -m bridge.pipeline --store PATH TASK_ID RUNNER_ID`).
 
 `spawn_runner` reserves the task for a new runner id, then starts the process, which claims the
-task under that id. It loads the configuration the same way every other entry point does.
+task under that id. The process needs nothing but the store's path: it runs with the
+configuration recorded with the task, so what the caller configured is what runs.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ def launch_runner(config: Config, task_id: str, runner_id: str) -> None:
     """Start the detached runner process for a reservation."""
     logs = config.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "WORKER_BRIDGE_HOME": str(config.home)}
+    argv = [sys.executable, "-m", "bridge.pipeline", "--store", str(config.store_path)]
     with open(logs / f"runner-{task_id}.log", "ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "bridge.pipeline", task_id, runner_id],
+            [*argv, task_id, runner_id],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            env=env,
+            env=dict(os.environ),
             start_new_session=True,
             close_fds=True,
         )

@@ -1,34 +1,33 @@
-"""How a task ends: the outcome record, and the verdict on a worker turn before verification
-(recorded exit, deadline, out of memory, exit status, protected paths), each with one sentence
-a person can act on."""
+"""How a task ends: the outcome record, and the verdicts on a worker turn (recorded exit,
+deadline, out of memory, exit status, protected paths) and on its verification, each with one
+sentence a person can act on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bridge.config import LimitDefaults
 from bridge.models import Status, TaskSpec
+from bridge.records import CommandResult, ErrorInfo, WorkerExit
 from bridge.workspace.changes import Change, protected_violations
-
-if TYPE_CHECKING:
-    from bridge.pipeline.worker_run import WorkerExit
 
 
 @dataclass
 class Outcome:
     status: Status
-    error: dict[str, str] | None = None
+    error: ErrorInfo | None = None
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def error(kind: str, message: str) -> dict[str, str]:
-    return {"kind": kind, "message": message}
+def error(kind: str, message: str) -> ErrorInfo:
+    return ErrorInfo(kind=kind, message=message)
 
 
-def timeout_error(limits: dict[str, Any], phase: str) -> dict[str, str]:
+def timeout_error(limits: LimitDefaults, phase: str) -> ErrorInfo:
     return error(
         "timeout",
-        f"The task passed its {limits['timeout_seconds']} s deadline while {phase} "
+        f"The task passed its {limits.timeout_seconds} s deadline while {phase} "
         "(limits.timeout_seconds); raise the limit or narrow the task.",
     )
 
@@ -37,7 +36,7 @@ def judge_worker(
     exit_info: WorkerExit | None,
     changes: list[Change],
     spec: TaskSpec,
-    limits: dict[str, Any],
+    limits: LimitDefaults,
     task_id: str,
 ) -> Outcome | None:
     """The outcome that ends the task before verification, or None to go on and verify."""
@@ -54,7 +53,7 @@ def judge_worker(
             Status.FAILED,
             error(
                 "out_of_memory",
-                f"The worker ran out of memory (limit {limits['memory_mb']} MB, limits.memory_mb; "
+                f"The worker ran out of memory (limit {limits.memory_mb} MB, limits.memory_mb; "
                 f"exit status {exit_info.exit_code}"
                 + (f"; last output: {last}" if last else "")
                 + "); raise the limit or narrow the task.",
@@ -81,3 +80,17 @@ def judge_worker(
             ),
         )
     return None
+
+
+def verification_failed(bad: CommandResult) -> ErrorInfo:
+    if bad.status == "not_run":
+        return error("verification_failed", f"Verification command `{bad.command}` did not run.")
+    if bad.status == "out_of_memory":
+        return error(
+            "verification_failed",
+            f"Verification command `{bad.command}` ran out of memory (limits.memory_mb).",
+        )
+    return error(
+        "verification_failed",
+        f"Verification command `{bad.command}` exited with status {bad.exit_code}.",
+    )

@@ -42,14 +42,14 @@ def _branch_exists(repo: Path, branch: str) -> bool:
 def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneAction]:
     home = ctx.home
     actions: list[PruneAction] = []
-    tasks = {t["task_id"]: t for t in ctx.store.list_tasks()}
+    tasks = {t.task_id: t for t in ctx.store.list_tasks()}
     cutoff = datetime.now(UTC) - timedelta(days=ctx.config.retention_days)
     for task_id, task in tasks.items():
-        status = Status(task["status"])
+        status = task.status
         wanted = status in RECLAIMABLE or (include_unaccepted and status == Status.SUCCEEDED)
         if not wanted:
             continue
-        repo = Path(task["repository"])
+        repo = Path(task.repository)
         branch = f"worker-bridge/{task_id}"
         worktree = home / "worktrees" / task_id
         if (
@@ -65,7 +65,7 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
                     f"{status} task: worktree and branch {branch}",
                 )
             )
-        finished = task.get("finished_at")
+        finished = task.finished_at
         task_dir = ctx.task_dir(task_id)
         if (
             task_dir.exists()
@@ -102,10 +102,10 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
                 )
     try:
         for item in orphan_containers(ctx):
-            task_id = item["labels"].get("io.worker-bridge.task")
+            task_id = item.labels.get("io.worker-bridge.task")
             actions.append(
                 PruneAction(
-                    "container", item["id"][:12], task_id, "container of a finished or unknown task"
+                    "container", item.id[:12], task_id, "container of a finished or unknown task"
                 )
             )
     except BridgeError:
@@ -117,7 +117,7 @@ def apply_prune(ctx: Context, actions: list[PruneAction]) -> list[PruneAction]:
     done = []
     for action in actions:
         if action.kind == "workspace" and action.task_id:
-            repo = Path(ctx.store.get_task(action.task_id)["repository"])
+            repo = Path(ctx.store.load_task(action.task_id).repository)
             if repo.is_dir():
                 ws = TaskWorkspace.plan(ctx.home, repo, action.task_id)
                 remove_workspace(ctx.home, ws, delete_branch=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bridge.models import TERMINAL
 from bridge.pipeline.context import Context
 from bridge.pipeline.detached import spawn_runner
-from bridge.sandbox.spec import LABEL, home_id
+from bridge.sandbox import LABEL, ContainerInfo, home_id
 
 
 def recover_stranded(ctx: Context) -> list[str]:
@@ -22,10 +22,10 @@ def recover_stranded(ctx: Context) -> list[str]:
     return recovered
 
 
-def orphan_containers(ctx: Context) -> list[dict]:
+def orphan_containers(ctx: Context) -> list[ContainerInfo]:
     """Containers of this state root whose task is unknown or already terminal."""
     found = ctx.sandbox.containers({f"{LABEL}.home": home_id(ctx.home)})
-    task_ids = [item["labels"].get(f"{LABEL}.task", "") for item in found]
+    task_ids = [item.labels.get(f"{LABEL}.task", "") for item in found]
     statuses = ctx.store.statuses(task_ids) if task_ids else {}
     return [
         item
@@ -37,5 +37,5 @@ def orphan_containers(ctx: Context) -> list[dict]:
 def remove_orphan_containers(ctx: Context) -> int:
     orphans = orphan_containers(ctx)
     for item in orphans:
-        ctx.sandbox.remove(item["id"])
+        ctx.sandbox.remove(item.id)
     return len(orphans)

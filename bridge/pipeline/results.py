@@ -1,38 +1,37 @@
-"""The task result document of the contract, built from a stored task row."""
+"""The task result of the contract (`TaskResult`), built from a task's record."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from bridge.records import TaskRecord, TaskResult
 from bridge.redact import Redactor
 
 
-def redactor_for(task: dict[str, Any]) -> Redactor:
+def redactor_for(record: TaskRecord) -> Redactor:
     """A redactor that already knows the secrets visible in the task's own spec."""
     redactor = Redactor()
-    redactor.redact_data(task.get("spec") or {})
+    redactor.redact_data(record.spec.model_dump(mode="json"))
     return redactor
 
 
 def task_result(
-    task: dict[str, Any], artifacts: dict[str, str], redactor: Redactor | None = None
-) -> dict[str, Any]:
-    redactor = redactor or redactor_for(task)
-    return {
-        "task_id": task["task_id"],
-        "status": task["status"],
-        "worker": task["worker"],
-        "objective": redactor.redact(task["objective"]),
-        "summary": task.get("summary"),
-        "changed_files": task.get("changed_files") or [],
-        "verification": task.get("verification"),
-        "artifacts": {name: artifacts[name] for name in ("diff", "manifest") if name in artifacts},
-        "error": task.get("error"),
-        "timings": task.get("timings") or {},
-        "repository": task["repository"],
-        "base_commit": task.get("base_commit"),
-        "branch": task.get("branch"),
-        "phase": task.get("phase"),
-        "created_at": task["created_at"],
-        "finished_at": task.get("finished_at"),
-    }
+    record: TaskRecord, artifacts: dict[str, str], redactor: Redactor | None = None
+) -> TaskResult:
+    redactor = redactor or redactor_for(record)
+    return TaskResult(
+        task_id=record.task_id,
+        status=record.status,
+        worker=record.worker,
+        objective=redactor.redact(record.objective),
+        summary=record.summary,
+        changed_files=record.changed_files,
+        verification=record.verification,
+        artifacts={name: artifacts[name] for name in ("diff", "manifest") if name in artifacts},
+        error=record.error,
+        timings=record.timings,
+        repository=record.repository,
+        base_commit=record.base_commit,
+        branch=record.branch,
+        phase=record.phase,
+        created_at=record.created_at,
+        finished_at=record.finished_at,
+    )

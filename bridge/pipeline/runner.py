@@ -2,113 +2,123 @@
 
 Every phase is persisted before it starts (`phase`: allocating, worker, collecting, verifying),
 so a new runner can pick up where a dead one stopped; every way out of `run` resolves the task
-to a terminal status, unless a compare-and-set shows someone else already did (a cancel).
+to a terminal status, unless a compare-and-set shows someone else already did (a cancel). The
+runner runs with the configuration recorded for the task, whichever process it is in. Each
+phase lives in its own module and receives the same `PhaseHandle`; failed verification with
+budget left becomes a repair turn of the loop in `_turns`.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import traceback
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from bridge.errors import BridgeError
-from bridge.models import TERMINAL, Status, TaskSpec
+from bridge.models import Status
 from bridge.pipeline.collect import collect_changes
 from bridge.pipeline.context import Context
-from bridge.pipeline.outcomes import Outcome, error, judge_worker, timeout_error
+from bridge.pipeline.finish import fail_unreadable, finish_task
+from bridge.pipeline.handle import PhaseHandle, PipelineHooks, Superseded
+from bridge.pipeline.outcomes import (
+    Outcome,
+    error,
+    judge_worker,
+    timeout_error,
+    verification_failed,
+)
+from bridge.pipeline.prepare import prepare_workspace
 from bridge.pipeline.recovery import recover_stranded
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import VerifyCheckout, run_verification
-from bridge.pipeline.worker_run import WorkerExit, run_worker_turn
-from bridge.redact import Redactor
+from bridge.pipeline.worker_turn import run_worker_turn
+from bridge.records import CommandResult, TaskRecord, VerificationDoc
+from bridge.sandbox import require_image
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker, get_worker
 from bridge.workspace.baseline import Stat, record_files
-from bridge.workspace.changes import (
-    Change,
-    list_changes,
-)
-from bridge.workspace.disk import check_free_space
-from bridge.workspace.worktree import (
-    TaskWorkspace,
-    create_workspace,
-    remove_workspace,
-)
+from bridge.workspace.changes import Change, list_changes
+from bridge.workspace.worktree import TaskWorkspace
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
-
-
-class Superseded(Exception):
-    """The task stopped being this runner's (cancelled, or claimed by another runner)."""
 
 
 class TaskRunner:
     """One attempt to run (or resume) one task. Create a new runner per attempt."""
 
-    def __init__(self, ctx: Context, task_id: str, owner: Owner | None = None) -> None:
-        self.ctx = ctx
+    def __init__(
+        self,
+        ctx: Context,
+        task_id: str,
+        owner: Owner | None = None,
+        hooks: PipelineHooks | None = None,
+    ) -> None:
+        self.base_ctx = ctx
         self.store = ctx.store
         self.task_id = task_id
         self.owner = owner or Owner()
-        self.task = self.store.get_task(task_id)
-        self.spec = TaskSpec.model_validate(self.task["spec"])
-        self.limits = self.task["config"]["effective_limits"]
-        self.redactor: Redactor = redactor_for(self.task)
-        self.timings: dict[str, float] = dict(self.task.get("timings") or {})
-        self.deadline_at = self.task.get("deadline_at") or 0.0
-        self.baseline: dict[str, Stat] | None = None
-        self.checkout: VerifyCheckout | None = None
-        self.repairs = self._repairs_taken()
+        self.hooks = hooks
         self._stop = threading.Event()
         self._lost = False
-
-    # -- small helpers ------------------------------------------------------------------------
-
-    def emit(self, kind: str, data: dict[str, Any] | None = None) -> None:
-        self.store.add_event(self.task_id, kind, self.redactor.redact_data(data or {}))
-
-    def enter_phase(self, phase: str) -> None:
-        """Persist the phase before doing its work (and honour the test pause point)."""
-        if not self.store.set_phase(self.task_id, phase):
-            raise Superseded("not running")
-        if os.environ.get("WORKER_BRIDGE_TEST_PAUSE_AT") == phase:
-            self.emit("test.paused", {"phase": phase, "pid": os.getpid()})
-            time.sleep(120)
-
-    def remaining(self) -> float:
-        return self.deadline_at - time.time()
-
-    def ensure_active(self, kill: str | None = None) -> None:
-        """Raise Superseded when the task was cancelled (killing ``kill``, a container we just
-        started, so a cancel racing its start cannot miss it)."""
-        status = self.store.status(self.task_id)
-        if self._lost or status in TERMINAL:
-            if kill:
-                self.ctx.sandbox.remove(kill)
-            raise Superseded(status)
+        self._checkout: VerifyCheckout | None = None
 
     # -- the run ----------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
-        """Run (or resume) to a terminal status; returns the stored task row."""
+    def run(self) -> TaskRecord:
+        """Run (or resume) to a terminal status; returns the stored record. A BaseException
+        (an interrupt) leaves the task as a crash would, for recovery or a cancel to resolve."""
         if not self.store.runners.claim(self.task_id, self.owner, LEASE_TTL):
-            return self.store.get_task(self.task_id)  # another live runner has it
+            return self.store.load_task(self.task_id)  # another live runner has it
         self._start_heartbeat()
+        try:
+            handle = self._handle()
+        except Exception as exc:  # a record this version cannot read still ends the task
+            self._stop.set()
+            fail_unreadable(self.store, self.task_id, exc)
+            self.store.runners.release(self.task_id, self.owner)
+            return self.store.load_task(self.task_id)
+        try:
+            outcome = self._outcome(handle)
+        finally:
+            self._stop.set()
+        if outcome is not None:
+            finish_task(handle, outcome)
+        self.store.runners.release(self.task_id, self.owner)
+        return self.store.load_task(self.task_id)
+
+    def _handle(self) -> PhaseHandle:
+        record = self.store.load_task(self.task_id)
+        self.record = record
+        self.ctx = self.base_ctx.with_config(record.config)
+        self.follow_ups = list(record.follow_ups)
+        self.repairs = self._repairs_taken()
+        return PhaseHandle(
+            task_id=self.task_id,
+            record=record,
+            ctx=self.ctx,
+            redactor=redactor_for(record),
+            deadline_at=record.deadline_at or 0.0,
+            lost=lambda: self._lost,
+            hooks=self.hooks,
+            timings=dict(record.timings),
+        )
+
+    def _outcome(self, handle: PhaseHandle) -> Outcome | None:
+        """The outcome to finish with (None: someone else ended the task), after cleaning up.
+        A BaseException skips the clean-up, as the death of the process would."""
         outcome: Outcome | None = None
         try:
-            outcome = self._run_claimed()
+            outcome = self._run_claimed(handle)
         except Superseded:
-            outcome = None
+            pass
         except BridgeError as exc:
             outcome = Outcome(Status.FAILED, error(exc.kind, exc.message))
         except Exception as exc:  # the unexpected still ends in a terminal status
-            self.emit("task.internal_error", {"traceback": traceback.format_exc()[-4000:]})
+            handle.emit("task.internal_error", {"traceback": traceback.format_exc()[-4000:]})
             outcome = Outcome(
                 Status.FAILED,
                 error(
@@ -117,80 +127,74 @@ class TaskRunner:
                     f"{str(exc)[:200]}); see `worker-bridge tasks logs {self.task_id}`.",
                 ),
             )
-        finally:
-            self._stop.set()
-            if not self._lost:  # a runner that lost its claim leaves the containers alone
-                self._remove_containers()
-            if self.checkout is not None:
-                self.checkout.discard()
-        if outcome is not None:
-            self._finish(outcome)
-        self.store.runners.release(self.task_id, self.owner)
-        return self.store.get_task(self.task_id)
+        self._clean_up()
+        return outcome
 
-    def _run_claimed(self) -> Outcome | None:
+    def _clean_up(self) -> None:
+        if not self._lost:  # a runner that lost its claim leaves the containers alone
+            try:
+                self.ctx.sandbox.remove_by_labels({"io.worker-bridge.task": self.task_id})
+                self.store.update_task(self.task_id, container_id=None)
+            except BridgeError:
+                pass  # the engine is gone: a container may live on, so keep it on record
+        if self._checkout is not None:
+            self._checkout.discard()
+
+    def _run_claimed(self, handle: PhaseHandle) -> Outcome:
         status = self.store.status(self.task_id)  # claim() already queued a created task
         if status == Status.QUEUED:
-            return self._start_fresh()
+            return self._start_fresh(handle)
         if status in ACTIVE:
-            return self._resume()
+            return self._resume(handle)
         raise Superseded(status)
 
-    def _start_fresh(self) -> Outcome:
+    def _start_fresh(self, handle: PhaseHandle) -> Outcome:
         queued_at = time.time()
         self._preflight()
         wanted = lambda: self.store.status(self.task_id) == Status.QUEUED  # noqa: E731
         if not wait_for_leases(
             self.store,
-            self.ctx.config,
-            self.task,
+            self.record,
             self.owner,
             still_wanted=wanted,
-            on_idle=self._recover_others,
+            on_idle=lambda: recover_stranded(self.ctx),
         ):
             raise Superseded("no longer queued")
-        check_free_space(self.ctx.home, self.ctx.config.disk_reserve_gb)
-        self.deadline_at = time.time() + self.limits["timeout_seconds"]
+        handle.deadline_at = time.time() + handle.limits.timeout_seconds
         if not self.store.transition(
             self.task_id,
             Status.RUNNING,
             expect={Status.QUEUED},
             phase="allocating",
             started_at=now_iso(),
-            deadline_at=self.deadline_at,
+            deadline_at=handle.deadline_at,
         ):
             raise Superseded("claimed or cancelled")
-        self.timings["queued_s"] = round(time.time() - queued_at, 3)
-        return self._pipeline(resume_phase=None)
+        handle.timings["queued_s"] = round(time.time() - queued_at, 3)
+        return self._turns(handle, resume_phase=None)
 
-    def _resume(self) -> Outcome:
-        task = self.store.get_task(self.task_id)
-        self.emit("task.resumed", {"phase": task["phase"], "runner": self.owner.id})
+    def _resume(self, handle: PhaseHandle) -> Outcome:
+        handle.emit("task.resumed", {"phase": self.record.phase, "runner": self.owner.id})
         wanted = lambda: self.store.status(self.task_id) in ACTIVE  # noqa: E731
         if not wait_for_leases(
             self.store,
-            self.ctx.config,
-            self.task,
+            self.record,
             self.owner,
             still_wanted=wanted,
             ahead_of_queue=True,
         ):
             raise Superseded("no longer active")
-        return self._pipeline(resume_phase=task["phase"] or "allocating")
+        return self._turns(handle, resume_phase=self.record.phase or "allocating")
 
     def _preflight(self) -> None:
         """Fail fast, before anything is allocated: engine reachable, images present."""
-        self.ctx.sandbox.ping()
-        worker = self.worker
-        self.ctx.sandbox.require_image(worker.image(self.ctx.config), worker.build_target)
-        if self.spec.verification.commands:
+        sandbox = self.ctx.sandbox
+        sandbox.ping()
+        require_image(sandbox, self.worker.image(self.ctx.config), self.worker.build_target)
+        if self.record.spec.verification.commands:
             image = self._verify_image()
             ours = image == self.ctx.config.verify_image_ref
-            self.ctx.sandbox.require_image(image, "verify" if ours else None)
-
-    def _recover_others(self) -> None:
-        """While waiting for capacity, a surviving runner also hands on stranded tasks."""
-        recover_stranded(self.ctx)
+            require_image(sandbox, image, "verify" if ours else None)
 
     def _start_heartbeat(self) -> None:
         def beat() -> None:
@@ -201,154 +205,133 @@ class TaskRunner:
         threading.Thread(target=beat, name=f"heartbeat-{self.task_id}", daemon=True).start()
 
     def _verify_image(self) -> str:
-        return self.spec.verification.image or self.ctx.config.verify_image_ref
-
-    # -- phases -------------------------------------------------------------------------------
-
-    def _pipeline(self, resume_phase: str | None) -> Outcome:
-        ws = TaskWorkspace.plan(self.ctx.home, Path(self.task["repository"]), self.task_id)
-        turn = self._turn()
-        if resume_phase is None and turn.number > 0:
-            if not ws.worktree.is_dir():
-                raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
-            resume_phase = "worker"  # a follow-up turn continues on the existing worktree
-        phase = resume_phase or "allocating"
-        if self.remaining() <= 0:
-            return Outcome(Status.TIMED_OUT, self._timeout_error(phase))
-        if phase == "allocating":
-            self._allocate(ws, sweep=resume_phase is not None)
-            # Only a first turn in one process knows the worktree is exactly the base checkout.
-            self.baseline = record_files(ws.worktree)
-            phase = "worker"
-        if self.spec.verification.commands:
-            self.checkout = VerifyCheckout(self.ctx, ws, self.task["base_commit"], turn.number)
-            if phase == "worker":
-                self.checkout.start()  # checks out the base while the worker runs
-        if phase == "worker":
-            self.enter_phase("worker")
-            t0 = time.monotonic()
-            exit_info = run_worker_turn(self, ws, turn, resume=resume_phase == "worker")
-            self.timings["worker_s"] = round(time.monotonic() - t0, 3)
-            self.ensure_active()
-            phase = "collecting"
-        else:
-            exit_info = WorkerExit.from_document(
-                self.store.get_task(self.task_id)["worker_exit"], turn.number
-            )
-        if phase == "collecting":
-            self.enter_phase("collecting")
-            return self._collect_and_check(ws, exit_info, turn)
-        task = self.store.get_task(self.task_id)
-        changes = list_changes(ws.repository, task["base_commit"], task["snapshot_commit"])
-        return self._verify(ws, task["snapshot_commit"], changes, turn)
+        return self.record.spec.verification.image or self.ctx.config.verify_image_ref
 
     @cached_property
     def worker(self) -> Worker:
         """Resolved on first use, inside run(), so an unknown worker fails the task cleanly."""
-        return get_worker(self.ctx.config, self.spec.worker)
+        return get_worker(self.ctx.config, self.record.spec.worker)
 
-    def _turn(self) -> Turn:
-        task = self.store.get_task(self.task_id)
-        number = task.get("turn") or 0
-        messages = task.get("follow_ups") or []
-        message = messages[number - 1] if 0 < number <= len(messages) else None
-        return Turn(self.spec.objective, self.spec.metadata, number=number, message=message)
+    # -- turns ------------------------------------------------------------------------------
 
-    def _allocate(self, ws: TaskWorkspace, sweep: bool) -> None:
-        self.enter_phase("allocating")
-        t0 = time.monotonic()
-        if sweep:  # a runner died half way through: start the workspace again from nothing
-            remove_workspace(self.ctx.home, ws, delete_branch=True)
-        self.store.update_task(self.task_id, worktree=str(ws.worktree), branch=ws.branch)
-        _, owner = self.ctx.sandbox_identity()
-        create_workspace(
-            self.ctx.home,
-            ws,
-            self.task["base_commit"],
-            owner,
-            timeout=self.ctx.config.allocation_timeout_s,
-        )
-        self.timings["prepare_s"] = round(time.monotonic() - t0, 3)
-        self.emit("workspace.ready", {"worktree": str(ws.worktree), "branch": ws.branch})
+    def _turns(self, handle: PhaseHandle, resume_phase: str | None) -> Outcome:
+        """The task's turns: the current one, then a repair turn after each failed
+        verification while the repair budget lasts."""
+        ws = TaskWorkspace.plan(self.ctx.home, Path(self.record.repository), self.task_id)
+        spec = self.record.spec
+        number = self.record.turn
+        turn = Turn(spec.objective, spec.metadata, number, self.record.follow_up_message)
+        if resume_phase is None and turn.number > 0:
+            if not ws.worktree.is_dir():
+                raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
+            resume_phase = "worker"  # a follow-up turn continues on the existing worktree
+        phase, resuming = resume_phase or "allocating", resume_phase
+        while True:
+            if handle.remaining() <= 0:
+                return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, phase))
+            outcome, failure = self._turn(handle, ws, turn, phase, resuming)
+            if failure is None or not self._may_repair():
+                return outcome
+            turn = self._repair_turn(handle, failure, outcome.fields["verification"])
+            phase, resuming = "worker", None
 
-    def _collect_and_check(
-        self, ws: TaskWorkspace, exit_info: WorkerExit | None, turn: Turn
-    ) -> Outcome:
-        t0 = time.monotonic()
-        snapshot, changes = collect_changes(self.ctx, ws, self.task, self.baseline)
-        self.timings["collect_s"] = round(time.monotonic() - t0, 3)
-        self.store.update_task(
-            self.task_id,
-            summary=exit_info.summary if exit_info else None,
-            snapshot_commit=snapshot,
-            changed_files=[c.result_entry() for c in changes],
-        )
-        verdict = judge_worker(exit_info, changes, self.spec, self.limits, self.task_id)
-        if verdict is not None:
-            return verdict  # _finish redacts the error
-        return self._verify(ws, snapshot, changes, turn)
+    def _turn(
+        self,
+        handle: PhaseHandle,
+        ws: TaskWorkspace,
+        turn: Turn,
+        phase: str,
+        resuming: str | None,
+    ) -> tuple[Outcome, CommandResult | None]:
+        """One turn from ``phase`` on; the outcome, and the failed command when verification
+        failed (which a repair turn may fix)."""
+        baseline: dict[str, Stat] | None = None
+        if phase == "allocating":
+            prepare_workspace(handle, ws, sweep=resuming is not None)
+            # Only a first turn in one process knows the worktree is exactly the base checkout.
+            baseline = record_files(ws.worktree)
+            phase = "worker"
+        base = self.record.base_commit or ""
+        if self.record.spec.verification.commands:
+            self._checkout = VerifyCheckout(handle, ws, base, turn.number)
+            if phase == "worker":
+                self._checkout.start()  # checks out the base while the worker runs
+        exit_info = self.record.worker_exit if resuming else None
+        if exit_info is not None and exit_info.turn != turn.number:
+            exit_info = None  # recorded for an earlier turn
+        if phase == "worker":
+            handle.enter_phase("worker")
+            t0 = time.monotonic()
+            exit_info = run_worker_turn(handle, ws, self.worker, turn, resume=resuming == "worker")
+            handle.timed("worker_s", t0)
+            handle.ensure_active()
+            phase = "collecting"
+        if phase == "collecting":
+            handle.enter_phase("collecting")
+            t0 = time.monotonic()
+            collected = collect_changes(handle, ws, baseline)
+            handle.timed("collect_s", t0)
+            snapshot, changes = collected.snapshot, collected.changes
+            handle.update(
+                summary=exit_info.summary if exit_info else None,
+                snapshot_commit=snapshot,
+                changed_files=[c.result_entry() for c in changes],
+            )
+            verdict = judge_worker(
+                exit_info, changes, self.record.spec, handle.limits, self.task_id
+            )
+            if verdict is not None:
+                return verdict, None  # finish_task redacts the error
+        else:
+            snapshot = self.record.snapshot_commit or ""
+            changes = list_changes(ws.repository, base, snapshot)
+        return self._verify(handle, ws, snapshot, changes, turn)
 
     def _verify(
-        self, ws: TaskWorkspace, snapshot: str, changes: list[Change], turn: Turn
-    ) -> Outcome:
-        commands = self.spec.verification.commands
+        self,
+        handle: PhaseHandle,
+        ws: TaskWorkspace,
+        snapshot: str,
+        changes: list[Change],
+        turn: Turn,
+    ) -> tuple[Outcome, CommandResult | None]:
+        commands = self.record.spec.verification.commands
         if not commands:
-            return Outcome(
-                Status.SUCCEEDED,
-                fields={"verification": {"ok": None, "image": None, "commands": []}},
-            )
+            return Outcome(Status.SUCCEEDED, fields={"verification": VerificationDoc()}), None
         status = self.store.status(self.task_id)
         if status != Status.VERIFYING and not self.store.transition(
             self.task_id, Status.VERIFYING, expect={Status.RUNNING}, phase="verifying"
         ):
             raise Superseded("not running")
-        self.enter_phase("verifying")
+        handle.enter_phase("verifying")
         self.ctx.sandbox.remove_by_labels(
             {"io.worker-bridge.task": self.task_id, "io.worker-bridge.role": "verify"}
         )
-        self.emit("verification.started", {"commands": commands, "image": self._verify_image()})
+        image = self._verify_image()
+        handle.emit("verification.started", {"commands": commands, "image": image})
         t0 = time.monotonic()
-        checkout = self.checkout or VerifyCheckout(
-            self.ctx, ws, self.task["base_commit"], turn.number
+        checkout = self._checkout or VerifyCheckout(
+            handle, ws, self.record.base_commit or "", turn.number
         )
         outcome = run_verification(
-            self.ctx,
-            ws,
-            checkout,
-            snapshot,
-            changes,
-            commands,
-            self._verify_image(),
-            self.limits,
-            self.remaining(),
-            self.redactor,
-            self.emit,
-            turn.number,
+            handle, checkout, snapshot, changes, commands, image, turn.number
         )
-        self.ensure_active()
-        self.timings["verify_s"] = round(time.monotonic() - t0, 3)
+        handle.ensure_active()
+        handle.timed("verify_s", t0)
+        handle.emit("verification.completed", {"ok": outcome.ok})
         doc = outcome.document()
-        self.emit("verification.completed", {"ok": outcome.ok})
         if outcome.timed_out:
             return Outcome(
                 Status.TIMED_OUT,
-                self._timeout_error("verification was running"),
+                timeout_error(handle.limits, "verification was running"),
                 {"verification": doc},
-            )
-        if not outcome.ok:
-            bad = next(c for c in outcome.commands if c["exit_code"] != 0)
-            if self._may_repair():
-                return self._repair(turn, bad, doc)
-            return Outcome(
-                Status.FAILED,
-                error(
-                    "verification_failed",
-                    f"Verification command `{bad['command']}` exited with status "
-                    f"{bad['exit_code']}.",
-                ),
-                {"verification": doc},
-            )
-        return Outcome(Status.SUCCEEDED, fields={"verification": doc})
+            ), None
+        bad = outcome.first_failure
+        if bad is not None:
+            return Outcome(Status.FAILED, verification_failed(bad), {"verification": doc}), bad
+        return Outcome(Status.SUCCEEDED, fields={"verification": doc}), None
+
+    # -- repair -----------------------------------------------------------------------------
 
     def _repairs_taken(self) -> int:
         """Repair turns since the task's last explicit turn (from the log, so a runner that
@@ -365,21 +348,22 @@ class TaskRunner:
 
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
-        budget = self.spec.metadata.get("auto_repair", self.task["config"].get("auto_repair", 0))
-        return self.repairs < int(budget) and self.worker.can_repair(self.spec.metadata)
+        metadata = self.record.spec.metadata
+        budget = metadata.get("auto_repair", self.ctx.config.auto_repair)
+        return self.repairs < int(budget) and self.worker.can_repair(metadata)
 
-    def _repair(self, turn: Turn, bad: dict[str, Any], doc: dict[str, Any]) -> Outcome:
-        """Give the worker another turn with what failed, then collect and verify again."""
+    def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
+        """Record a repair turn (the worker is told what failed) and return it."""
         self.repairs += 1
         message = (
-            f"Verification failed: `{bad['command']}` exited with status {bad['exit_code']}.\n"
-            f"stdout (end):\n{bad['stdout_tail']}\nstderr (end):\n{bad['stderr_tail']}\n"
+            f"Verification failed: `{bad.command}` exited with status {bad.exit_code}.\n"
+            f"stdout (end):\n{bad.stdout_tail}\nstderr (end):\n{bad.stderr_tail}\n"
             "Fix the cause so that the command succeeds."
         )
-        follow_ups = [*(self.store.get_task(self.task_id).get("follow_ups") or []), message]
-        self.emit(
+        follow_ups = [*self.follow_ups, message]
+        handle.emit(
             "verification.auto_repair",
-            {"turn": len(follow_ups), "repair": self.repairs, "command": bad["command"]},
+            {"turn": len(follow_ups), "repair": self.repairs, "command": bad.command},
         )
         if not self.store.transition(
             self.task_id,
@@ -391,25 +375,6 @@ class TaskRunner:
             phase="worker",
         ):
             raise Superseded("not verifying")
-        return self._pipeline(resume_phase="worker")
-
-    def _timeout_error(self, phase: str) -> dict[str, str]:
-        return timeout_error(self.limits, phase)
-
-    # -- the end ------------------------------------------------------------------------------
-
-    def _remove_containers(self) -> None:
-        try:
-            self.ctx.sandbox.remove_by_labels({"io.worker-bridge.task": self.task_id})
-        except BridgeError:
-            return  # the engine is gone: a container may live on, so keep it on record
-        self.store.update_task(self.task_id, container_id=None)
-
-    def _finish(self, outcome: Outcome) -> None:
-        fields = dict(outcome.fields)
-        fields["timings"] = self.timings
-        fields["finished_at"] = now_iso()
-        fields["phase"] = None
-        fields["error"] = self.redactor.redact_data(outcome.error) if outcome.error else None
-        event = {"error": fields["error"]} if outcome.error else {}
-        self.store.transition(self.task_id, outcome.status, event=event, **fields)
+        self.follow_ups = follow_ups
+        spec = self.record.spec
+        return Turn(spec.objective, spec.metadata, len(follow_ups), message)

@@ -1,13 +1,17 @@
 """Capacity: which lease scopes a task needs, and waiting for them in start order (priority,
-then age) while the task is still wanted."""
+then age) while the task is still wanted.
+
+The limits are read here and only here, from the configuration recorded with the task: a task
+starts when fewer than *its* limit of containers hold leases in each of its scopes, whichever
+process runs it (see docs/concurrency.md)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from bridge.config import Config
+from bridge.records import TaskRecord
 from bridge.store import Store
 from bridge.store.owners import Owner
 
@@ -15,22 +19,18 @@ LEASE_TTL = 10.0
 HEARTBEAT_EVERY = 2.0
 
 
-def task_scopes(config: Config, task: dict[str, Any]) -> dict[str, int]:
+def task_scopes(config: Config, repository: str, worker: str) -> dict[str, int]:
     """scope -> limit for one task: the host, its repository and, if limited, its worker."""
-    scopes = {
-        "global": config.max_concurrency,
-        f"repo:{task['repository']}": config.repo_concurrency,
-    }
-    limit = config.worker_concurrency.get(task["worker"])
+    scopes = {"global": config.max_concurrency, f"repo:{repository}": config.repo_concurrency}
+    limit = config.worker_concurrency.get(worker)
     if limit:
-        scopes[f"worker:{task['worker']}"] = limit
+        scopes[f"worker:{worker}"] = limit
     return scopes
 
 
 def wait_for_leases(
     store: Store,
-    config: Config,
-    task: dict[str, Any],
+    task: TaskRecord,
     owner: Owner,
     *,
     still_wanted: Callable[[], bool],
@@ -38,8 +38,10 @@ def wait_for_leases(
     on_idle: Callable[[], None] | None = None,
 ) -> bool:
     """Block until the task holds a lease in each of its scopes; False if it stopped being
-    wanted (cancelled) meanwhile. ``ahead_of_queue``: a resumed task goes before queued ones."""
-    scopes = task_scopes(config, task)
+    wanted (cancelled) meanwhile. ``ahead_of_queue``: a resumed task goes before queued ones.
+    Tasks queued ahead are counted with this task's limits."""
+    config = task.config
+    scopes = task_scopes(config, task.repository, task.worker)
     delay = 0.02
     last_idle = time.monotonic()
     while True:
@@ -47,10 +49,11 @@ def wait_for_leases(
             []
             if ahead_of_queue
             else [
-                (row["task_id"], task_scopes(config, row)) for row in store.leases.queued_waiting()
+                (row["task_id"], task_scopes(config, row["repository"], row["worker"]))
+                for row in store.leases.queued_waiting()
             ]
         )
-        if store.leases.acquire(task["task_id"], owner, scopes, LEASE_TTL, waiting):
+        if store.leases.acquire(task.task_id, owner, scopes, LEASE_TTL, waiting):
             return True
         if not still_wanted():
             return False

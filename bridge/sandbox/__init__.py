@@ -1,14 +1,25 @@
-"""The Docker side: one small wrapper around docker-py (docker is imported only in this package).
-
-Keeping every engine call behind `DockerSandbox` is the seam for other backends (Kubernetes Jobs).
-`DockerSandbox` is loaded on first use, so commands that never touch the engine start quickly.
-"""
+"""Containers: the `Sandbox` protocol the pipeline uses, what a container is (`ContainerSpec`),
+and its implementations, `DockerSandbox` (docker-py is imported only there) and `FakeSandbox`
+(no engine, for tests). Both load on first use, so commands that never start a container stay
+quick to load."""
 
 from typing import Any
 
-from bridge.sandbox.spec import LABEL, ContainerSpec, ExitInfo, Mount, home_id
+from bridge.sandbox.protocol import Sandbox, require_image
+from bridge.sandbox.spec import LABEL, ContainerInfo, ContainerSpec, ExitInfo, Mount, home_id
 
-__all__ = ["LABEL", "ContainerSpec", "DockerSandbox", "ExitInfo", "Mount", "home_id"]
+__all__ = [
+    "LABEL",
+    "ContainerInfo",
+    "ContainerSpec",
+    "DockerSandbox",
+    "ExitInfo",
+    "FakeSandbox",
+    "Mount",
+    "Sandbox",
+    "home_id",
+    "require_image",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from bridge.sandbox.docker import DockerSandbox
 
         return DockerSandbox
+    if name == "FakeSandbox":
+        from bridge.sandbox.fake import FakeSandbox
+
+        return FakeSandbox
     raise AttributeError(name)

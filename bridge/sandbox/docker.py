@@ -1,23 +1,35 @@
-"""How a task container comes up, streams its output, is waited for, killed and removed.
+"""`DockerSandbox`: the `Sandbox` protocol on a local Docker engine (docker-py is imported only in
+this package).
 
 Every container gets the same hardening: no network, all capabilities dropped,
-no-new-privileges, read-only root with tmpfs /tmp and home, pid/memory/CPU limits, a non-root
-user, and io.worker-bridge.* labels so any process can find (and clean up) it later.
+no-new-privileges, read-only root with size-bounded tmpfs /tmp and home, pid/memory/CPU limits,
+a bounded engine log, a non-root user, and io.worker-bridge.* labels so any process can find
+(and clean up) it later. Idempotent engine calls are retried on a transient failure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 
 import docker
 import docker.errors
 import docker.types
 import requests.exceptions
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from bridge.errors import EngineUnavailable, ImageMissing, SandboxError
-from bridge.sandbox.spec import LABEL, ContainerSpec, ExitInfo, home_id
+from bridge.errors import BridgeError, EngineUnavailable, ImageMissing, SandboxError
+from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo
 
-__all__ = ["LABEL", "ContainerSpec", "DockerSandbox", "ExitInfo", "home_id"]
+_STATES: dict[str, ContainerState] = {
+    "created": "created",
+    "running": "running",
+    "paused": "running",
+    "restarting": "running",
+    "removing": "removing",
+    "exited": "exited",
+    "dead": "exited",
+}
 
 
 def _engine_down(exc: Exception) -> EngineUnavailable:
@@ -25,6 +37,33 @@ def _engine_down(exc: Exception) -> EngineUnavailable:
         "Cannot reach the Docker engine; start it (`dockerd &` or `systemctl start docker`) "
         f"or set DOCKER_HOST ({exc.__class__.__name__})."
     )
+
+
+def _transient(exc: BaseException) -> bool:
+    """An engine hiccup worth one more try: a dropped connection or a 5xx answer."""
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return "timed out" not in str(exc).lower()
+    return isinstance(exc, docker.errors.APIError) and exc.is_server_error()
+
+
+_retry = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(3),
+    wait=wait_exponential(multiplier=0.1, max=1.0),
+    reraise=True,
+)
+
+
+def _seconds(start: str | None, end: str | None) -> float | None:
+    """The engine's start and finish timestamps (RFC 3339, nanoseconds) as a duration."""
+    if not start or not end or start.startswith("0001") or end.startswith("0001"):
+        return None
+
+    def parse(text: str) -> datetime:
+        head, _, frac = text.rstrip("Z").partition(".")
+        return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00")
+
+    return round(max((parse(end) - parse(start)).total_seconds(), 0.0), 3)
 
 
 class DockerSandbox:
@@ -45,42 +84,68 @@ class DockerSandbox:
         return self._client
 
     def ping(self) -> str:
-        """Engine version, or EngineUnavailable."""
         try:
             return str(self.client.version().get("Version", "?"))
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise _engine_down(exc) from exc
 
-    def engine_info(self) -> dict:
-        return self.client.info()
+    def runtimes(self) -> list[str]:
+        return sorted((self.client.info().get("Runtimes") or {}).keys())
 
     def image_present(self, ref: str) -> bool:
         try:
-            self.client.images.get(ref)
+            _retry(self.client.images.get)(ref)
             return True
         except docker.errors.ImageNotFound:
             return False
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        except requests.exceptions.RequestException as exc:
             raise _engine_down(exc) from exc
 
-    def require_image(self, ref: str, build_target: str | None) -> None:
-        """ImageMissing naming the command that builds ``ref`` (or how to provide it)."""
-        if self.image_present(ref):
-            return
-        if build_target:
-            how = f"build it with `worker-bridge images build {build_target}`"
-        else:
-            how = "build or load it into this engine first (images are never pulled)"
-        raise ImageMissing(f"Image {ref} is not present; {how}.")
+    def build_image(
+        self,
+        tag: str,
+        context: bytes,
+        *,
+        buildargs: dict[str, str],
+        labels: dict[str, str],
+        on_line: Callable[[str], None],
+    ) -> None:
+        import io
+
+        step = ""
+        try:
+            stream = self.client.api.build(
+                fileobj=io.BytesIO(context),
+                custom_context=True,
+                tag=tag,
+                buildargs=buildargs,
+                rm=True,
+                forcerm=True,
+                decode=True,
+                labels=labels,
+            )
+            for item in stream:
+                if "error" in item:
+                    where = f" at {step[:160]!r}" if step else ""
+                    raise BridgeError(f"Building {tag} failed{where}: {item['error'].strip()}")
+                text = (item.get("stream") or "").rstrip()
+                if text.startswith("Step "):
+                    step = text  # "Step 3/5 : RUN ...": named when the build fails there
+                if text:
+                    on_line(text)
+        except docker.errors.APIError as exc:
+            raise BridgeError(f"Building {tag} failed: {exc.explanation}") from exc
+        except requests.exceptions.ConnectionError as exc:
+            raise _engine_down(exc) from exc
 
     # -- containers -------------------------------------------------------------------------
 
     def start(self, spec: ContainerSpec) -> str:
-        """Create and start a hardened container; returns its id. Removes it if start fails."""
         mounts = [
             docker.types.Mount(m.target, str(m.source), type="bind", read_only=m.read_only)
             for m in spec.mounts
         ]
+        tmpfs_size = f"size={spec.memory_mb}m"
         try:
             container = self.client.containers.create(
                 spec.image,
@@ -94,12 +159,16 @@ class DockerSandbox:
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 read_only=True,
-                tmpfs={path: "rw,nosuid,nodev,mode=1777" for path in spec.tmpfs},
+                tmpfs={path: f"rw,nosuid,nodev,mode=1777,{tmpfs_size}" for path in spec.tmpfs},
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
                 nano_cpus=int(spec.cpus * 1e9),
                 pids_limit=spec.pids,
                 runtime=spec.runtime,
+                log_config=docker.types.LogConfig(
+                    type="json-file",
+                    config={"max-size": f"{max(spec.log_max_mb // 2, 1)}m", "max-file": "2"},
+                ),
                 stdin_open=False,
                 tty=False,
                 detach=True,
@@ -119,23 +188,24 @@ class DockerSandbox:
             raise SandboxError(f"The container would not start: {exc}") from exc
         return str(container.id)
 
-    def stream_lines(self, container_id: str, since: float | None = None) -> Iterator[str]:
-        """Output lines (stdout and stderr) from the start, or from ``since`` (epoch seconds),
-        until the container exits."""
-        container = self.client.containers.get(container_id)
-        pending = b""
+    def output(
+        self,
+        container_id: str,
+        *,
+        since: float | None = None,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> Iterator[bytes]:
         options = {"since": float(since)} if since else {}
-        for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True, **options):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield line.decode(errors="replace").rstrip("\r")
-        if pending:
-            yield pending.decode(errors="replace")
+        try:
+            stream = self.client.api.logs(
+                container_id, stream=True, follow=True, stdout=stdout, stderr=stderr, **options
+            )
+        except docker.errors.NotFound:
+            return
+        yield from stream
 
     def wait(self, container_id: str, timeout: float | None) -> ExitInfo:
-        """Wait for exit; on timeout the container is killed (with everything in it). A
-        container removed meanwhile (a cancel) ends with exit_code None."""
         api = self.client.api
         timed_out = False
         try:
@@ -151,16 +221,23 @@ class DockerSandbox:
             if timed_out:
                 self.kill(container_id)
                 code = api.wait(container_id, timeout=60).get("StatusCode")
-            state = api.inspect_container(container_id).get("State", {})
+            state = self._inspect_state(container_id)
         except docker.errors.NotFound:
             return ExitInfo(exit_code=None, oom_killed=False, timed_out=timed_out)
         return ExitInfo(
-            exit_code=code, oom_killed=bool(state.get("OOMKilled")), timed_out=timed_out
+            exit_code=code,
+            oom_killed=bool(state.get("OOMKilled")),
+            timed_out=timed_out,
+            duration_s=_seconds(state.get("StartedAt"), state.get("FinishedAt")),
         )
+
+    @_retry
+    def _inspect_state(self, container_id: str) -> dict:
+        return self.client.api.inspect_container(container_id).get("State", {})
 
     def kill(self, container_id: str) -> None:
         try:
-            self.client.containers.get(container_id).kill()
+            self.client.api.kill(container_id)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -169,26 +246,30 @@ class DockerSandbox:
 
     def remove(self, container_id: str) -> None:
         try:
-            self.client.api.remove_container(container_id, force=True, v=True)
+            _retry(self.client.api.remove_container)(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # removal already in progress
+            if exc.status_code != 409:  # 409: removal already in progress
                 raise SandboxError(
                     f"Could not remove container {container_id[:12]}: {exc}"
                 ) from exc
-
-    def containers(self, labels: dict[str, str]) -> list[dict]:
-        """Containers (any state) carrying all ``labels``: id, status, labels."""
-        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        try:
-            found = self.client.api.containers(all=True, filters=filters)
         except requests.exceptions.ConnectionError as exc:
             raise _engine_down(exc) from exc
-        return [{"id": c["Id"], "status": c["State"], "labels": c["Labels"] or {}} for c in found]
+
+    def containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        try:
+            found = _retry(self.client.api.containers)(all=True, filters=filters)
+        except requests.exceptions.ConnectionError as exc:
+            raise _engine_down(exc) from exc
+        return [
+            ContainerInfo(c["Id"], _STATES.get(c["State"], "exited"), c["Labels"] or {})
+            for c in found
+        ]
 
     def remove_by_labels(self, labels: dict[str, str]) -> int:
         found = self.containers(labels)
         for item in found:
-            self.remove(item["id"])
+            self.remove(item.id)
         return len(found)

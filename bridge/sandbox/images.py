@@ -2,6 +2,7 @@
 
 `base` builds FROM the configured base image (a build argument, so it works with a local
 debootstrap import where no registry is reachable); every other image builds FROM `base`.
+Builds go through the `Sandbox` protocol, so this module knows no engine.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-import docker.errors
-import requests.exceptions
-
 from bridge.config import Config
 from bridge.errors import BridgeError, InvalidSpec
-from bridge.sandbox.docker import DockerSandbox, _engine_down
+from bridge.sandbox.protocol import Sandbox
 
 DEFAULT_TARGETS = ("base", "verify", "mock")
 
@@ -52,7 +50,7 @@ def _context(name: str, extra_ca: Path | None) -> bytes:
 
 def build_images(
     config: Config,
-    sandbox: DockerSandbox,
+    sandbox: Sandbox,
     targets: list[str] | None = None,
     base_image: str | None = None,
     on_line: Callable[[str], None] = print,
@@ -74,37 +72,12 @@ def build_images(
         tag = config.image_for(name)
         parent = (base_image or config.base_image) if name == "base" else base_ref
         on_line(f"==> building {tag} (FROM {parent})")
-        _build_one(sandbox, name, tag, parent, config.extra_ca_file, on_line)
+        sandbox.build_image(
+            tag,
+            _context(name, config.extra_ca_file),
+            buildargs={"BASE_IMAGE": parent},
+            labels={"io.worker-bridge.image": name},
+            on_line=on_line,
+        )
         built.append(tag)
     return built
-
-
-def _build_one(
-    sandbox: DockerSandbox,
-    name: str,
-    tag: str,
-    parent: str,
-    extra_ca: Path | None,
-    on_line: Callable[[str], None],
-) -> None:
-    try:
-        stream = sandbox.client.api.build(
-            fileobj=io.BytesIO(_context(name, extra_ca)),
-            custom_context=True,
-            tag=tag,
-            buildargs={"BASE_IMAGE": parent},
-            rm=True,
-            forcerm=True,
-            decode=True,
-            labels={"io.worker-bridge.image": name},
-        )
-        for item in stream:
-            if "error" in item:
-                raise BridgeError(f"Building {tag} failed: {item['error'].strip()}")
-            text = (item.get("stream") or "").rstrip()
-            if text:
-                on_line(text)
-    except docker.errors.APIError as exc:
-        raise BridgeError(f"Building {tag} failed: {exc.explanation}") from exc
-    except requests.exceptions.ConnectionError as exc:
-        raise _engine_down(exc) from exc

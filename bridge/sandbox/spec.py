@@ -6,8 +6,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 LABEL = "io.worker-bridge"
+
+# Container states in our own words, whatever the engine calls them: `created` (not started
+# yet), `running` (includes paused and restarting), `exited` (includes dead), `removing`.
+ContainerState = Literal["created", "running", "exited", "removing"]
 
 
 def home_id(home: Path) -> str:
@@ -24,6 +29,8 @@ class Mount:
 
 @dataclass
 class ContainerSpec:
+    """Everything the engine needs to start one hardened task container."""
+
     image: str
     command: list[str]
     user: str
@@ -36,10 +43,22 @@ class ContainerSpec:
     pids: int = 512
     runtime: str | None = None
     tmpfs: tuple[str, ...] = ("/tmp", "/home/worker")
+    log_max_mb: int = 16  # what the engine keeps of the container's output, at most
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    state: ContainerState
+    labels: dict[str, str]
 
 
 @dataclass
 class ExitInfo:
+    """How a container ended. ``duration_s`` is the engine's own record of the run (start to
+    exit), not something the container could write; None when it never ran or was removed."""
+
     exit_code: int | None
     oom_killed: bool
     timed_out: bool = False
+    duration_s: float | None = None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
+from bridge.records import TaskRecord
 from bridge.store.leases import Leases, Runners
 from bridge.store.migrations import MIGRATIONS
 
@@ -33,6 +34,15 @@ JSON_COLUMNS = (
     "worker_exit",
     "follow_ups",
 )
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready data from records and lists of records (pydantic models dump themselves)."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def now_iso() -> str:
@@ -107,7 +117,7 @@ class Store:
     @staticmethod
     def _encode(fields: dict[str, Any]) -> dict[str, Any]:
         return {
-            key: json.dumps(value) if key in JSON_COLUMNS and value is not None else value
+            key: json.dumps(_plain(value)) if key in JSON_COLUMNS and value is not None else value
             for key, value in fields.items()
         }
 
@@ -154,15 +164,16 @@ class Store:
             names = [c[0] for c in cur.description]
             return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
-    def get_task(self, task_id: str) -> dict[str, Any]:
+    def load_task(self, task_id: str) -> TaskRecord:
+        """The task's record; TaskNotFound naming the id."""
         rows = self.query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         if not rows:
             raise TaskNotFound(
                 f"No task '{task_id}' in this store; `worker-bridge tasks list` shows the ids."
             )
-        return self._decode(rows[0])
+        return TaskRecord.model_validate(self._decode(rows[0]))
 
-    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[TaskRecord]:
         sql = "SELECT * FROM tasks"
         params: list[Any] = []
         if status:
@@ -172,7 +183,7 @@ class Store:
         if limit:
             sql += " LIMIT ?"
             params.append(limit)
-        return [self._decode(row) for row in self.query(sql, params)]
+        return [TaskRecord.model_validate(self._decode(row)) for row in self.query(sql, params)]
 
     def status(self, task_id: str) -> str:
         """Just the status: what polling loops need, without decoding the whole row."""
@@ -274,11 +285,18 @@ class Store:
             row["data"] = json.loads(row["data"])
         return rows
 
-    def count_events(self, task_id: str, kind: str) -> int:
+    def count_events(self, task_id: str, kind: str, after: int = 0) -> int:
         rows = self.query(
-            "SELECT count(*) AS n FROM events WHERE task_id = ? AND kind = ?", (task_id, kind)
+            "SELECT count(*) AS n FROM events WHERE task_id = ? AND kind = ? AND event_id > ?",
+            (task_id, kind, after),
         )
         return int(rows[0]["n"])
+
+    def last_event_id(self, task_id: str, kind: str) -> int:
+        rows = self.query(
+            "SELECT max(event_id) AS n FROM events WHERE task_id = ? AND kind = ?", (task_id, kind)
+        )
+        return int(rows[0]["n"] or 0)
 
     # -- artifacts --------------------------------------------------------------------------
 

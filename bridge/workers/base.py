@@ -62,6 +62,11 @@ class Worker(ABC):
     def parse_line(self, line: str) -> ParsedLine:
         return ParsedLine(progress=line)
 
+    def health(self, config: Config) -> str | None:
+        """Why this worker cannot run here besides its image (e.g. a missing credential), as
+        one sentence; None when nothing is missing."""
+        return None
+
     def can_repair(self, metadata: dict[str, Any]) -> bool:
         """Whether a repair turn (after failed verification) can change anything."""
         return True

@@ -1,0 +1,46 @@
+"""Finish: the task's terminal status, with its result fields, timings and redacted error, in one
+compare-and-set. If writing the outcome itself fails, the task still ends: `failed`, `internal`,
+with the reason (a runner never leaves a task without a terminal status)."""
+
+from __future__ import annotations
+
+from bridge.models import Status
+from bridge.pipeline.handle import PhaseHandle
+from bridge.pipeline.outcomes import Outcome, error
+from bridge.records import ErrorInfo
+from bridge.store import Store
+from bridge.store.db import now_iso
+
+
+def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:
+    fields = dict(outcome.fields)
+    fields["timings"] = handle.timings
+    fields["finished_at"] = now_iso()
+    fields["phase"] = None
+    err = handle.redactor.redact_data(outcome.error.model_dump()) if outcome.error else None
+    fields["error"] = err
+    try:
+        handle.ctx.store.transition(
+            handle.task_id, outcome.status, event={"error": err} if err else {}, **fields
+        )
+    except Exception as exc:
+        _fail_internal(handle.ctx.store, handle.task_id, f"its outcome could not be stored ({exc})")
+
+
+def fail_unreadable(store: Store, task_id: str, exc: Exception) -> None:
+    _fail_internal(store, task_id, f"its record could not be read ({exc})")
+
+
+def _fail_internal(store: Store, task_id: str, why: str) -> None:
+    reason: ErrorInfo = error(
+        "internal",
+        f"worker-bridge could not finish task {task_id}: {why[:300]}; run it again.",
+    )
+    store.transition(
+        task_id,
+        Status.FAILED,
+        event={"error": reason.model_dump()},
+        error=reason,
+        finished_at=now_iso(),
+        phase=None,
+    )

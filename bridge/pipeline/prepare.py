@@ -1,0 +1,30 @@
+"""Prepare (the `allocating` phase): the task's worktree on its branch and the container's private
+git dir, made from nothing (a half-made one a dead runner left is swept first)."""
+
+from __future__ import annotations
+
+import time
+
+from bridge.pipeline.handle import PhaseHandle
+from bridge.workspace.disk import check_free_space
+from bridge.workspace.worktree import TaskWorkspace, create_workspace, remove_workspace
+
+
+def prepare_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, sweep: bool) -> None:
+    handle.enter_phase("allocating")
+    ctx = handle.ctx
+    t0 = time.monotonic()
+    check_free_space(ctx.home, ctx.config.disk_reserve_gb)
+    if sweep:  # a runner died half way through: start the workspace again from nothing
+        remove_workspace(ctx.home, ws, delete_branch=True)
+    handle.update(worktree=str(ws.worktree), branch=ws.branch)
+    _, owner = ctx.sandbox_identity()
+    create_workspace(
+        ctx.home,
+        ws,
+        handle.record.base_commit or "",
+        owner,
+        timeout=ctx.config.allocation_timeout_s,
+    )
+    handle.timed("prepare_s", t0)
+    handle.emit("workspace.ready", {"worktree": str(ws.worktree), "branch": ws.branch})

@@ -1,0 +1,193 @@
+"""Typed records: a task as the store keeps it (`TaskRecord`), the documents stored inside it
+(error, verification, changed files, the worker's exit), and the task result the facade returns
+(`TaskResult`). Dicts appear only at the CLI, MCP and JSON edges (`TaskResult.document()`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from bridge.config import Config, LimitDefaults
+from bridge.models import Status, TaskSpec
+
+
+class _Doc(BaseModel):
+    """A stored document: extra keys written by another version are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ErrorInfo(_Doc):
+    kind: str
+    message: str
+
+
+class CommandResult(_Doc):
+    """One verification command as it really ran (exit status and duration from the engine)."""
+
+    command: str
+    exit_code: int | None = None
+    duration_s: float | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    status: str | None = None  # passed | failed | timed_out | out_of_memory | not_run
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and self.status in (None, "passed")
+
+
+class VerificationDoc(_Doc):
+    ok: bool | None = None
+    image: str | None = None
+    commands: list[CommandResult] = Field(default_factory=list)
+
+
+class ChangedFile(_Doc):
+    path: str
+    change: str
+    from_: str | None = Field(None, alias="from")
+
+    @model_serializer(mode="wrap")
+    def _without_empty_from(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data.pop("from_", None)
+        if self.from_ is not None:
+            data["from"] = self.from_
+        else:
+            data.pop("from", None)
+        return data
+
+
+class WorkerExit(_Doc):
+    """How a worker turn ended; persisted on the task before its container is removed."""
+
+    turn: int
+    exit_code: int | None
+    oom_killed: bool = False
+    timed_out: bool = False
+    summary: str = ""
+    last_progress: str = ""
+
+
+class TaskRecord(BaseModel):
+    """One row of the tasks table, typed. `spec` is exactly what runs (never redacted);
+    `config` is the configuration recorded at creation, which the task's runner uses."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    task_id: str
+    status: Status
+    worker: str
+    objective: str
+    repository: str
+    base_ref: str | None = None
+    base_commit: str | None = None
+    priority: int = 50
+    idempotency_key: str | None = None
+    spec: TaskSpec
+    config: Config
+    limits: LimitDefaults
+    created_at: str
+    updated_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    phase: str | None = None
+    summary: str | None = None
+    error: ErrorInfo | None = None
+    verification: VerificationDoc | None = None
+    changed_files: list[ChangedFile] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
+    snapshot_commit: str | None = None
+    branch: str | None = None
+    worktree: str | None = None
+    container_id: str | None = None
+    turn: int = 0
+    runner_id: str | None = None
+    deadline_at: float | None = None
+    worker_exit: WorkerExit | None = None
+    pruned_at: str | None = None
+    follow_ups: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_row(cls, row: Any) -> Any:
+        if not isinstance(row, dict):
+            return row
+        row = {k: v for k, v in row.items() if v is not None}
+        config = dict(row.get("config") or {})
+        limits = config.pop("effective_limits", None)
+        row["config"] = Config.from_record({"home": "/", **config})
+        row.setdefault("limits", limits or row["config"].limits.model_dump())
+        return row
+
+    @property
+    def follow_up_message(self) -> str | None:
+        """The message of the current turn (turn N uses follow_ups[N-1]); None on turn 0."""
+        n = self.turn
+        return self.follow_ups[n - 1] if 0 < n <= len(self.follow_ups) else None
+
+
+class TaskResult(BaseModel):
+    """The task result of the contract: what `tasks show --json`, `worker_status` and the
+    library return. Text in it is redacted."""
+
+    task_id: str
+    status: Status
+    worker: str
+    objective: str
+    summary: str | None = None
+    changed_files: list[ChangedFile] = Field(default_factory=list)
+    verification: VerificationDoc | None = None
+    artifacts: dict[str, str] = Field(default_factory=dict)
+    error: ErrorInfo | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    session_id: str | None = None
+    usage: dict[str, Any] | None = None
+    repository: str
+    base_commit: str | None = None
+    branch: str | None = None
+    phase: str | None = None
+    created_at: str
+    finished_at: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document (for the CLI, the MCP server and files)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class AcceptResult(BaseModel):
+    """What accepting a task did: the files written, or why nothing was (``kind``: `status`,
+    `unverified`, `conflict`, `symlink_escape`, `verification_failed`)."""
+
+    accepted: bool
+    task_id: str
+    applied: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    kind: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class WorkerInfo(BaseModel):
+    """One worker as `workers list` shows it: ``healthy`` means it can run a task here now
+    (image present, and whatever else it needs, such as a credential); ``reason`` says why not."""
+
+    name: str
+    installed: bool
+    healthy: bool
+    image: str
+    capabilities: list[str] = Field(default_factory=list)
+    reason: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_reason(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("reason") is None:
+            data.pop("reason", None)
+        return data
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

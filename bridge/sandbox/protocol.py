@@ -1,0 +1,84 @@
+"""The `Sandbox` protocol: what the pipeline needs from a container engine, and nothing more.
+
+`DockerSandbox` implements it for a local Docker engine; `FakeSandbox` runs "containers" as local
+processes (or scripted outcomes) so the pipeline's logic can be tested without an engine. A
+cluster backend would be a third implementation: the pipeline, service and workers see only this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+from bridge.errors import ImageMissing
+from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ExitInfo
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    def ping(self) -> str:
+        """The engine's version; EngineUnavailable when it cannot be reached."""
+        ...
+
+    def runtimes(self) -> list[str]:
+        """Names of the container runtimes the engine has registered (e.g. runc, runsc)."""
+        ...
+
+    def image_present(self, ref: str) -> bool: ...
+
+    def build_image(
+        self,
+        tag: str,
+        context: bytes,
+        *,
+        buildargs: dict[str, str],
+        labels: dict[str, str],
+        on_line: Callable[[str], None],
+    ) -> None:
+        """Build ``tag`` from a tar build context; BridgeError naming the failing step."""
+        ...
+
+    def start(self, spec: ContainerSpec) -> str:
+        """Create and start a container; its id. Nothing is left behind when this fails."""
+        ...
+
+    def output(
+        self,
+        container_id: str,
+        *,
+        since: float | None = None,
+        stdout: bool = True,
+        stderr: bool = True,
+    ) -> Iterator[bytes]:
+        """The container's output as it arrives (the streams asked for), from the start or
+        from ``since`` (epoch seconds), until it exits. Raw chunks: bounding what is kept is
+        the reader's job (see `bridge.sandbox.output`)."""
+        ...
+
+    def wait(self, container_id: str, timeout: float | None) -> ExitInfo:
+        """Wait for exit; past ``timeout`` the container is killed with everything in it. A
+        container removed meanwhile (a cancel from another process) ends with exit_code None."""
+        ...
+
+    def kill(self, container_id: str) -> None: ...
+
+    def remove(self, container_id: str) -> None:
+        """Remove (killing first); a container already gone is not an error."""
+        ...
+
+    def containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
+        """Containers in any state carrying all ``labels``."""
+        ...
+
+    def remove_by_labels(self, labels: dict[str, str]) -> int: ...
+
+
+def require_image(sandbox: Sandbox, ref: str, build_target: str | None) -> None:
+    """ImageMissing naming the command that builds ``ref`` (or how to provide it)."""
+    if sandbox.image_present(ref):
+        return
+    if build_target:
+        how = f"build it with `worker-bridge images build {build_target}`"
+    else:
+        how = "build or load it into this engine first (images are never pulled)"
+    raise ImageMissing(f"Image {ref} is not present; {how}.")
