@@ -39,6 +39,26 @@ class LimitDefaults(BaseModel):
     memory_mb: int = Field(2048, ge=16, description="Memory limit of each task container.")
     cpus: float = Field(1.0, gt=0, description="CPU quota of each task container.")
     pids: int = Field(512, ge=16, description="Process limit of each task container.")
+    disk_mb: int = Field(
+        8192,
+        ge=1,
+        description="Disk the worktree and verification checkout may use, enforced "
+        "while containers run (error kind `disk`).",
+    )
+    file_mb: int = Field(
+        100,
+        ge=1,
+        description="Largest file a change may hold (`disk`, before anything is "
+        "written into the repository's object store).",
+    )
+    change_mb: int = Field(
+        1024, ge=1, description="Largest whole change, all its files together (`disk`)."
+    )
+    log_mb: int = Field(16, ge=1, description="What the engine keeps of one container's output.")
+    line_kb: int = Field(64, ge=1, description="Longest output line read; the rest is cut.")
+    secrets: int = Field(
+        1000, ge=10, description="Secret values learned from output and remembered per task."
+    )
 
 
 class LinkedWorker(BaseModel):

@@ -36,6 +36,12 @@ class Limits(_Strict):
     memory_mb: int | None = Field(None, ge=16)
     cpus: float | None = Field(None, gt=0)
     pids: int | None = Field(None, ge=16)
+    disk_mb: int | None = Field(None, ge=1)
+    file_mb: int | None = Field(None, ge=1)
+    change_mb: int | None = Field(None, ge=1)
+    log_mb: int | None = Field(None, ge=1)
+    line_kb: int | None = Field(None, ge=1)
+    secrets: int | None = Field(None, ge=10)
 
 
 class Network(_Strict):

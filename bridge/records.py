@@ -109,6 +109,7 @@ class TaskRecord(BaseModel):
     worker_exit: WorkerExit | None = None
     pruned_at: str | None = None
     follow_ups: list[str] = Field(default_factory=list)
+    dropped: list[dict[str, str]] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +140,10 @@ class TaskResult(BaseModel):
     objective: str
     summary: str | None = None
     changed_files: list[ChangedFile] = Field(default_factory=list)
+    dropped: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="What the snapshot left out of the worker's files, and why.",
+    )
     verification: VerificationDoc | None = None
     artifacts: dict[str, str] = Field(default_factory=dict)
     error: ErrorInfo | None = None

@@ -1,15 +1,22 @@
-"""The snapshot from a stat baseline must equal the snapshot from a full `git add --all`, for
-every kind of change, including ones git's second-granularity stat check could miss."""
+"""The snapshot: from a stat baseline it equals the snapshot without one and git's own
+`git add --all`, for every kind of change; and it holds against what a hostile worker leaves in
+the worktree (FIFOs, nested .git, links out of the worktree, odd names, oversized files)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 
+import pytest
 from conftest import git
 
+from bridge.errors import DiskFull
 from bridge.workspace.baseline import record_files, touched_paths
 from bridge.workspace.git import Git
-from bridge.workspace.worktree import TaskWorkspace, create_workspace, snapshot_worktree
+from bridge.workspace.snapshot import SnapshotLimits, snapshot_worktree
+from bridge.workspace.worktree import TaskWorkspace, create_workspace
+
+LIMITS = SnapshotLimits(file_bytes=2**20, change_bytes=4 * 2**20)
 
 
 def _workspace(home, repo, task_id):
@@ -17,6 +24,14 @@ def _workspace(home, repo, task_id):
     base = Git(repo).resolve_commit("HEAD")
     create_workspace(home, ws, base, None)
     return ws, base
+
+
+def _snap(ws, base, baseline=None, limits=LIMITS):
+    return snapshot_worktree(ws, base, base, "m", limits, baseline)
+
+
+def _tree(repo, commit):
+    return git(repo, "rev-parse", f"{commit}^{{tree}}").strip()
 
 
 def _edit(root):
@@ -32,7 +47,7 @@ def _edit(root):
     os.chmod(root / ".gitignore", 0o755)
 
 
-def test_a_stat_baseline_snapshot_equals_a_full_add(home, repo):
+def test_a_stat_baseline_snapshot_equals_one_without_and_a_full_git_add(home, repo, workdir):
     fast, base = _workspace(home, repo, "fast")
     full, _ = _workspace(home, repo, "full")
     before = record_files(fast.worktree)
@@ -40,23 +55,26 @@ def test_a_stat_baseline_snapshot_equals_a_full_add(home, repo):
     _edit(full.worktree)
     touched = touched_paths(before, record_files(fast.worktree))
     assert "calc.py" in touched and "build.log" in touched
-    fast_commit = snapshot_worktree(fast, base, "m", touched)
-    full_commit = snapshot_worktree(full, base, "m", None)
-    assert git(repo, "rev-parse", f"{fast_commit}^{{tree}}") == git(
-        repo, "rev-parse", f"{full_commit}^{{tree}}"
-    )
-    names = git(repo, "diff", "--name-only", "-z", base, fast_commit).split("\0")
+    fast_snap = _snap(fast, base, before)
+    full_snap = _snap(full, base)
+    assert _tree(repo, fast_snap.commit) == _tree(repo, full_snap.commit)
+    assert git(repo, "rev-list", "--parents", "-n1", fast_snap.commit).split()[1] == base
+
+    clone = workdir / "by-git"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    _edit(clone)
+    git(clone, "add", "--all")
+    assert git(clone, "write-tree").strip() == _tree(repo, fast_snap.commit)
+    names = git(repo, "diff", "--name-only", "-z", base, fast_snap.commit).split("\0")
     assert "calc.py" in names and "build.log" not in names and "new dir/ünï\ncode.txt" in names
 
 
 def test_an_untouched_worktree_snapshots_to_the_base_tree(home, repo):
     ws, base = _workspace(home, repo, "same")
-    touched = touched_paths(record_files(ws.worktree), record_files(ws.worktree))
-    assert touched == []
-    commit = snapshot_worktree(ws, base, "m", touched)
-    assert git(repo, "rev-parse", f"{commit}^{{tree}}") == git(
-        repo, "rev-parse", f"{base}^{{tree}}"
-    )
+    before = record_files(ws.worktree)
+    assert touched_paths(before, record_files(ws.worktree)) == []
+    assert _tree(repo, _snap(ws, base, before).commit) == _tree(repo, base)
+    assert _tree(repo, _snap(ws, base).commit) == _tree(repo, base)
 
 
 def test_a_rewrite_with_the_same_content_size_and_mtime_is_still_seen(home, repo):
@@ -67,3 +85,82 @@ def test_a_rewrite_with_the_same_content_size_and_mtime_is_still_seen(home, repo
     target.write_text(target.read_text().replace("a + b", "a - b"))
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # hide the mtime change
     assert touched_paths(before, record_files(ws.worktree)) == ["calc.py"]  # ctime tells
+
+
+def test_the_worktree_is_a_byte_exact_checkout_whatever_the_attributes_say(home, repo):
+    (repo / ".gitattributes").write_text("*.txt ident\n*.crlf text eol=crlf\n")
+    (repo / "id.txt").write_text("$Id$\n")
+    (repo / "lines.crlf").write_text("a\nb\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "attributes")
+    ws, base = _workspace(home, repo, "raw")
+    assert (ws.worktree / "id.txt").read_bytes() == b"$Id$\n"
+    assert (ws.worktree / "lines.crlf").read_bytes() == b"a\nb\n"
+    assert git(ws.worktree, "status", "--porcelain") == ""
+
+
+# -- what a hostile worker leaves ---------------------------------------------------------------
+
+
+def test_fifos_nested_git_and_submodule_tricks_are_dropped_and_reported(home, repo):
+    ws, base = _workspace(home, repo, "hostile")
+    before = record_files(ws.worktree)
+    root = ws.worktree
+    os.mkfifo(root / "pipe")
+    os.mkfifo(root / ".gitignore.new")
+    (root / "embedded").mkdir()
+    subprocess.run(["git", "init", "-q", str(root / "embedded")], check=True)
+    (root / "embedded" / "code.py").write_text("x = 1\n")
+    (root / "linked").mkdir()
+    (root / "linked" / ".git").write_text(f"gitdir: {repo / '.git'}\n")  # points at the host
+    (root / "linked" / "f.txt").write_text("f\n")
+    os.symlink("/etc", root / ".GIT")
+    snap = _snap(ws, base, before)
+    dropped = {d.path: d.reason for d in snap.dropped}
+    assert set(dropped) == {"pipe", ".gitignore.new", "embedded/.git", "linked/.git", ".GIT"}
+    assert not os.path.lexists(root / "pipe") and not (root / "embedded" / ".git").exists()
+    listed = git(repo, "ls-tree", "-r", "--name-only", snap.commit).split("\n")
+    assert "embedded/code.py" in listed and "linked/f.txt" in listed
+    assert not [p for p in listed if ".git/" in p.lower() or p.lower().endswith(".git")]
+
+
+def test_a_directory_replaced_by_a_link_out_of_the_worktree_is_a_link_not_a_way_out(home, repo):
+    ws, base = _workspace(home, repo, "escape")
+    before = record_files(ws.worktree)
+    (ws.worktree / "tests" / "test_calc.py").unlink()
+    (ws.worktree / "tests").rmdir()
+    os.symlink("/etc", ws.worktree / "tests")
+    (ws.worktree / "calc.py").unlink()
+    (ws.worktree / "calc.py").mkdir()  # a file replaced by a directory
+    (ws.worktree / "calc.py" / "inner.py").write_text("y\n")
+    snap = _snap(ws, base, before)
+    entries = git(repo, "ls-tree", "-r", snap.commit)
+    assert "120000 blob" in entries.split("tests")[0].splitlines()[-1]
+    assert git(repo, "cat-file", "blob", f"{snap.commit}:tests") == "/etc"
+    assert git(repo, "show", f"{snap.commit}:calc.py/inner.py") == "y\n"
+    assert "passwd" not in entries
+
+
+def test_names_that_are_not_utf8_and_quotes_and_newlines_survive(home, repo):
+    ws, base = _workspace(home, repo, "names")
+    before = record_files(ws.worktree)
+    odd = os.fsencode(ws.worktree) + b'/caf\xe9 "q"\\x\nl.txt'
+    with open(odd, "wb") as fh:
+        fh.write(b"latin-1 name\n")
+    snap = _snap(ws, base, before)
+    raw = Git(repo).run("ls-tree", "-z", "--name-only", snap.commit).stdout.split(b"\0")
+    assert b'caf\xe9 "q"\\x\nl.txt' in raw
+
+
+def test_a_file_over_the_limit_fails_before_anything_is_written_to_the_object_store(home, repo):
+    ws, base = _workspace(home, repo, "big")
+    before = record_files(ws.worktree)
+    (ws.worktree / "big.bin").write_bytes(b"\0" * (2 * 2**20))
+    objects_before = git(repo, "count-objects", "-v")
+    with pytest.raises(DiskFull, match="big.bin.*limits.file_mb"):
+        _snap(ws, base, before)
+    many = SnapshotLimits(file_bytes=4 * 2**20, change_bytes=2**20)
+    with pytest.raises(DiskFull, match="limits.change_mb"):
+        _snap(ws, base, before, many)
+    assert git(repo, "count-objects", "-v") == objects_before
+    assert git(repo, "rev-parse", ws.branch).strip() == base  # the branch did not move

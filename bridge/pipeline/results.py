@@ -24,6 +24,7 @@ def task_result(
         objective=redactor.redact(record.objective),
         summary=record.summary,
         changed_files=record.changed_files,
+        dropped=record.dropped,
         verification=record.verification,
         artifacts={name: artifacts[name] for name in ("diff", "manifest") if name in artifacts},
         error=record.error,

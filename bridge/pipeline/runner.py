@@ -95,6 +95,7 @@ class TaskRunner:
         self.record = record
         self.ctx = self.base_ctx.with_config(record.config)
         self.follow_ups = list(record.follow_ups)
+        self.snapshot = record.snapshot_commit  # the latest turn's, the start of the next
         self.repairs = self._repairs_taken()
         return PhaseHandle(
             task_id=self.task_id,
@@ -224,8 +225,9 @@ class TaskRunner:
         if resume_phase is None and turn.number > 0:
             if not ws.worktree.is_dir():
                 raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
-            resume_phase = "worker"  # a follow-up turn continues on the existing worktree
-        phase, resuming = resume_phase or "allocating", resume_phase
+            phase, resuming = "worker", None  # a follow-up continues on the existing worktree
+        else:
+            phase, resuming = resume_phase or "allocating", resume_phase
         while True:
             if handle.remaining() <= 0:
                 return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, phase))
@@ -248,9 +250,10 @@ class TaskRunner:
         baseline: dict[str, Stat] | None = None
         if phase == "allocating":
             prepare_workspace(handle, ws, sweep=resuming is not None)
-            # Only a first turn in one process knows the worktree is exactly the base checkout.
-            baseline = record_files(ws.worktree)
             phase = "worker"
+        if phase == "worker" and resuming != "worker":
+            # A worker about to start in this process: what it touches is told by stat.
+            baseline = record_files(ws.worktree)
         base = self.record.base_commit or ""
         if self.record.spec.verification.commands:
             self._checkout = VerifyCheckout(handle, ws, base, turn.number)
@@ -269,13 +272,16 @@ class TaskRunner:
         if phase == "collecting":
             handle.enter_phase("collecting")
             t0 = time.monotonic()
-            collected = collect_changes(handle, ws, baseline)
+            start = self.snapshot if turn.number > 0 and self.snapshot else base
+            collected = collect_changes(handle, ws, start, baseline)
             handle.timed("collect_s", t0)
             snapshot, changes = collected.snapshot, collected.changes
+            self.snapshot = snapshot
             handle.update(
                 summary=exit_info.summary if exit_info else None,
                 snapshot_commit=snapshot,
                 changed_files=[c.result_entry() for c in changes],
+                dropped=[d.document() for d in collected.dropped],
             )
             verdict = judge_worker(
                 exit_info, changes, self.record.spec, handle.limits, self.task_id

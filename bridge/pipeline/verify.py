@@ -11,7 +11,6 @@ as not run.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
+from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
 
@@ -50,6 +50,7 @@ class VerifyCheckout:
 
     def __init__(self, handle: PhaseHandle, ws: TaskWorkspace, base: str, turn: int) -> None:
         self.handle, self.ws, self.base = handle, ws, base
+        self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
         self._thread: threading.Thread | None = None
@@ -67,9 +68,9 @@ class VerifyCheckout:
 
     def _prepare(self) -> None:
         try:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_tree(self.scratch)
             self.scratch.mkdir(parents=True)
-            export_snapshot(self.ws.repository, self.base, self.path, self.scratch)
+            export_snapshot(self.home, self.ws.repository, self.base, self.path, self.scratch)
             self._chown()
         except BaseException as exc:  # finish() falls back to a fresh checkout
             self._error = exc
@@ -84,20 +85,21 @@ class VerifyCheckout:
         if self._thread is not None:
             self._thread.join()
         if self._thread is None or self._error is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_tree(self.scratch)
             self.scratch.mkdir(parents=True)
-            export_snapshot(self.ws.repository, snapshot, self.path, self.scratch)
+            export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
             self._chown()
         else:  # the prepared base is already the sandbox user's: only new files need it
             written = update_checkout(
-                self.ws.repository, self.path, snapshot, changes, self.scratch
+                self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
             )
             self._chown(written)
 
     def discard(self) -> None:
+        """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees)."""
         if self._thread is not None:
             self._thread.join()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_tree(self.scratch)
 
 
 def run_verification(

@@ -12,7 +12,8 @@ from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import bounded_lines
 from bridge.workers import INPUTS_DIR, Turn, Worker
-from bridge.workspace.worktree import CONTAINER_GITDIR, CONTAINER_OBJECTS, TaskWorkspace
+from bridge.workspace.objects import base_stores, container_alternates
+from bridge.workspace.worktree import CONTAINER_GITDIR, TaskWorkspace
 
 MAX_LINE = 2000  # characters of one progress event's text
 MAX_LINE_BYTES = 64 * 1024  # bytes of one output line read at all; the rest is skipped
@@ -88,11 +89,16 @@ def _container_spec(
         (inputs / name).write_text(content, encoding="utf-8")
         (inputs / name).chmod(0o644)
     user, _ = ctx.sandbox_identity()
+    # The objects reachable from the base commit, and nothing else of the user's store.
+    stores = base_stores(ctx.home, ws.repository, handle.record.base_commit or "")
     mounts = [
         Mount(ws.worktree, "/workspace", read_only=handle.spec.permission == "read_only"),
         Mount(ws.gitfile, "/workspace/.git", read_only=True),
         Mount(ws.private_gitdir, CONTAINER_GITDIR, read_only=False),
-        Mount(ws.objects, CONTAINER_OBJECTS, read_only=True),
+        *(
+            Mount(store, target, read_only=True)
+            for store, target in zip(stores, container_alternates(len(stores)), strict=True)
+        ),
         Mount(inputs, INPUTS_DIR, read_only=True),
     ]
     env = {"HOME": "/home/worker", **launch.env}

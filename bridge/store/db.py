@@ -33,6 +33,7 @@ JSON_COLUMNS = (
     "timings",
     "worker_exit",
     "follow_ups",
+    "dropped",
 )
 
 

@@ -105,3 +105,11 @@ def _follow_ups(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS.append(("0003_follow_ups", _follow_ups))
+
+
+def _dropped(db: sqlite_utils.Database) -> None:
+    """What the snapshot left out of a worker's files (nested .git, FIFOs...), with why."""
+    db["tasks"].add_column("dropped", str)
+
+
+MIGRATIONS.append(("0004_dropped", _dropped))

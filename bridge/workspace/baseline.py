@@ -9,29 +9,21 @@ unchanged was not written, and only the touched paths need to go through git.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from bridge.workspace import fs
 
 Stat = tuple[int, int, int, int, int]  # inode, size, mode, mtime_ns, ctime_ns
 
 
 def record_files(root: Path) -> dict[str, Stat]:
-    """Every file and symlink under ``root`` (relative posix path -> stat), except `.git`."""
-    found: dict[str, Stat] = {}
-    stack = [("", str(root))]
-    while stack:
-        prefix, folder = stack.pop()
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                rel = prefix + entry.name
-                if not prefix and entry.name == ".git":
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((rel + "/", entry.path))
-                    continue
-                st = entry.stat(follow_symlinks=False)
-                found[rel] = (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
-    return found
+    """Every entry under ``root`` but directories (files, symlinks, special files), as
+    relative path -> stat, except the top-level `.git`. Never follows a link; any depth up to
+    `fs.MAX_DEPTH`, any name (see `bridge.workspace.fs`)."""
+    return {
+        path: (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+        for path, st in fs.walk(root, skip=frozenset({".git"}))
+    }
 
 
 def touched_paths(before: dict[str, Stat], after: dict[str, Stat]) -> list[str]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from bridge.workspace.git import Git, nul_join
+from bridge.workspace import fs
+from bridge.workspace.fs import decode, display
+from bridge.workspace.git import Git
+from bridge.workspace.rawgit import raw_checkout
 
 _KINDS = {
     "A": "added",
@@ -35,9 +37,10 @@ class Change:
     size: int | None = None
 
     def result_entry(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"path": self.path, "change": self.change}
-        if self.change == "renamed":
-            entry["from"] = self.old_path
+        """For the result and the manifest: names that are not UTF-8 shown with \\x escapes."""
+        entry: dict[str, Any] = {"path": display(self.path), "change": self.change}
+        if self.change == "renamed" and self.old_path is not None:
+            entry["from"] = display(self.old_path)
         return entry
 
     def manifest_entry(self) -> dict[str, Any]:
@@ -65,10 +68,10 @@ def list_changes(repo: Path, base: str, snapshot: str) -> list[Change]:
         old_mode, new_mode, _old_sha, new_sha, status = meta
         letter = status[0]
         if letter in "RC":
-            old_path, path = fields[i + 1].decode(), fields[i + 2].decode()
+            old_path, path = decode(fields[i + 1]), decode(fields[i + 2])
             i += 3
         else:
-            old_path, path = None, fields[i + 1].decode()
+            old_path, path = None, decode(fields[i + 1])
             i += 2
         deleted = letter == "D"
         changes.append(
@@ -169,58 +172,28 @@ def protected_violations(changes: list[Change], patterns: list[str]) -> list[str
     return hits
 
 
-def _checkout(repo: Path, tree: str, dest: Path, scratch: Path, paths: list[str] | None) -> None:
-    """Write ``paths`` (all when None) of ``tree`` under ``dest``, through an index of its own.
-
-    read-tree + checkout-index rather than `git archive`: archive honours export-ignore and
-    export-subst from .gitattributes, which the worker controls.
-    """
-    index = scratch / f"checkout-{dest.name}.index"
-    env = {"GIT_INDEX_FILE": str(index)}
-    git = Git(repo)
-    try:
-        git.run("read-tree", tree, env=env)
-        if paths is None:
-            git.run("checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
-        else:
-            git.run(
-                "checkout-index",
-                "--force",
-                "-z",
-                "--stdin",
-                f"--prefix={dest}/",
-                env=env,
-                input=nul_join(paths),
-            )
-    finally:
-        index.unlink(missing_ok=True)
-
-
-def export_snapshot(repo: Path, snapshot: str, dest: Path, scratch: Path) -> None:
-    """A clean checkout of exactly the snapshot's tree in ``dest`` (no .git, no ignored files)."""
+def export_snapshot(home: Path, repo: Path, tree: str, dest: Path, scratch: Path) -> None:
+    """A clean, byte-exact checkout of exactly ``tree`` in ``dest`` (no .git, no ignored files;
+    never `git archive`, whose export-ignore and export-subst the worker controls)."""
     dest.mkdir(parents=True, exist_ok=False)
-    _checkout(repo, snapshot, dest, scratch, None)
+    raw_checkout(home, repo, tree, dest, scratch / f"checkout-{dest.name}.index")
 
 
 def update_checkout(
-    repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
+    home: Path, repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
 ) -> list[str]:
     """Bring a clean checkout of the base commit to exactly ``snapshot`` by touching only the
-    changed paths: deletions (and rename sources) first, then `checkout-index` of the rest.
-    Returns the paths written."""
+    changed paths: deletions (and rename sources) first, then the rest. Returns the paths
+    written."""
     for change in changes:
         for path in ([change.old_path] if change.old_path else []) + (
             [change.path] if change.change in ("deleted", "type_changed") else []
         ):
-            target = dest / path
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
-            _remove_empty_parents(target.parent, dest)
+            fs.remove_tree(dest / path)
+            _remove_empty_parents((dest / path).parent, dest)
     written = [c.path for c in changes if c.change != "deleted"]
     if written:
-        _checkout(repo, snapshot, dest, scratch, written)
+        raw_checkout(home, repo, snapshot, dest, scratch / f"checkout-{dest.name}.index", written)
     return written
 
 

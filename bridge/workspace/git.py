@@ -40,14 +40,37 @@ _ENV = {
     "LC_ALL": "C",
 }
 
+# The caller's git environment never leaks into our calls (a GIT_DIR of the caller's shell
+# would point every command at the wrong repository).
+_CALLER_ONLY = frozenset(
+    {
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_COMMON_DIR",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_NAMESPACE",
+        "GIT_CEILING_DIRECTORIES",
+    }
+)
+
 _SHA = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
 
 
 class Git:
-    """Runs git in one directory (a repository or one of its worktrees)."""
+    """Runs git in one directory (a repository or one of its worktrees), or with an explicit
+    git dir and work tree (``git_dir``, ``work_tree``: e.g. an attribute-free git dir)."""
 
-    def __init__(self, cwd: Path | str) -> None:
+    def __init__(
+        self, cwd: Path | str, *, git_dir: Path | None = None, work_tree: Path | None = None
+    ) -> None:
         self.cwd = Path(cwd)
+        self.where: tuple[str, ...] = ()
+        if git_dir is not None:
+            self.where += (f"--git-dir={git_dir}",)
+        if work_tree is not None:
+            self.where += (f"--work-tree={work_tree}",)
 
     def run(
         self,
@@ -57,10 +80,10 @@ class Git:
         check: bool = True,
         timeout: float | None = 600,
     ) -> subprocess.CompletedProcess[bytes]:
-        full_env = {**os.environ, **_ENV, **(env or {})}
-        full_env.pop("GIT_DIR", None)
-        full_env.pop("GIT_WORK_TREE", None)
-        cmd = ["git", *_SAFE_OPTIONS, *_PERF_OPTIONS, *args]
+        full_env = {k: v for k, v in os.environ.items() if k not in _CALLER_ONLY}
+        full_env.update(_ENV)
+        full_env.update(env or {})
+        cmd = ["git", *_SAFE_OPTIONS, *_PERF_OPTIONS, *self.where, *args]
         try:
             proc = subprocess.run(
                 cmd, cwd=self.cwd, input=input, capture_output=True, env=full_env, timeout=timeout
@@ -76,6 +99,19 @@ class Git:
                 f"git {args[0]} failed in {self.cwd}: {last}", args=list(args), stderr=stderr
             )
         return proc
+
+    def popen(self, *args: str, stderr: object = None) -> subprocess.Popen[bytes]:
+        """A streaming git process (stdin a pipe, stdout discarded) with the same options."""
+        env = {k: v for k, v in os.environ.items() if k not in _CALLER_ONLY}
+        env.update(_ENV)
+        return subprocess.Popen(
+            ["git", *_SAFE_OPTIONS, *_PERF_OPTIONS, *self.where, *args],
+            cwd=self.cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,  # type: ignore[arg-type]
+        )
 
     def out(self, *args: str, **kwargs) -> str:
         return self.run(*args, **kwargs).stdout.decode().strip()
@@ -98,7 +134,7 @@ class Git:
 
 def nul_join(items: Iterable[str]) -> bytes:
     """NUL-terminated paths for git's -z / --pathspec-file-nul input (any file name is safe)."""
-    return b"".join(item.encode() + b"\0" for item in items)
+    return b"".join(os.fsencode(item) + b"\0" for item in items)
 
 
 def validate_branch_name(name: str) -> str:

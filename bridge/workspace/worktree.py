@@ -1,5 +1,6 @@
-"""Task worktrees: created on branch worker-bridge/<task_id> from the base commit, given a private
-git dir for the container, snapshotted as a commit on the task branch, and reclaimed."""
+"""Task worktrees: created on branch worker-bridge/<task_id> from the base commit with a byte-exact
+checkout, given a private git dir for the container, and reclaimed (however deep or odd what the
+worker left there is)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import ConfigError
-from bridge.workspace.git import Git, common_git_dir, nul_join, validate_branch_name
+from bridge.workspace import fs
+from bridge.workspace.git import Git, common_git_dir, validate_branch_name
 from bridge.workspace.locks import repository_lock
+from bridge.workspace.objects import base_stores, container_alternates
+from bridge.workspace.rawgit import object_format, raw_checkout
 
-# Where the container sees its private git dir and (read-only) the user's object store.
+# Where the container sees its private git dir.
 CONTAINER_GITDIR = "/var/lib/worker-bridge/git"
-CONTAINER_OBJECTS = "/var/lib/worker-bridge/objects"
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class TaskWorkspace:
     branch: str
     private_gitdir: Path  # the container's git dir (its commits land here, never in the repo)
     gitfile: Path  # one line `gitdir: ...`, mounted read-only over the worktree's .git
-    objects: Path  # the user's object store, mounted read-only
+    admin: Path  # the worktree's admin dir in the user's repository (.git/worktrees/<name>)
 
     @classmethod
     def plan(cls, home: Path, repository: Path, task_id: str) -> TaskWorkspace:
@@ -40,8 +43,13 @@ class TaskWorkspace:
             branch=branch,
             private_gitdir=gitroot / "git",
             gitfile=gitroot / "gitfile",
-            objects=common_git_dir(repository) / "objects",
+            admin=common_git_dir(repository) / "worktrees" / task_id,
         )
+
+    @property
+    def index(self) -> Path:
+        """The worktree's own index: exactly the base checkout, with its stat information."""
+        return self.admin / "index"
 
 
 def check_disjoint(home: Path, repository: Path) -> None:
@@ -61,7 +69,8 @@ def create_workspace(
     owner: tuple[int, int] | None,
     timeout: float = 300,
 ) -> None:
-    """Add the worktree and the container's private git dir. On any failure, undo both."""
+    """Add the worktree (its files the base commit's blobs, byte for byte) and the container's
+    private git dir. On any failure, undo both."""
     check_disjoint(home, ws.repository)
     ws.worktree.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -70,13 +79,21 @@ def create_workspace(
                 "worktree",
                 "add",
                 "--quiet",
+                "--no-checkout",
                 "-b",
                 ws.branch,
                 str(ws.worktree),
                 base_commit,
                 timeout=timeout,
             )
-        _make_private_gitdir(ws, base_commit)
+        if ws.admin.resolve() != _admin_of(ws.worktree):
+            raise ConfigError(
+                f"git registered the worktree of task {ws.task_id} under an unexpected name; "
+                "run `git worktree prune` in the repository and try again."
+            )
+        raw_checkout(home, ws.repository, base_commit, ws.worktree, ws.index, keep_index=True)
+        stores = base_stores(home, ws.repository, base_commit)
+        _make_private_gitdir(ws, base_commit, len(stores))
         if owner is not None:
             chown_tree(ws.worktree, *owner)
             chown_tree(ws.private_gitdir, *owner)
@@ -85,36 +102,38 @@ def create_workspace(
         raise
 
 
-def _make_private_gitdir(ws: TaskWorkspace, base_commit: str) -> None:
-    """A git dir whose objects borrow the user's (read-only) and whose HEAD is the base commit,
-    with the worktree's index, so `git status` in the container is clean at start."""
+def _admin_of(worktree: Path) -> Path:
+    """The admin dir a fresh worktree's own `.git` file names (read once, before any container
+    has run: afterwards the host never reads files of the worktree it did not write itself)."""
+    text = fs.read_small(worktree / ".git").decode().removeprefix("gitdir:").strip()
+    return Path(text).resolve()
+
+
+def _make_private_gitdir(ws: TaskWorkspace, base_commit: str, stores: int) -> None:
+    """A git dir whose objects come from the base commit's stores (read-only) and whose HEAD is
+    the base commit, with the worktree's index, so `git status` in the container is clean."""
     gitdir = ws.private_gitdir
-    Git(ws.worktree).run("init", "--quiet", "--bare", str(gitdir))
-    # Our own git dir, so its config is written whole rather than by one `git config` each:
-    # not bare (the worktree is found through the gitfile), and ctime not trusted because the
-    # run may chown the files.
+    for sub in ("objects/info", "objects/pack", "refs/heads", "refs/tags", "info"):
+        (gitdir / sub).mkdir(parents=True, exist_ok=True)
+    fmt = object_format(ws.repository)
+    version, ext = (1, f"[extensions]\n\tobjectformat = {fmt}\n") if fmt != "sha1" else (0, "")
+    # Not bare (the worktree is found through the gitfile); ctime not trusted (the run may
+    # chown the files).
     (gitdir / "config").write_text(
-        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
-        "\tlogallrefupdates = true\n\ttrustctime = false\n"
+        f"[core]\n\trepositoryformatversion = {version}\n\tfilemode = true\n\tbare = false\n"
+        f"\tlogallrefupdates = true\n\ttrustctime = false\n{ext}"
     )
-    (gitdir / "objects" / "info" / "alternates").write_text(CONTAINER_OBJECTS + "\n")
+    alternates = "".join(f"{path}\n" for path in container_alternates(stores))
+    (gitdir / "objects" / "info" / "alternates").write_text(alternates)
     (gitdir / "HEAD").write_text(base_commit + "\n")
-    shutil.copyfile(_worktree_gitdir(ws) / "index", gitdir / "index")
+    shutil.copyfile(ws.index, gitdir / "index")
     ws.gitfile.write_text(f"gitdir: {CONTAINER_GITDIR}\n")
-
-
-def _worktree_gitdir(ws: TaskWorkspace) -> Path:
-    """The worktree's admin dir in the user's repository (.git/worktrees/<name>), as named by
-    the worktree's own `.git` file."""
-    path = Path((ws.worktree / ".git").read_text().removeprefix("gitdir:").strip())
-    return path if path.is_absolute() else (ws.worktree / path).resolve()
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
     os.lchown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
+    for path, _ in fs.walk_all(root):
+        os.lchown(root / path, uid, gid)
 
 
 def chown_paths(root: Path, paths: list[str], uid: int, gid: int) -> None:
@@ -129,55 +148,33 @@ def chown_paths(root: Path, paths: list[str], uid: int, gid: int) -> None:
             target = target.parent
 
 
-def snapshot_worktree(
-    ws: TaskWorkspace, base_commit: str, message: str, touched: list[str] | None = None
-) -> str:
-    """Commit the worktree's files (as they are, against the base commit) to the task branch.
-
-    Whatever the worker did with git inside the container is ignored: the snapshot's parent is
-    always the base commit and its tree is built from the files, with the repository's ignores.
-    ``touched`` (from `baseline.touched_paths`) limits the work to those paths; without it,
-    every file is examined.
-    """
-    git = Git(ws.worktree)
-    index = ws.private_gitdir.parent / "snapshot.index"
-    env = {"GIT_INDEX_FILE": str(index)}
-    # Start from the worktree's own index, as checked out from the base commit; ctime is not
-    # trusted because the run may have chowned the files.
-    shutil.copyfile(_worktree_gitdir(ws) / "index", index)
-    if touched is None or any(".git" in path.split("/") for path in touched):
-        git.run("-c", "core.trustctime=false", "add", "--all", "--", ".", env=env)
-    elif touched:
-        ignored = git.run(
-            "check-ignore", "-z", "--stdin", input=nul_join(touched), env=env, check=False
-        ).stdout.split(b"\0")
-        wanted = sorted(set(touched) - {p.decode() for p in ignored if p})
-        if wanted:
-            git.run(
-                "-c",
-                "core.trustctime=false",
-                "add",
-                "--all",
-                "--pathspec-from-file=-",
-                "--pathspec-file-nul",
-                input=nul_join(f":(literal){p}" for p in wanted),
-                env=env,
-            )
-    tree = git.out("write-tree", env=env)
-    commit = git.out("commit-tree", tree, "-p", base_commit, "-m", message)
-    Git(ws.repository).run("update-ref", f"refs/heads/{ws.branch}", commit)
-    index.unlink(missing_ok=True)
-    return commit
+def clear_stale_locks(ws: TaskWorkspace) -> None:
+    """Lock files git left for this task's own ref and worktree when a runner was killed in the
+    middle of git's work. Only ever called by the task's one live runner, or by prune for a
+    finished task, under the repository lock: no git of ours can be writing them."""
+    common = common_git_dir(ws.repository)
+    for lock in (
+        common / "refs" / "heads" / f"{ws.branch}.lock",
+        ws.admin / "index.lock",
+        ws.admin / "HEAD.lock",
+    ):
+        lock.unlink(missing_ok=True)
 
 
-def remove_workspace(home: Path, ws: TaskWorkspace, *, delete_branch: bool = False) -> None:
-    """Remove the worktree and private git dir (and the branch when asked). Idempotent."""
+def remove_workspace(home: Path, ws: TaskWorkspace, *, delete_branch: bool = False) -> list[str]:
+    """Remove the worktree and private git dir (and the branch when asked). Idempotent; returns
+    what could not be removed, having removed the rest."""
+    failures: list[str] = []
     with repository_lock(home, ws.repository):
+        clear_stale_locks(ws)
         repo = Git(ws.repository)
-        repo.run("worktree", "remove", "--force", str(ws.worktree), check=False)
-        if ws.worktree.exists():
-            shutil.rmtree(ws.worktree, ignore_errors=True)
+        failures += fs.remove_tree(ws.worktree)
+        # An admin dir left `locked` by a worktree add that was killed is not pruned by git.
+        (ws.admin / "locked").unlink(missing_ok=True)
         repo.run("worktree", "prune", check=False)
+        if ws.admin.exists() and not ws.worktree.exists():
+            failures += fs.remove_tree(ws.admin)
         if delete_branch:
             repo.run("branch", "-D", "--quiet", ws.branch, check=False)
-    shutil.rmtree(ws.private_gitdir.parent, ignore_errors=True)
+    failures += fs.remove_tree(ws.private_gitdir.parent)
+    return failures

@@ -1,0 +1,265 @@
+"""Host-side file access to folders a container wrote (worktrees, verification checkouts), safe
+against whatever the worker left there: nothing here follows a symlink, opens a FIFO, socket or
+device, reads more than it was told to, or depends on PATH_MAX or on Python's recursion limit.
+Walks and removals go directory by directory through file descriptors; names are bytes, turned
+into `str` with surrogateescape (so names that are not UTF-8 survive the round trip)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_DEPTH = 4096  # directories deeper than this are not walked (the walk says so)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_FLATTEN_AT = 200  # open directory descriptors a removal keeps before it flattens the tree
+
+
+class TreeTooDeep(OSError):
+    """A directory tree deeper than MAX_DEPTH."""
+
+
+def decode(name: bytes) -> str:
+    return os.fsdecode(name)
+
+
+def encode(path: str) -> bytes:
+    return os.fsencode(path)
+
+
+def display(path: str) -> str:
+    """A path as people and JSON see it: bytes that are not UTF-8 shown as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def walk(root: Path, *, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry under ``root`` except directories (files, symlinks, special files), as
+    (relative path, lstat), depth first; top-level names in ``skip`` are left out."""
+    for path, st in walk_all(root, skip=skip):
+        if not stat.S_ISDIR(st.st_mode):
+            yield path, st
+
+
+def walk_all(
+    root: Path, *, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry under ``root``, directories included (each before its contents)."""
+    top = os.open(root, _DIR_FLAGS)
+    stack: list[tuple[int, bytes, list[bytes]]] = [(top, b"", _subdirs_first(top))]
+    try:
+        while stack:
+            fd, prefix, names = stack[-1]
+            if not names:
+                os.close(fd)
+                stack.pop()
+                continue
+            name = names.pop()
+            if not prefix and decode(name) in skip:
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            rel = prefix + name
+            yield decode(rel), st
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) >= MAX_DEPTH:
+                    raise TreeTooDeep(f"'{display(decode(rel))}' is over {MAX_DEPTH} levels deep")
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                stack.append((child, rel + b"/", _subdirs_first(child)))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _subdirs_first(fd: int) -> list[bytes]:
+    """The names in a directory (popped from the end: the listing order does not matter)."""
+    with os.scandir(fd) as entries:
+        return [os.fsencode(entry.name) for entry in entries]
+
+
+def tree_size(roots: list[Path]) -> int:
+    """Bytes of disk used under ``roots`` (each inode counted once, hard links included)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        try:
+            for _, st in walk_all(root):
+                key = (st.st_dev, st.st_ino)
+                if key not in seen:
+                    seen.add(key)
+                    total += st.st_blocks * 512
+        except (TreeTooDeep, OSError):
+            continue  # a folder changing under the walk: the next measurement sees it
+    return total
+
+
+@dataclass
+class OpenDirs:
+    """Directories opened component by component from a root, never through a symlink, with
+    the last few kept open (walking many files of one folder opens it once)."""
+
+    root: Path
+    keep: int = 64
+    _fds: dict[bytes, int] = field(default_factory=dict)
+
+    def __enter__(self) -> OpenDirs:
+        self._fds[b""] = os.open(self.root, _DIR_FLAGS)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def parent(self, rel: str) -> tuple[int, bytes]:
+        """(fd of the directory holding ``rel``, its last name); OSError (ELOOP, ENOTDIR) when a
+        component on the way is a symlink or not a directory."""
+        raw = encode(rel)
+        folder, _, name = raw.rpartition(b"/")
+        return self._dir(folder), name
+
+    def _dir(self, folder: bytes) -> int:
+        if folder in self._fds:
+            return self._fds[folder]
+        up, _, name = folder.rpartition(b"/")
+        fd = os.open(name, _DIR_FLAGS, dir_fd=self._dir(up))
+        if len(self._fds) > self.keep:
+            victim = next(k for k in self._fds if k != b"")
+            os.close(self._fds.pop(victim))
+        self._fds[folder] = fd
+        return fd
+
+
+def read_regular(dirs: OpenDirs, rel: str, limit: int) -> bytes:
+    """The bytes of the regular file ``rel`` (at most ``limit``); OSError when it is anything
+    else (a FIFO is never opened for reading: O_NONBLOCK, and fstat is checked first)."""
+    fd_dir, name = dirs.parent(rel)
+    fd = os.open(name, _FILE_FLAGS, dir_fd=fd_dir)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"'{display(rel)}' is not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"'{display(rel)}' is larger than {limit} bytes")
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_link(dirs: OpenDirs, rel: str) -> bytes:
+    fd_dir, name = dirs.parent(rel)
+    return os.fsencode(os.readlink(name, dir_fd=fd_dir))
+
+
+def read_small(path: Path, limit: int = 65536) -> bytes:
+    """A small regular file at a path whose folders are ours (never following a final link)."""
+    fd = os.open(path, _FILE_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise OSError(f"{path} is not a regular file of at most {limit} bytes")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> list[str]:
+    """Remove ``path`` and everything under it, however deep, never following a link. Folders
+    made unreadable are made readable first. Returns what could not be removed (one line each),
+    having removed everything else."""
+    failures: list[str] = []
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return failures
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            failures.append(f"{path}: {exc.strerror}")
+        return failures
+    parent = os.open(path.parent, _DIR_FLAGS)
+    try:
+        _remove_dir(parent, os.fsencode(path.name), path, failures)
+    finally:
+        os.close(parent)
+    return failures
+
+
+def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> None:
+    """Empty and remove ``name`` in ``parent``. Deep trees are flattened: past _FLATTEN_AT open
+    levels, the next directory down is moved up beside ``name`` and removed from there, so the
+    descriptors held stay bounded however deep the tree is."""
+    jobs = [name]  # directories in ``parent`` still to remove
+    flat = 0
+    while jobs:
+        top = jobs.pop()
+        try:
+            fd = _open_for_removal(parent, top)
+        except OSError as exc:
+            failures.append(f"{where.parent / decode(top)}: {exc.strerror}")
+            continue
+        # Frames: (fd, name in the directory above, names in it that could not be removed).
+        stack: list[tuple[int, bytes, set[bytes]]] = [(fd, top, set())]
+        while stack:
+            fd, here, stuck = stack[-1]
+            child = None
+            for entry in _subdirs_first(fd):
+                if entry in stuck:
+                    continue
+                try:
+                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                    if not stat.S_ISDIR(st.st_mode):
+                        os.unlink(entry, dir_fd=fd)
+                    elif len(stack) >= _FLATTEN_AT:
+                        flat += 1
+                        moved = b".wb-flat-%d-%s" % (flat, top[:40])
+                        os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=parent)
+                        jobs.append(moved)
+                    else:
+                        child = (_open_for_removal(fd, entry), entry, set())
+                        break
+                except OSError as exc:
+                    stuck.add(entry)
+                    failures.append(f"{where} (…/{display(decode(entry))}): {exc.strerror}")
+            if child is not None:
+                stack.append(child)
+                continue
+            os.close(fd)
+            stack.pop()
+            up = stack[-1] if stack else None
+            try:
+                os.rmdir(here, dir_fd=up[0] if up else parent)
+            except OSError as exc:
+                if up is not None:
+                    up[2].add(here)
+                failures.append(f"{where} (…/{display(decode(here))}): {exc.strerror}")
+
+
+def _open_for_removal(parent: int, name: bytes) -> int:
+    """Open a directory to empty it. One the worker made unreadable or unwritable (chmod 000)
+    gets its owner's rwx back first; only directories get here (entries are lstat'ed)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=parent)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    if os.fstat(fd).st_mode & 0o700 != 0o700:
+        try:
+            os.fchmod(fd, 0o700)
+        except OSError:
+            pass  # not ours to change: the removal reports what stays
+    return fd

@@ -1,0 +1,305 @@
+"""The snapshot: the worktree's files, as they are after the worker's turn, committed on the host
+to the task branch, with the base commit as parent.
+
+Everything here reads what a worker wrote, so it reads it the safe way and decides itself what
+git sees: regular files are read (bounded, never through a link) and symlinks stored as links;
+FIFOs, sockets and devices are removed and left out; nested `.git` files, folders and links (an
+embedded repository, or a `gitdir:` pointing anywhere on the host) are removed and left out, so
+the host's git never follows them; paths inside a submodule are left out. Each one left out is
+reported. Sizes are checked against the task's limits before anything is written into the user's
+object store. The commit is made by one `git fast-import` (raw bytes, no attribute filters, no
+index, linear in the number of changed paths), which writes the branch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.errors import DiskFull, GitError
+from bridge.workspace import fs
+from bridge.workspace.baseline import Stat, record_files, touched_paths
+from bridge.workspace.git import Git, nul_join
+from bridge.workspace.worktree import TaskWorkspace, clear_stale_locks
+
+MAX_PATH_BYTES = 3072  # a longer path would not check out under a verification folder
+
+
+@dataclass(frozen=True)
+class Dropped:
+    path: str
+    reason: str
+
+    def document(self) -> dict[str, str]:
+        return {"path": fs.display(self.path), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class SnapshotLimits:
+    file_bytes: int
+    change_bytes: int
+
+
+@dataclass
+class Snapshot:
+    commit: str
+    dropped: list[Dropped] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    mode: str  # 100644 | 100755 | 120000 | 160000 | 040000
+    sha: str
+    size: int
+
+
+def snapshot_worktree(
+    ws: TaskWorkspace,
+    base: str,
+    start: str,
+    message: str,
+    limits: SnapshotLimits,
+    baseline: dict[str, Stat] | None = None,
+) -> Snapshot:
+    """Commit the worktree to the task branch: the tree of ``start`` (the base, or the previous
+    turn's snapshot) changed by what the worker touched since ``baseline`` (every path when
+    there is none), with ``base`` as parent. Raises DiskFull when a limit is passed."""
+    current = record_files(ws.worktree)
+    tracked = _tree(ws.repository, start)
+    if baseline is not None:
+        candidates = set(touched_paths(baseline, current))
+        if any(p.rsplit("/", 1)[-1] == ".gitignore" for p in candidates):
+            candidates |= current.keys() - tracked.keys()  # what is ignored may have changed
+    else:
+        candidates = current.keys() | {p for p, e in tracked.items() if e.mode != "160000"}
+    with fs.OpenDirs(ws.worktree) as dirs:
+        plan = _Plan(ws, tracked, current, limits, dirs)
+        for path in sorted(candidates):
+            plan.consider(path)
+    plan.drop_from_worktree()
+    plan.leave_out_ignored()
+    plan.check_limits()
+    commit = _fast_import(ws, base, start, message, plan)
+    return Snapshot(commit, plan.dropped)
+
+
+class _Plan:
+    """What the snapshot changes relative to the start tree, and what it leaves out."""
+
+    def __init__(
+        self,
+        ws: TaskWorkspace,
+        tracked: dict[str, _Entry],
+        current: dict[str, Stat],
+        limits: SnapshotLimits,
+        dirs: fs.OpenDirs,
+    ) -> None:
+        self.ws, self.tracked, self.current, self.limits = ws, tracked, current, limits
+        self.dirs = dirs
+        self.gitlinks = {p for p, e in tracked.items() if e.mode == "160000"}
+        self.deletes: list[str] = []
+        self.writes: dict[str, str] = {}  # path -> mode
+        self.dropped: list[Dropped] = []
+        self._nested: set[str] = set()
+        self._special: list[str] = []
+        self.hasher = _blob_hasher(ws.repository)
+
+    def consider(self, path: str) -> None:
+        parts = path.split("/")
+        nested = next((i for i, part in enumerate(parts) if part.lower() == ".git"), None)
+        if nested is not None:
+            self._nested.add("/".join(parts[: nested + 1]))
+            return
+        if any("/".join(parts[:i]) in self.gitlinks for i in range(1, len(parts))):
+            self.dropped.append(Dropped(path, "inside a submodule"))
+            return
+        if len(fs.encode(path)) > MAX_PATH_BYTES:
+            raise DiskFull(
+                f"The worker made a path {len(fs.encode(path))} bytes long "
+                f"('{fs.display(path)[:80]}...'), over the {MAX_PATH_BYTES}-byte bound; "
+                "the change was not collected."
+            )
+        record = self.current.get(path)
+        if record is None:
+            if path in self.tracked and self.tracked[path].mode != "160000":
+                self.deletes.append(path)
+            return
+        mode = record[2]
+        if stat.S_ISREG(mode):
+            self._want(path, "100755" if mode & stat.S_IXUSR else "100644", record[1])
+        elif stat.S_ISLNK(mode):
+            self._want(path, "120000", record[1])
+        elif not stat.S_ISDIR(mode):
+            self._special.append(path)
+
+    def _want(self, path: str, mode: str, size: int) -> None:
+        known = self.tracked.get(path)
+        if (
+            known is not None
+            and known.mode == mode
+            and known.size == size
+            and self._same(path, known)
+        ):
+            return
+        self.writes[path] = mode
+
+    def _same(self, path: str, known: _Entry) -> bool:
+        """Whether the file still holds the tracked blob (only asked when there is no stat
+        baseline to tell; reads the file)."""
+        try:
+            data = (
+                fs.read_link(self.dirs, path)
+                if known.mode == "120000"
+                else fs.read_regular(self.dirs, path, self.limits.file_bytes)
+            )
+        except OSError:
+            return False
+        return self.hasher(data) == known.sha
+
+    def drop_from_worktree(self) -> None:
+        """Remove nested git metadata and special files: the host's git must never meet them."""
+        for root in sorted(self._nested):
+            fs.remove_tree(self.ws.worktree / root)
+            self.dropped.append(Dropped(root, "nested git metadata (.git) is never collected"))
+        for path in self._special:
+            try:
+                (self.ws.worktree / path).unlink()
+            except OSError:
+                pass
+            self.dropped.append(
+                Dropped(path, "not a regular file or symlink (FIFO, socket or device)")
+            )
+        if self._nested:
+            inside = tuple(root + "/" for root in self._nested)
+            self.writes = {p: m for p, m in self.writes.items() if not p.startswith(inside)}
+
+    def leave_out_ignored(self) -> None:
+        """New paths the repository's ignore rules exclude are left out, as `git add` would."""
+        new = [p for p in self.writes if p not in self.tracked]
+        if not new:
+            return
+        proc = Git(self.ws.worktree).run(
+            "check-ignore", "--no-index", "-z", "--stdin", input=nul_join(new), check=False
+        )
+        if proc.returncode not in (0, 1):
+            raise GitError(
+                f"git check-ignore failed in {self.ws.worktree}", stderr=str(proc.stderr)
+            )
+        for raw in proc.stdout.split(b"\0"):
+            if raw:
+                self.writes.pop(fs.decode(raw), None)
+
+    def check_limits(self) -> None:
+        total = 0
+        for path, mode in self.writes.items():
+            size = self.current[path][1]
+            if mode != "120000" and size > self.limits.file_bytes:
+                raise DiskFull(
+                    f"The worker wrote '{fs.display(path)}' ({size / 2**20:.1f} MB), over the "
+                    f"{self.limits.file_bytes / 2**20:.0f} MB limit for one file (limits.file_mb); "
+                    "nothing was collected."
+                )
+            total += size
+        if total > self.limits.change_bytes:
+            raise DiskFull(
+                f"The worker's change is {total / 2**20:.1f} MB, over the "
+                f"{self.limits.change_bytes / 2**20:.0f} MB limit for a whole change "
+                "(limits.change_mb); nothing was collected."
+            )
+
+
+def _tree(repo: Path, commit: str) -> dict[str, _Entry]:
+    out = Git(repo).run("ls-tree", "-r", "-l", "-z", "--full-tree", commit).stdout
+    entries = {}
+    for item in out.split(b"\0"):
+        if not item:
+            continue
+        meta, _, path = item.partition(b"\t")
+        mode, _kind, sha, size = meta.split()
+        entries[fs.decode(path)] = _Entry(
+            mode.decode(), sha.decode(), int(size) if size.isdigit() else 0
+        )
+    return entries
+
+
+def _blob_hasher(repo: Path):  # noqa: ANN202
+    algorithm = Git(repo).out("rev-parse", "--show-object-format")
+
+    def blob_id(data: bytes) -> str:
+        digest = hashlib.new(algorithm)
+        digest.update(b"blob %d\0" % len(data))
+        digest.update(data)
+        return digest.hexdigest()
+
+    return blob_id
+
+
+def _quote(path: str) -> bytes:
+    """A path in fast-import's C-style quoting (any byte is safe: quotes, newlines, non-UTF-8)."""
+    out = bytearray(b'"')
+    for byte in fs.encode(path):
+        if byte in (0x22, 0x5C):
+            out += b"\\" + bytes([byte])
+        elif byte < 0x20 or byte >= 0x7F:
+            out += b"\\%03o" % byte
+        else:
+            out.append(byte)
+    return bytes(out + b'"')
+
+
+def _commands(
+    ws: TaskWorkspace, base: str, start: str, message: str, plan: _Plan
+) -> Iterator[bytes]:
+    text = message.encode()
+    yield (
+        b"commit refs/heads/%s\ncommitter worker-bridge <worker-bridge@localhost> %d +0000\n"
+        b"data %d\n%s\nfrom %s\n"
+        % (ws.branch.encode(), int(time.time()), len(text), text, base.encode())
+    )
+    if start != base:
+        start_tree = Git(ws.repository).out("rev-parse", f"{start}^{{tree}}")
+        yield b'M 040000 %s ""\n' % start_tree.encode()
+    for path in plan.deletes:
+        yield b"D %s\n" % _quote(path)
+    with fs.OpenDirs(ws.worktree) as dirs:
+        for path, mode in sorted(plan.writes.items()):
+            if mode == "120000":
+                data = fs.read_link(dirs, path)
+            else:
+                data = fs.read_regular(dirs, path, plan.limits.file_bytes)
+            yield b"M %s inline %s\ndata %d\n" % (mode.encode(), _quote(path), len(data))
+            yield data
+            yield b"\n"
+    yield b"\ndone\n"
+
+
+def _fast_import(ws: TaskWorkspace, base: str, start: str, message: str, plan: _Plan) -> str:
+    clear_stale_locks(ws)
+    git = Git(ws.repository)
+    with tempfile.TemporaryFile() as errors:
+        proc = git.popen("fast-import", "--quiet", "--done", "--force", stderr=errors)
+        try:
+            assert proc.stdin is not None
+            for chunk in _commands(ws, base, start, message, plan):
+                proc.stdin.write(chunk)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        code = proc.wait()
+        if code != 0:
+            errors.seek(0)
+            detail = errors.read(4000).decode(errors="replace").strip().splitlines()
+            raise GitError(
+                f"git fast-import failed for task {ws.task_id}: {detail[-1] if detail else code}",
+                stderr="\n".join(detail),
+            )
+    return git.out("rev-parse", "--verify", f"refs/heads/{ws.branch}")
