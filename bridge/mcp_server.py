@@ -246,13 +246,24 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         allow_unverified: Annotated[
             bool, _describe("Accept a task that had no verify commands (review its diff first).")
         ] = False,
+        reverify: Annotated[
+            bool,
+            _describe(
+                "When the repository's HEAD moved past the task's base: true (default) runs the "
+                "verify commands again on HEAD plus the change and writes only if they pass; "
+                "false writes without (the result then says reverified=false)."
+            ),
+        ] = True,
     ) -> dict[str, Any]:
         """Write the task's verified change into the repository's working tree as uncommitted
         changes (nothing is committed). Refused, changing nothing, when the task did not
         succeed, was not verified, would overwrite uncommitted edits on the same paths, adds a
-        symlink pointing outside the repository, or no longer applies. Returns
-        {accepted, applied: [paths], reason}."""
-        accepted = await tools.call(bridge.accept_task, task_id, allow_unverified=allow_unverified)
+        symlink pointing outside the repository, no longer applies, or (when HEAD moved) fails
+        its checks on HEAD plus the change. Returns {accepted, applied: [paths], reason, kind,
+        head, reverified}."""
+        accepted = await tools.call(
+            bridge.accept_task, task_id, allow_unverified=allow_unverified, reverify=reverify
+        )
         return accepted.document()
 
     @server.tool()

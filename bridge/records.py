@@ -31,7 +31,9 @@ class CommandResult(_Doc):
     duration_s: float | None = None
     stdout_tail: str = ""
     stderr_tail: str = ""
-    status: str | None = None  # passed | failed | timed_out | out_of_memory | not_run
+    # passed | failed | timed_out | out_of_memory | over_limit | not_run
+    status: str | None = None
+    note: str | None = None  # why the bridge stopped it, when it did
 
     @property
     def passed(self) -> bool:
@@ -69,6 +71,7 @@ class WorkerExit(_Doc):
     timed_out: bool = False
     summary: str = ""
     last_progress: str = ""
+    over_limit: str | None = None  # why the bridge stopped it (the disk limit), one sentence
 
 
 class TaskRecord(BaseModel):
@@ -171,6 +174,14 @@ class AcceptResult(BaseModel):
     applied: list[str] = Field(default_factory=list)
     reason: str | None = None
     kind: str | None = None
+    head: str | None = Field(None, description="The HEAD the change was written on.")
+    reverified: bool | None = Field(
+        None,
+        description="HEAD had moved past the task's base: true when the checks ran again on "
+        "HEAD plus the change and passed, false when that was skipped (unverified on that "
+        "HEAD); null when HEAD was still the base.",
+    )
+    verification: VerificationDoc | None = Field(None, description="The checks on HEAD.")
 
     def document(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -35,16 +35,16 @@ _URL_USERINFO = re.compile(
 )
 # "key=value", "key: value", '"key": "value"', ...; _is_secret_key decides whether a key counts.
 _PAIR_KEY = re.compile(
-    r"(?<![A-Za-z0-9_.])(?P<kq>\\?[\"']|)(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P=kq)"
+    r"(?<![A-Za-z0-9_.$])(?<!\$\{)(?P<kq>\\?[\"']|)(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P=kq)"
     r"(?P<before>[ \t]*)(?P<sep>:=|=>|=(?!=)|:(?!:))(?P<after>[ \t]*)"
 )
 _SCHEME = re.compile(r"(?i:bearer|basic|token|digest|bot|apikey)[ \t]+")
-# A quoted value ends at its closing quote (or the line's end when that is missing); an unquoted
-# one at whitespace, a quote, ",", "&", ";", a bracket or a backslash.
+# A quoted value ends at its closing quote (with none on the line, it is prose, not a value); an
+# unquoted one at whitespace, a quote, ",", "&", ";", a bracket or a backslash.
 _PAIR_VALUE = re.compile(
     r"(?P<masked>\[REDACTED\])"
-    r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)"
-    r"|'(?P<sq>[^'\n]*)"
+    r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)(?=\")"
+    r"|'(?P<sq>[^'\n]*)(?=')"
     r"|\\\"(?P<eq>(?:[^\"\\\n]|\\(?!\"))*)"
     r"|(?P<bare>[^\s\"'`,&;()\[\]{}<>\\]+)"
 )
@@ -53,6 +53,10 @@ _WORDS = re.compile(r"[a-z]+")
 _VAR_REF = re.compile(r"\$\{?\w+\}?|%\w+%")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+# A key after one of these, before ":", is a condition or a signature, not a pair: `if not token:`
+_CONDITION = re.compile(
+    r"(?:^|[\s(])(?:if|elif|while|not|and|or|return|assert|lambda|with|for|in|is|else)\s+\Z"
+)
 _CODE_WORDS = frozenset(
     "none null nil true false undefined str string int bool bytes optional any self".split()
 )
@@ -90,14 +94,21 @@ def _worth_learning(value: str) -> bool:
     return has_letter and (len(value) >= 16 or any(c.isdigit() for c in value))
 
 
-def _looks_like_code(value: str, text: str, end: int) -> bool:
-    """Whether an unquoted value is an expression rather than a literal (``token = get()``)."""
+def _looks_like_code(value: str, text: str, end: int, shell_style: bool) -> bool:
+    """Whether an unquoted value is an expression rather than a literal (``token = get()``).
+    In a shell-style ``KEY=value`` (no spaces) a word is a value, however word-like it is
+    (``DB_PASSWORD=Secret2024``); only ``token = other_token`` is code."""
     return (
         text[end : end + 1] in ("(", "[", "{")
         or value.lower() in _CODE_WORDS
         or _VAR_REF.fullmatch(value) is not None
         or _DOTTED.fullmatch(value) is not None
-        or (_IDENT.fullmatch(value) is not None and _is_secret_key(value))
+        or (
+            not shell_style
+            and _IDENT.fullmatch(value) is not None
+            and _is_secret_key(value)
+            and not any(c.isdigit() for c in value)
+        )
     )
 
 
@@ -108,8 +119,12 @@ class Redactor:
     occurrence of that value in anything this Redactor redacts is masked too, the way CI systems
     mask secret values."""
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, secrets: Iterable[str] = (), *, max_learned: int = 1000) -> None:
         self._secrets: set[str] = set()
+        # Values learned from text are bounded (each is searched for in everything redacted
+        # later); values given explicitly, such as credentials, are always kept.
+        self.max_learned = max_learned
+        self._learned = 0
         for value in secrets:
             self.add_secret(value)
 
@@ -154,8 +169,10 @@ class Redactor:
         return data
 
     def _learn(self, value: str) -> None:
-        if _worth_learning(value):
-            self._secrets.add(value)
+        if _worth_learning(value) and value not in self._secrets:
+            if self._learned < self.max_learned:
+                self._learned += 1
+                self._secrets.add(value)
 
     def _apply_patterns(self, text: str) -> str:
         for pattern in (_PEM, _SLACK_WEBHOOK, _TOKEN, _URL_USERINFO):
@@ -179,13 +196,18 @@ class Redactor:
             shell_empty = m["sep"] == "=" and m["after"] and not m["before"]  # "TOKEN= cmd"
             if shell_empty or not _is_secret_key(m["key"]):
                 continue
-            span = self._pair_value(text, m.end())
+            if m["sep"] == ":" and _CONDITION.search(
+                text, text.rfind("\n", 0, m.start()) + 1, m.start()
+            ):
+                continue
+            shell_style = m["sep"] == "=" and not m["before"] and not m["after"]
+            span = self._pair_value(text, m.end(), shell_style)
             if span is not None:
                 out += [text[pos : span[0]], MASK]
                 pos = scan = span[1]
         return "".join(out) + text[pos:] if out else text
 
-    def _pair_value(self, text: str, at: int) -> tuple[int, int] | None:
+    def _pair_value(self, text: str, at: int, shell_style: bool) -> tuple[int, int] | None:
         """The span of the secret value starting at ``at`` (learned), or None to leave it."""
         scheme = _SCHEME.match(text, at)  # "Authorization: Bearer <value>"
         v = _PAIR_VALUE.match(text, scheme.end()) if scheme else None
@@ -199,7 +221,7 @@ class Redactor:
         if group == "bare":
             value = value.rstrip(".")
             end = start + len(value)
-            if scheme is None and _looks_like_code(value, text, end):
+            if scheme is None and _looks_like_code(value, text, end, shell_style):
                 return None
         if not value:
             return None

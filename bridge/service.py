@@ -10,6 +10,7 @@ from typing import Any
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
+from bridge.pipeline.accepting import accept_task
 from bridge.pipeline.context import Context
 from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
 from bridge.pipeline.handle import PipelineHooks
@@ -22,10 +23,8 @@ from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import BUILTIN, all_workers, check_mock_metadata, get_worker
-from bridge.workspace.accept import apply_snapshot
-from bridge.workspace.changes import list_changes
 from bridge.workspace.git import Git, repository_root
-from bridge.workspace.worktree import TaskWorkspace, check_disjoint, remove_workspace
+from bridge.workspace.worktree import check_disjoint
 
 
 class WorkerBridge:
@@ -205,6 +204,20 @@ class WorkerBridge:
             pass  # no engine: nothing of this task can be running in it
         return self.get_task(task_id)
 
+    def reject_task(self, task_id: str, reason: str = "") -> TaskResult:
+        """Mark a succeeded task's change as not wanted (`rejected`, final); its workspace is
+        left for prune. Any other status is left as it is."""
+        redacted = redactor_for(self.store.load_task(task_id)).redact(reason)
+        if self.store.transition(
+            task_id,
+            Status.REJECTED,
+            expect={Status.SUCCEEDED},
+            event={"reason": redacted},
+            finished_at=now_iso(),
+        ):
+            self.store.add_event(task_id, "task.rejected", {"reason": redacted})
+        return self.get_task(task_id)
+
     def recover(self) -> list[str]:
         """Hand tasks whose runner died to new runners; remove orphan containers if any."""
         if self._store is None and not self.config.store_path.exists():
@@ -236,46 +249,17 @@ class WorkerBridge:
 
     # -- accept -----------------------------------------------------------------------------
 
-    def accept_task(self, task_id: str, *, allow_unverified: bool = False) -> AcceptResult:
+    def accept_task(
+        self, task_id: str, *, allow_unverified: bool = False, reverify: bool = True
+    ) -> AcceptResult:
         """Write the verified snapshot into the user's working tree (uncommitted), or say why
-        not (nothing is written then)."""
-        task = self.store.load_task(task_id)
-
-        def refused(reason: str, kind: str) -> AcceptResult:
-            return AcceptResult(accepted=False, task_id=task_id, reason=reason, kind=kind)
-
-        if task.status != Status.SUCCEEDED:
-            return refused(
-                f"Task {task_id} is {task.status}; only a succeeded task can be accepted.",
-                "status",
-            )
-        ok = task.verification.ok if task.verification else None
-        if ok is not True and not allow_unverified:
-            return refused(
-                f"Task {task_id} was not verified (it has no verify commands); review "
-                "its diff and accept with --allow-unverified.",
-                "unverified",
-            )
-        repo = Path(task.repository)
-        changes = list_changes(repo, task.base_commit or "", task.snapshot_commit or "")
-        diff = Path(self.store.artifacts(task_id)["diff"])
-        outcome = apply_snapshot(self.config.home, repo, task.snapshot_commit or "", changes, diff)
-        if not outcome.ok:
-            return refused(outcome.refusal or "refused", outcome.kind or "conflict")
-        if not self.store.transition(
-            task_id,
-            Status.ACCEPTED,
-            expect={Status.SUCCEEDED},
-            event={"applied": len(outcome.applied)},
-            finished_at=now_iso(),
-        ):
-            return refused(
-                f"Task {task_id} changed status while accepting; check it again.", "status"
-            )
-        self.store.add_event(task_id, "task.accepted", {"files": outcome.applied})
-        ws = TaskWorkspace.plan(self.config.home, repo, task_id)
-        remove_workspace(self.config.home, ws)
-        return AcceptResult(accepted=True, task_id=task_id, applied=outcome.applied)
+        not (nothing is written then). When HEAD moved past the task's base, the checks run
+        again on HEAD plus the change first (``reverify=False`` skips that)."""
+        record = self.store.load_task(task_id)
+        diff = Path(self.store.artifacts(task_id).get("diff", ""))
+        return accept_task(
+            self.context(), record, diff, allow_unverified=allow_unverified, reverify=reverify
+        )
 
     # -- workers and images -------------------------------------------------------------------
 

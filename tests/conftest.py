@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -60,7 +59,9 @@ def workdir(request):
     path.mkdir(parents=True)
     yield path
     _remove_containers(path / "home")
-    shutil.rmtree(path, ignore_errors=True)
+    from bridge.workspace.fs import remove_tree  # any depth, never following a link
+
+    remove_tree(path)
 
 
 def _remove_containers(home: Path) -> None:

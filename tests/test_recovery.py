@@ -523,3 +523,66 @@ def test_a_killed_runners_still_running_container_keeps_its_slot(
     assert cli("tasks", "list").code == 0
     for task_id in (a_id, b_id):
         assert wait_for_status(cli, task_id)["status"] == "succeeded"
+
+
+def test_runners_killed_at_random_instants_leave_nothing_recovery_and_prune_cannot_finish(
+    cli, repo, workdir, home, docker_images
+):
+    """Kill points are random (seeded, so a failure can be replayed), not one per phase: a
+    runner's whole process group is killed, so git may die in the middle of adding a worktree,
+    writing a ref or packing a snapshot."""
+    import random
+    import time
+
+    rng = random.Random(int(os.environ.get("WB_KILL_SEED", "20261201")))
+    ids = [
+        create(
+            cli,
+            workdir,
+            mock_task(
+                repo,
+                {"write": {f"f{i}.txt": f"{i}\n"}, "sleep": rng.random()},
+                verify=[f"test -f f{i}.txt"],
+            ),
+        )
+        for i in range(8)
+    ]
+    for task_id in ids:
+        start_detached(cli, task_id)
+    for task_id in ids:
+        row = poll(
+            lambda t=task_id: runner_row(home, t)["runner_pid"] and runner_row(home, t),
+            f"task {task_id}'s runner to claim it",
+        )
+        time.sleep(rng.uniform(0, 1.5))
+        try:
+            os.killpg(row["runner_pid"], signal.SIGKILL)  # the runner and its git processes
+        except ProcessLookupError:
+            pass  # it already finished
+
+    def all_done():
+        listed = cli("tasks", "list", "--json")  # recovers whatever is stranded
+        assert listed.code == 0, listed.stderr
+        tasks = {t["task_id"]: t for t in listed.json()["tasks"]}
+        return all(tasks[t]["status"] in TERMINAL for t in ids) and tasks
+
+    tasks = poll(all_done, "every task to end after recovery", 240)
+    for task_id in ids:
+        assert tasks[task_id]["status"] == "succeeded", (task_id, tasks[task_id]["error"])
+        wait_no_containers(task_id)
+
+    pruned = cli("workspaces", "prune", "--apply", "--include-unaccepted", "--json")
+    assert pruned.code == 0, pruned.stderr
+    assert not [a for a in pruned.json()["actions"] if a.get("failed")]
+    assert not any((home / "worktrees").iterdir())
+    assert not (home / "gitdirs").exists() or not any((home / "gitdirs").iterdir())
+    assert git(repo, "branch", "--list", "worker-bridge/*").strip() == ""
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert not list((repo / ".git").rglob("*.lock"))
+    assert (
+        subprocess.run(
+            ["git", "-C", str(repo), "fsck", "--no-dangling"], capture_output=True
+        ).returncode
+        == 0
+    )
+    assert cli("workspaces", "prune", "--json").json()["actions"] == []

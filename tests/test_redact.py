@@ -301,3 +301,46 @@ def test_redact_data_keeps_tuple_and_namedtuple_types() -> None:
     out = Redactor().redact_data([Pair("a", "token=abc123"), ("password=hunter2",)])
     assert out == [Pair("a", f"token={MASK}"), (f"password={MASK}",)]
     assert type(out[0]) is Pair
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("DB_PASSWORD=Secret2024", f"DB_PASSWORD={MASK}"),
+        ("export API_TOKEN=Passphrase", f"export API_TOKEN={MASK}"),
+        ("AUTH_TOKEN=hunter", f"AUTH_TOKEN={MASK}"),
+    ],
+)
+def test_a_shell_style_value_is_masked_even_when_it_looks_like_a_word(text, expected) -> None:
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "${API_TOKEN:-}",
+        'curl -H "x: ${API_TOKEN:-default}" https://x',
+        "echo ${TOKEN:?msg}",
+        ": ${PASSWORD:=}",
+        "if not token:",
+        "if not token: raise SystemExit(1)",
+        "while password: retry()",
+        'the password: "is never printed, see the docs',
+        "Set the token: 'unterminated and then prose",
+    ],
+)
+def test_shell_expansions_conditions_and_prose_after_an_open_quote_are_left_as_written(
+    text,
+) -> None:
+    assert redact(text) == text
+
+
+def test_learned_secret_values_are_bounded_but_given_ones_are_always_kept() -> None:
+    redactor = Redactor(["given-credential-1"], max_learned=10)
+    for i in range(50):
+        redactor.redact(f"password=learned{i:04d}x")
+    assert len(redactor.known_secrets) == 11
+    assert "given-credential-1" in redactor.known_secrets
+    redactor.add_secret("given-credential-2")
+    assert redactor.redact("given-credential-2") == MASK
+    assert redactor.redact("password=learned0049x") == f"password={MASK}"  # the pattern still

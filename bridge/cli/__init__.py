@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from bridge.cli import commands as c
+from bridge.cli.render import SafeStream
 from bridge.errors import BridgeError
 from bridge.service import WorkerBridge
 
@@ -72,8 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = tsub.add_parser("accept", help="write a verified snapshot into the working tree")
     p.add_argument("task_id")
     p.add_argument("--allow-unverified", action="store_true")
+    p.add_argument(
+        "--no-reverify",
+        action="store_true",
+        help="when HEAD moved past the task's base, write without running the checks on it",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=c.cmd_tasks_accept)
+
+    p = tsub.add_parser("follow-up", help="another worker turn on a finished task's worktree")
+    p.add_argument("task_id")
+    p.add_argument("message", help="what the worker should change next")
+    p.add_argument("--wait", action="store_true", help="wait for the turn to end")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_follow_up)
+    p = tsub.add_parser("reject", help="reject a succeeded task's change")
+    p.add_argument("task_id")
+    p.add_argument("--reason", default="", help="why (recorded with the task)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_tasks_reject)
 
     p = tsub.add_parser("cancel", help="cancel a task and kill its containers")
     p.add_argument("task_id")
@@ -120,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    streams = sys.stdout, sys.stderr
+    if args.group != "mcp":  # the MCP server's stdout carries the protocol, not text for people
+        sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)  # type: ignore
     bridge = None
     try:
         bridge = WorkerBridge()
@@ -133,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print("worker-bridge: interrupted", file=sys.stderr)
         return 130
     finally:
+        sys.stdout, sys.stderr = streams
         if bridge is not None:
             bridge.close()
 

@@ -165,7 +165,9 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    outcome = bridge.accept_task(args.task_id, allow_unverified=args.allow_unverified).document()
+    outcome = bridge.accept_task(
+        args.task_id, allow_unverified=args.allow_unverified, reverify=not args.no_reverify
+    ).document()
     if args.json:
         out_json(outcome)
     if not outcome["accepted"]:
@@ -176,8 +178,46 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
             f"task {args.task_id}: accepted; {len(outcome['applied'])} file(s) written to the "
             "working tree as uncommitted changes"
         )
+        if outcome["reverified"] is True:
+            print(
+                f"  HEAD moved since the task's base; the checks passed on {outcome['head'][:12]}"
+            )
+        elif outcome["reverified"] is False:
+            print(
+                f"  warning: HEAD moved since the task's base; the change is unverified on "
+                f"{outcome['head'][:12]} (--no-reverify)"
+            )
         for path in outcome["applied"]:
             print(f"  {path}")
+    return 0
+
+
+def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    result = bridge.follow_up(args.task_id, args.message)
+    if args.wait:
+        while bridge.store.status(args.task_id) not in TERMINAL:
+            time.sleep(0.25)
+        return _finish(bridge.get_task(args.task_id).document(), args)
+    if args.json:
+        out_json(result.document())
+    else:
+        print(f"task {result.task_id}: {result.status} (follow-up turn queued)")
+    return 0
+
+
+def cmd_tasks_reject(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    result = bridge.reject_task(args.task_id, args.reason).document()
+    if args.json:
+        out_json(result)
+    if result["status"] != "rejected":
+        print(
+            f"worker-bridge: task {args.task_id} is {result['status']}; only a succeeded task "
+            "can be rejected.",
+            file=sys.stderr,
+        )
+        return 1
+    if not args.json:
+        print(f"task {args.task_id}: rejected")
     return 0
 
 
@@ -210,6 +250,8 @@ def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     for action in report["actions"]:
         owner = f" (task {action['task_id']})" if action["task_id"] else ""
         print(f"{verb} {action['kind']} {action['target']}{owner}: {action['reason']}")
+        for failure in action.get("failed") or []:
+            print(f"  could not remove: {failure}")
     if not report["actions"]:
         print("nothing to prune")
     elif not args.apply:

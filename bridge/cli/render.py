@@ -6,9 +6,36 @@ import json
 import sys
 from typing import Any
 
+# What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts
+# escape sequences, CR rewrites a line), DEL, C1 controls (0x9b is CSI), and the bidirectional
+# overrides that reorder what is shown. Each is shown as its escape instead.
+_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
+_UNSAFE.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
+_UNSAFE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+
+def terminal_safe(text: str) -> str:
+    return text.translate(_UNSAFE)
+
+
+class SafeStream:
+    """A text stream for people: whatever a worker put into a summary, a path or an output
+    tail is shown, never interpreted by the terminal."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(terminal_safe(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
 
 def out_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    """One JSON document; every character outside printable ASCII escaped (\\uXXXX), so the
+    text is all there and nothing in it reaches a terminal raw."""
+    sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=True) + "\n")
 
 
 def print_result(result: dict[str, Any]) -> None:

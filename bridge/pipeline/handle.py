@@ -40,6 +40,9 @@ class PhaseHandle:
     redactor: Redactor
     deadline_at: float = 0.0
     lost: Callable[[], bool] = lambda: False  # the runner's claim was taken over
+    # Whether the work is still wanted; by default, while the task has not ended (accept's
+    # re-verification runs on a finished task, and says otherwise).
+    wanted: Callable[[], bool] | None = None
     hooks: PipelineHooks | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -71,7 +74,11 @@ class PhaseHandle:
 
     def stopped(self) -> bool:
         """Whether the task stopped being this runner's: cancelled, finished, or taken over."""
-        return self.lost() or self.ctx.store.status(self.task_id) in TERMINAL
+        if self.lost():
+            return True
+        if self.wanted is not None:
+            return not self.wanted()
+        return self.ctx.store.status(self.task_id) in TERMINAL
 
     def ensure_active(self, kill: str | None = None) -> None:
         """Raise Superseded when the task was cancelled (removing ``kill``, a container just

@@ -45,6 +45,8 @@ def judge_worker(
             Status.FAILED,
             error("internal", "The worker's exit was not recorded; run the task again."),
         )
+    if exit_info.over_limit:
+        return Outcome(Status.FAILED, error("disk", exit_info.over_limit))
     if exit_info.timed_out:
         return Outcome(Status.TIMED_OUT, timeout_error(limits, "the worker was running"))
     last = exit_info.last_progress
@@ -83,6 +85,8 @@ def judge_worker(
 
 
 def verification_failed(bad: CommandResult) -> ErrorInfo:
+    if bad.status == "over_limit":
+        return error("disk", bad.note or f"Verification command `{bad.command}` was stopped.")
     if bad.status == "not_run":
         return error("verification_failed", f"Verification command `{bad.command}` did not run.")
     if bad.status == "out_of_memory":

@@ -1,13 +1,16 @@
 """Reclaim disk: worktrees and branches of finished tasks, orphan folders no task references,
-orphan containers, and artifacts past the retention period. Dry run unless asked to apply.
+orphan containers, object caches no task needs, and artifacts past the retention period. Dry run
+unless asked to apply; what could not be removed is reported and the rest goes on.
 
 Never touched: tasks that are not finished, and a succeeded task's work that was not accepted
 yet (unless `include_unaccepted`). Accepted work already lives in the user's working tree.
+A snapshot's objects stay in the repository's object store after its branch is deleted (they
+may be shared with the user's own objects, so only git may delete them): prune says how many
+bytes, and `git gc` reclaims them once they are unreachable and past `gc.pruneExpire`.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,9 +19,13 @@ from bridge.errors import BridgeError
 from bridge.models import Status
 from bridge.pipeline.context import Context
 from bridge.pipeline.recovery import orphan_containers
+from bridge.records import TaskRecord
 from bridge.store.db import now_iso
+from bridge.workspace import fs
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
+from bridge.workspace.objects import stores_in_use
+from bridge.workspace.rawgit import repo_id
 from bridge.workspace.worktree import TaskWorkspace, remove_workspace
 
 RECLAIMABLE = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.REJECTED, Status.ACCEPTED}
@@ -26,10 +33,11 @@ RECLAIMABLE = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.REJECTE
 
 @dataclass
 class PruneAction:
-    kind: str  # workspace | artifacts | orphan_dir | orphan_log | container
+    kind: str  # workspace | artifacts | orphan_dir | orphan_log | container | object_cache
     target: str
     task_id: str | None
     reason: str
+    failed: list[str] | None = None  # what could not be removed, when applied
 
 
 def _branch_exists(repo: Path, branch: str) -> bool:
@@ -39,15 +47,32 @@ def _branch_exists(repo: Path, branch: str) -> bool:
     return proc.returncode == 0
 
 
+def _kept_objects(repo: Path, branch: str, base: str | None) -> str:
+    """What the branch's snapshot added to the repository's store, as a clause (or '')."""
+    if not base or not _branch_exists(repo, branch):
+        return ""
+    proc = Git(repo).run(
+        "rev-list", "--objects", "--disk-usage", f"refs/heads/{branch}", f"^{base}", check=False
+    )
+    size = proc.stdout.decode().strip()
+    if proc.returncode != 0 or not size.isdigit():
+        return ""
+    return (
+        f"; its snapshot's objects ({int(size) / 1024:.0f} KiB) stay in the object store for git gc"
+    )
+
+
+def _wanted(task: TaskRecord, include_unaccepted: bool) -> bool:
+    return task.status in RECLAIMABLE or (include_unaccepted and task.status == Status.SUCCEEDED)
+
+
 def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneAction]:
     home = ctx.home
     actions: list[PruneAction] = []
     tasks = {t.task_id: t for t in ctx.store.list_tasks()}
     cutoff = datetime.now(UTC) - timedelta(days=ctx.config.retention_days)
     for task_id, task in tasks.items():
-        status = task.status
-        wanted = status in RECLAIMABLE or (include_unaccepted and status == Status.SUCCEEDED)
-        if not wanted:
+        if not _wanted(task, include_unaccepted):
             continue
         repo = Path(task.repository)
         branch = f"worker-bridge/{task_id}"
@@ -57,49 +82,27 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
             or (home / "gitdirs" / task_id).exists()
             or _branch_exists(repo, branch)
         ):
+            kept = _kept_objects(repo, branch, task.base_commit)
             actions.append(
                 PruneAction(
                     "workspace",
                     str(worktree),
                     task_id,
-                    f"{status} task: worktree and branch {branch}",
+                    f"{task.status} task: worktree and branch {branch}{kept}",
                 )
             )
-        finished = task.finished_at
-        task_dir = ctx.task_dir(task_id)
-        if (
-            task_dir.exists()
-            and finished
-            and datetime.fromisoformat(finished.replace("Z", "+00:00")) < cutoff
-        ):
+        finished, task_dir = task.finished_at, ctx.task_dir(task_id)
+        if task_dir.exists() and finished and _time(finished) < cutoff:
             actions.append(
                 PruneAction(
                     "artifacts",
                     str(task_dir),
                     task_id,
-                    f"{status} task finished over {ctx.config.retention_days} days ago",
+                    f"{task.status} task finished over {ctx.config.retention_days} days ago",
                 )
             )
-    logs = home / "logs"
-    if logs.is_dir():
-        for entry in sorted(logs.glob("runner-*.log")):
-            task_id = entry.name.removeprefix("runner-").removesuffix(".log")
-            task = tasks.get(task_id)
-            if task is None:
-                actions.append(
-                    PruneAction("orphan_log", str(entry), None, f"no task '{task_id}' in the store")
-                )
-    for folder in ("worktrees", "gitdirs", "tasks"):
-        root = home / folder
-        if not root.is_dir():
-            continue
-        for entry in sorted(root.iterdir()):
-            if entry.name not in tasks:
-                actions.append(
-                    PruneAction(
-                        "orphan_dir", str(entry), None, f"no task '{entry.name}' in the store"
-                    )
-                )
+    actions += _orphans(ctx, tasks)
+    actions += _object_caches(ctx, tasks, {a.task_id for a in actions if a.kind == "workspace"})
     try:
         for item in orphan_containers(ctx):
             task_id = item.labels.get("io.worker-bridge.task")
@@ -113,43 +116,126 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
     return actions
 
 
+def _time(at: str) -> datetime:
+    return datetime.fromisoformat(at.replace("Z", "+00:00"))
+
+
+def _orphans(ctx: Context, tasks: dict[str, TaskRecord]) -> list[PruneAction]:
+    home, found = ctx.home, []
+    logs = home / "logs"
+    if logs.is_dir():
+        for entry in sorted(logs.glob("runner-*.log")):
+            task_id = entry.name.removeprefix("runner-").removesuffix(".log")
+            if task_id not in tasks:
+                found.append(
+                    PruneAction("orphan_log", str(entry), None, f"no task '{task_id}' in the store")
+                )
+    for folder in ("worktrees", "gitdirs", "tasks"):
+        root = home / folder
+        if root.is_dir():
+            for entry in sorted(root.iterdir()):
+                if entry.name not in tasks:
+                    found.append(
+                        PruneAction(
+                            "orphan_dir", str(entry), None, f"no task '{entry.name}' in the store"
+                        )
+                    )
+    return found
+
+
+def _object_caches(
+    ctx: Context, tasks: dict[str, TaskRecord], pruning: set[str | None]
+) -> list[PruneAction]:
+    """Object stores (and attribute-free git dirs) no task with a workspace still needs."""
+    root = ctx.home / "objects"
+    if not root.is_dir():
+        return []
+    live: dict[str, tuple[Path, set[str]]] = {}
+    for task in tasks.values():
+        if task.pruned_at or task.task_id in pruning or not task.base_commit:
+            continue
+        if not (ctx.home / "worktrees" / task.task_id).exists() and task.status in RECLAIMABLE:
+            continue
+        repo = Path(task.repository)
+        live.setdefault(repo_id(repo), (repo, set()))[1].add(task.base_commit)
+    keep = {
+        store for repo, bases in live.values() for store in stores_in_use(ctx.home, repo, bases)
+    }
+    found = []
+    for repo_dir in sorted(root.iterdir()):
+        for store in sorted(repo_dir.iterdir()):
+            if store not in keep:
+                size = fs.tree_size([store])
+                found.append(
+                    PruneAction(
+                        "object_cache",
+                        str(store),
+                        None,
+                        f"objects of base {store.name[:12]} ({size / 2**20:.1f} MiB), unused",
+                    )
+                )
+        raw = ctx.home / "rawgit" / repo_dir.name
+        if repo_dir.name not in live and raw.exists():
+            found.append(
+                PruneAction(
+                    "object_cache",
+                    str(raw),
+                    None,
+                    "attribute-free git dir of a repository no task uses",
+                )
+            )
+    return found
+
+
 def apply_prune(ctx: Context, actions: list[PruneAction]) -> list[PruneAction]:
-    done = []
+    """Apply each action; one that fails records why and the others go on."""
     for action in actions:
-        if action.kind == "workspace" and action.task_id:
-            repo = Path(ctx.store.load_task(action.task_id).repository)
-            if repo.is_dir():
-                ws = TaskWorkspace.plan(ctx.home, repo, action.task_id)
-                remove_workspace(ctx.home, ws, delete_branch=True)
-            else:  # the repository is gone: only our own folders are left to remove
-                shutil.rmtree(action.target, ignore_errors=True)
-                shutil.rmtree(ctx.home / "gitdirs" / action.task_id, ignore_errors=True)
+        try:
+            action.failed = _apply(ctx, action) or None
+        except (OSError, BridgeError) as exc:
+            action.failed = [str(exc)]
+    return actions
+
+
+def _apply(ctx: Context, action: PruneAction) -> list[str]:
+    if action.kind == "workspace" and action.task_id:
+        repo = Path(ctx.store.load_task(action.task_id).repository)
+        if repo.is_dir():
+            ws = TaskWorkspace.plan(ctx.home, repo, action.task_id)
+            failed = remove_workspace(ctx.home, ws, delete_branch=True)
+        else:  # the repository is gone: only our own folders are left to remove
+            failed = fs.remove_tree(Path(action.target))
+            failed += fs.remove_tree(ctx.home / "gitdirs" / action.task_id)
+        if not failed:
             ctx.store.update_task(action.task_id, pruned_at=now_iso())
-        elif action.kind == "artifacts" and action.task_id:
-            shutil.rmtree(action.target, ignore_errors=True)
-            (ctx.home / "logs" / f"runner-{action.task_id}.log").unlink(missing_ok=True)
-            ctx.store.remove_artifacts(action.task_id)
-        elif action.kind == "orphan_dir":
-            _remove_orphan_dir(ctx, Path(action.target))
-        elif action.kind == "orphan_log":
-            Path(action.target).unlink(missing_ok=True)
-        elif action.kind == "container":
-            ctx.sandbox.remove(action.target)
-        done.append(action)
-    return done
+        return failed
+    if action.kind == "artifacts" and action.task_id:
+        failed = fs.remove_tree(Path(action.target))
+        (ctx.home / "logs" / f"runner-{action.task_id}.log").unlink(missing_ok=True)
+        ctx.store.remove_artifacts(action.task_id)
+        return failed
+    if action.kind == "orphan_dir":
+        return _remove_orphan_dir(ctx, Path(action.target))
+    if action.kind in ("orphan_log", "object_cache"):
+        return fs.remove_tree(Path(action.target))
+    if action.kind == "container":
+        ctx.sandbox.remove(action.target)
+    return []
 
 
-def _remove_orphan_dir(ctx: Context, path: Path) -> None:
+def _remove_orphan_dir(ctx: Context, path: Path) -> list[str]:
     """Remove a folder no task references; if it is a worktree git still knows, also drop the
     repository's record of it and its worker-bridge branch."""
-    gitfile = path / ".git"
     repo = None
-    if path.parent.name == "worktrees" and gitfile.is_file():
-        text = gitfile.read_text(errors="replace").strip()
+    if path.parent.name == "worktrees":
+        try:
+            text = fs.read_small(path / ".git", 4096).decode(errors="replace").strip()
+        except OSError:
+            text = ""
         if text.startswith("gitdir: "):
             admin = Path(text.removeprefix("gitdir: "))  # <repo>/.git/worktrees/<name>
             repo = admin.parent.parent.parent if admin.parent.name == "worktrees" else None
-    shutil.rmtree(path, ignore_errors=True)
+    failed = fs.remove_tree(path)
     if repo is not None and repo.is_dir():
         with repository_lock(ctx.home, repo.resolve()):
             git = Git(repo)
@@ -157,6 +243,7 @@ def _remove_orphan_dir(ctx: Context, path: Path) -> None:
             branch = f"worker-bridge/{path.name}"
             if _branch_exists(repo, branch):
                 git.run("branch", "-D", "--quiet", branch, check=False)
+    return failed
 
 
 def prune(ctx: Context, apply: bool = False, include_unaccepted: bool = False) -> dict:

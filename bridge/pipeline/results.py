@@ -8,7 +8,7 @@ from bridge.redact import Redactor
 
 def redactor_for(record: TaskRecord) -> Redactor:
     """A redactor that already knows the secrets visible in the task's own spec."""
-    redactor = Redactor()
+    redactor = Redactor(max_learned=record.limits.secrets)
     redactor.redact_data(record.spec.model_dump(mode="json"))
     return redactor
 

@@ -269,6 +269,8 @@ class TaskRunner:
             handle.timed("worker_s", t0)
             handle.ensure_active()
             phase = "collecting"
+        if exit_info is not None and exit_info.over_limit:
+            return Outcome(Status.FAILED, error("disk", exit_info.over_limit)), None
         if phase == "collecting":
             handle.enter_phase("collecting")
             t0 = time.monotonic()

@@ -14,15 +14,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bridge.pipeline.containers import Reader, run_container
 from bridge.pipeline.handle import PhaseHandle
+from bridge.pipeline.watch import DiskWatch
 from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
+
+PYTHON_HOOK = Path(__file__).resolve().parents[1] / "sandbox" / "python"
+CONTAINER_PYTHON_HOOK = "/var/lib/worker-bridge/python"
 
 
 @dataclass
@@ -111,34 +116,37 @@ def run_verification(
     image: str,
     turn: int,
 ) -> VerificationOutcome:
-    """Run every command (all of them, in order, even after a failure) on the snapshot."""
-    outcome = VerificationOutcome(ok=None, image=image)
+    """Bring the checkout to the snapshot, run the commands on it, and remove it."""
     if not commands:
-        return outcome
+        return VerificationOutcome(ok=None, image=image)
     try:
         checkout.finish(snapshot, changes)
-        for index, command in enumerate(commands):
-            if outcome.timed_out or handle.remaining() <= 0:
-                outcome.timed_out = True
-                result = CommandResult(command=handle.redactor.redact(command), status="not_run")
-            else:
-                result = _run_command(handle, checkout, command, image, turn, index)
-                outcome.timed_out = result.status == "timed_out"
-            outcome.commands.append(result)
-            handle.emit("verification.command", result.model_dump())
-        outcome.ok = not outcome.timed_out and all(c.passed for c in outcome.commands)
-        return outcome
+        return run_commands(handle, checkout.path, commands, image, str(turn))
     finally:
         checkout.discard()
 
 
+def run_commands(
+    handle: PhaseHandle, workspace: Path, commands: list[str], image: str, label: str
+) -> VerificationOutcome:
+    """Run every command (all of them, in order, even after a failure) on ``workspace``, each
+    in a fresh container; ``label`` tells the containers of one round apart (a turn, accept)."""
+    outcome = VerificationOutcome(ok=None, image=image)
+    for index, command in enumerate(commands):
+        if outcome.timed_out or handle.remaining() <= 0:
+            outcome.timed_out = True
+            result = CommandResult(command=handle.redactor.redact(command), status="not_run")
+        else:
+            result = _run_command(handle, workspace, command, image, label, index)
+            outcome.timed_out = result.status == "timed_out"
+        outcome.commands.append(result)
+        handle.emit("verification.command", result.model_dump())
+    outcome.ok = not outcome.timed_out and all(c.passed for c in outcome.commands)
+    return outcome
+
+
 def _run_command(
-    handle: PhaseHandle,
-    checkout: VerifyCheckout,
-    command: str,
-    image: str,
-    turn: int,
-    index: int,
+    handle: PhaseHandle, workspace: Path, command: str, image: str, label: str, index: int
 ) -> CommandResult:
     ctx, limits = handle.ctx, handle.limits
     user, _ = ctx.sandbox_identity()
@@ -148,16 +156,34 @@ def _run_command(
         image=image,
         command=["sh", "-c", command],
         user=user,
-        labels=ctx.labels(handle.task_id, "verify", turn=str(turn), command=str(index)),
-        mounts=[Mount(checkout.path, "/workspace", read_only=False)],
-        env={"HOME": "/home/worker"},
+        labels=ctx.labels(handle.task_id, "verify", turn=label, command=str(index)),
+        mounts=[
+            Mount(workspace, "/workspace", read_only=False),
+            Mount(PYTHON_HOOK, CONTAINER_PYTHON_HOOK, read_only=True),
+        ],
+        env={
+            "HOME": "/home/worker",
+            # The repository's files never shadow an installed module (see sitecustomize.py).
+            "PYTHONSAFEPATH": "1",
+            "PYTHONPATH": CONTAINER_PYTHON_HOOK,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
         memory_mb=limits.memory_mb,
         cpus=limits.cpus,
         pids=limits.pids,
         runtime=ctx.config.runtime,
+        log_max_mb=limits.log_mb,
     )
-    run = run_container(handle, spec, readers=[_tail_reader(out, True), _tail_reader(err, False)])
-    return _command_result(handle, command, run.exit, out, err)
+    watch = DiskWatch(handle)
+    run = run_container(
+        handle, spec, readers=[_tail_reader(out, True), _tail_reader(err, False)], watchdog=watch
+    )
+    result = _command_result(handle, command, run.exit, out, err)
+    watch.passed()
+    note = watch.message(f"Verification command `{result.command}`")
+    if note is not None:
+        result.status, result.note = "over_limit", handle.redactor.redact(note)
+    return result
 
 
 def _tail_reader(tail: Tail, stdout: bool) -> Reader:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from bridge.pipeline.containers import Reader, run_container
 from bridge.pipeline.handle import PhaseHandle
+from bridge.pipeline.watch import DiskWatch
 from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import bounded_lines
@@ -16,7 +17,6 @@ from bridge.workspace.objects import base_stores, container_alternates
 from bridge.workspace.worktree import CONTAINER_GITDIR, TaskWorkspace
 
 MAX_LINE = 2000  # characters of one progress event's text
-MAX_LINE_BYTES = 64 * 1024  # bytes of one output line read at all; the rest is skipped
 
 
 def run_worker_turn(
@@ -42,8 +42,11 @@ def run_worker_turn(
             )
 
     result: list[WorkerExit] = []
+    watch = DiskWatch(handle)
 
     def exited(info: ExitInfo) -> None:
+        watch.passed()  # once more after the exit: a burst between two measurements counts
+        over = watch.message("The worker")
         summary = reader.summary if reader.summary is not None else (reader.last_line or "")
         done = WorkerExit(
             turn=turn.number,
@@ -52,6 +55,7 @@ def run_worker_turn(
             timed_out=info.timed_out,
             summary=handle.redactor.redact(summary[: handle.ctx.config.output_tail_chars]),
             last_progress=handle.redactor.redact((reader.last_progress or "")[:300]),
+            over_limit=over,
         )
         handle.update(worker_exit=done)
         handle.emit(
@@ -71,8 +75,17 @@ def run_worker_turn(
         adopt=resume,
         on_start=started,
         on_exit=exited,
+        watchdog=watch,
     )
     return result[0]
+
+
+def clip(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` within ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    note = f" [worker-bridge: line cut, {len(text) - limit} more characters]"
+    return text[: max(limit - len(note), 0)] + note
 
 
 def _container_spec(
@@ -116,6 +129,7 @@ def _container_spec(
         cpus=limits.cpus,
         pids=limits.pids,
         runtime=ctx.config.runtime,
+        log_max_mb=limits.log_mb,
     )
 
 
@@ -134,7 +148,7 @@ class _ProgressReader:
     def consume(self, chunks: Iterator[bytes]) -> None:
         limit = self.handle.ctx.config.max_progress_events
         try:
-            for line in bounded_lines(chunks, MAX_LINE_BYTES):
+            for line in bounded_lines(chunks, self.handle.limits.line_kb * 1024):
                 if line.strip():
                     self.last_line = line
                 parsed = self.worker.parse_line(line)
@@ -149,7 +163,7 @@ class _ProgressReader:
                     continue
                 self.count += 1
                 if self.count <= limit:
-                    self.handle.emit("worker.progress", {"line": parsed.progress[:MAX_LINE]})
+                    self.handle.emit("worker.progress", {"line": clip(parsed.progress)})
                 elif self.count == limit + 1:
                     self.handle.emit(
                         "worker.progress",

@@ -1,25 +1,13 @@
-"""Accept: apply exactly the verified snapshot's diff to the user's working tree, as uncommitted
-changes, under the repository lock. Refusals are results (with a reason), not exceptions."""
+"""Accept's check of the snapshot's symlinks: none that the task adds or changes may point outside
+the repository, also through the snapshot's other links (the writing is `writer.py`, the
+orchestration `pipeline/accepting.py`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+import os
 
 from bridge.workspace.changes import Change
 from bridge.workspace.git import Git
-from bridge.workspace.locks import repository_lock
-
-
-@dataclass
-class AcceptOutcome:
-    applied: list[str] = field(default_factory=list)
-    refusal: str | None = None
-    kind: str | None = None  # error kind of a refusal
-
-    @property
-    def ok(self) -> bool:
-        return self.refusal is None
 
 
 def _snapshot_symlinks(git: Git, snapshot: str) -> dict[str, str]:
@@ -29,11 +17,18 @@ def _snapshot_symlinks(git: Git, snapshot: str) -> dict[str, str]:
     for entry in listing:
         if entry.startswith(b"120000 "):
             meta, _, path = entry.partition(b"\t")
-            shas[path.decode(errors="surrogateescape")] = meta.split()[2].decode()
-    targets = {}
-    for path, sha in shas.items():
-        targets[path] = git.run("cat-file", "blob", sha).stdout.decode(errors="replace")
-    return targets
+            shas[os.fsdecode(path)] = meta.split()[2].decode()
+    if not shas:
+        return {}
+    # One `cat-file --batch` for all of them: "<sha> blob <size>\n<data>\n" each.
+    out = git.run("cat-file", "--batch", input="".join(f"{s}\n" for s in shas.values()).encode())
+    data, pos, blobs = out.stdout, 0, {}
+    for sha in shas.values():
+        header_end = data.index(b"\n", pos)
+        size = int(data[pos:header_end].split()[2])
+        blobs[sha] = data[header_end + 1 : header_end + 1 + size].decode(errors="replace")
+        pos = header_end + 1 + size + 1
+    return {path: blobs[sha] for path, sha in shas.items()}
 
 
 def _resolve(
@@ -78,43 +73,3 @@ def escaping_symlink(git: Git, snapshot: str, changes: list[Change]) -> tuple[st
         if _resolve(path.split("/")[:-1], target, links, [40]) is None:
             return path, target
     return None
-
-
-def apply_snapshot(
-    home: Path, repo: Path, snapshot: str, changes: list[Change], diff: Path
-) -> AcceptOutcome:
-    """Apply ``diff`` to ``repo``'s working tree, or refuse leaving every file as it was."""
-    git = Git(repo)
-    with repository_lock(home, repo):
-        escape = escaping_symlink(git, snapshot, changes)
-        if escape:
-            return AcceptOutcome(
-                refusal=f"Refusing to accept: symlink '{escape[0]}' points outside the "
-                f"repository ('{escape[1]}').",
-                kind="symlink_escape",
-            )
-        paths = sorted({p for change in changes for p in change.paths})
-        if paths:
-            specs = [f":(literal){p}" for p in paths]
-            dirty = git.run(
-                "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *specs
-            ).stdout.decode(errors="replace")
-            if dirty:
-                first = dirty.split("\0")[0][3:]
-                return AcceptOutcome(
-                    refusal=f"Refusing to accept: '{first}' has uncommitted changes in {repo}; "
-                    "commit or stash them, then accept again.",
-                    kind="internal",
-                )
-        if not changes:
-            return AcceptOutcome(applied=[])
-        proc = git.run("apply", "--binary", "--whitespace=nowarn", "--", str(diff), check=False)
-        if proc.returncode != 0:
-            detail = proc.stderr.decode(errors="replace").strip().splitlines()
-            return AcceptOutcome(
-                refusal="Refusing to accept: the snapshot no longer applies to "
-                f"{repo} ({detail[0] if detail else 'git apply failed'}); the repository moved "
-                "since the task's base commit.",
-                kind="internal",
-            )
-    return AcceptOutcome(applied=[c.path for c in changes])

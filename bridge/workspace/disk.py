@@ -1,4 +1,4 @@
-"""Storage safety: refuse to allocate a workspace when free disk is below the reserve."""
+"""Storage safety: the free-disk reserve a task must leave under the state root."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ from pathlib import Path
 from bridge.errors import DiskFull
 
 
+def reserve_bytes(home: Path, reserve_gb: float | None) -> float:
+    """The reserve: ``reserve_gb``, or by default the larger of 10 GiB and 5% of the disk."""
+    if reserve_gb is not None:
+        return reserve_gb * 2**30
+    return max(10 * 2**30, 0.05 * shutil.disk_usage(home).total)
+
+
 def check_free_space(home: Path, reserve_gb: float | None) -> None:
-    """Raise when free space under ``home`` is below ``reserve_gb`` (default: the larger of
-    10 GiB and 5% of the disk)."""
+    """Raise DiskFull when free space under ``home`` is below the reserve."""
     home.mkdir(parents=True, exist_ok=True)
-    usage = shutil.disk_usage(home)
-    reserve = reserve_gb * 2**30 if reserve_gb is not None else max(10 * 2**30, 0.05 * usage.total)
-    if usage.free < reserve:
+    free = shutil.disk_usage(home).free
+    reserve = reserve_bytes(home, reserve_gb)
+    if free < reserve:
         raise DiskFull(
-            f"Only {usage.free / 2**30:.1f} GiB free under {home}, below the reserve of "
+            f"Only {free / 2**30:.1f} GiB free under {home}, below the reserve of "
             f"{reserve / 2**30:.1f} GiB (disk_reserve_gb); free space or run "
             "`worker-bridge workspaces prune --apply`."
         )

@@ -125,10 +125,20 @@ class OpenDirs:
         return self._dir(folder), name
 
     def _dir(self, folder: bytes) -> int:
+        """Open ``folder`` from its nearest open ancestor down, one component at a time."""
         if folder in self._fds:
             return self._fds[folder]
-        up, _, name = folder.rpartition(b"/")
-        fd = os.open(name, _DIR_FLAGS, dir_fd=self._dir(up))
+        parts = folder.split(b"/")
+        known = len(parts)
+        while known > 0 and b"/".join(parts[:known]) not in self._fds:
+            known -= 1
+        fd = self._fds[b"/".join(parts[:known])] if known else self._fds[b""]
+        opened = None
+        for i in range(known, len(parts)):
+            nxt = os.open(parts[i], _DIR_FLAGS, dir_fd=fd)
+            if opened is not None:
+                os.close(opened)
+            fd = opened = nxt
         if len(self._fds) > self.keep:
             victim = next(k for k in self._fds if k != b"")
             os.close(self._fds.pop(victim))

@@ -100,8 +100,11 @@ class Git:
             )
         return proc
 
-    def popen(self, *args: str, stderr: object = None) -> subprocess.Popen[bytes]:
-        """A streaming git process (stdin a pipe, stdout discarded) with the same options."""
+    def popen(
+        self, *args: str, stdout: bool = False, stderr: object = None
+    ) -> subprocess.Popen[bytes]:
+        """A streaming git process (stdin a pipe; stdout a pipe when asked, else discarded)
+        with the same options."""
         env = {k: v for k, v in os.environ.items() if k not in _CALLER_ONLY}
         env.update(_ENV)
         return subprocess.Popen(
@@ -109,7 +112,7 @@ class Git:
             cwd=self.cwd,
             env=env,
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
             stderr=stderr,  # type: ignore[arg-type]
         )
 

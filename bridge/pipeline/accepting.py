@@ -1,0 +1,225 @@
+"""Accept: write a task's verified change into the user's working tree as uncommitted changes.
+
+What is written is exactly what was verified: the snapshot's blobs, byte for byte (see
+`workspace.writer`). When the user's HEAD moved past the task's base, the change is applied to
+the current HEAD (`git apply --cached` in the attribute-free git dir, so nothing is written to
+the user's object store), the verification commands run again on that tree in a clean
+container, and the files are written only if they pass (`reverify=False` skips this; the result
+then says the change is unverified on that HEAD).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from bridge.models import Status
+from bridge.pipeline.context import Context
+from bridge.pipeline.handle import PhaseHandle
+from bridge.pipeline.results import redactor_for
+from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
+from bridge.pipeline.verify import VerificationOutcome, run_commands
+from bridge.records import AcceptResult, TaskRecord
+from bridge.store.db import now_iso
+from bridge.store.owners import Owner
+from bridge.workspace.accept import escaping_symlink
+from bridge.workspace.changes import export_snapshot, list_changes
+from bridge.workspace.fs import display, remove_tree
+from bridge.workspace.git import Git
+from bridge.workspace.locks import repository_lock
+from bridge.workspace.rawgit import object_format, raw_git
+from bridge.workspace.worktree import TaskWorkspace, chown_tree, remove_workspace
+from bridge.workspace.writer import (
+    BlobReader,
+    Refused,
+    Writer,
+    check_entries,
+    check_written,
+    dirty_paths,
+    target_entries,
+)
+
+
+def accept_task(
+    ctx: Context,
+    record: TaskRecord,
+    diff: Path,
+    *,
+    allow_unverified: bool = False,
+    reverify: bool = True,
+) -> AcceptResult:
+    task_id = record.task_id
+
+    def refused(reason: str, kind: str) -> AcceptResult:
+        return AcceptResult(accepted=False, task_id=task_id, reason=reason, kind=kind)
+
+    if record.status != Status.SUCCEEDED:
+        return refused(
+            f"Task {task_id} is {record.status}; only a succeeded task can be accepted.", "status"
+        )
+    ok = record.verification.ok if record.verification else None
+    if ok is not True and not allow_unverified:
+        return refused(
+            f"Task {task_id} was not verified (it has no verify commands); review "
+            "its diff and accept with --allow-unverified.",
+            "unverified",
+        )
+    try:
+        return _accept(ctx, record, diff, reverify)
+    except Refused as exc:
+        return refused(str(exc), exc.kind)
+
+
+def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> AcceptResult:
+    repo, home = Path(record.repository), ctx.home
+    base, snapshot = record.base_commit or "", record.snapshot_commit or ""
+    changes = list_changes(repo, base, snapshot)
+    head = Git(repo).resolve_commit("HEAD")
+    raw = raw_git(home, repo)
+    target, reverified, verification = snapshot, None, None
+    if head != base:
+        target = _merged_tree(ctx, record, raw, head, diff)
+        commands = record.spec.verification.commands
+        if reverify and commands:
+            outcome = _reverify(ctx, record, target)
+            verification = outcome.document()
+            if not outcome.ok:
+                bad = outcome.first_failure
+                what = f"`{bad.command}` {_how(bad)}" if bad else "the commands did not all run"
+                raise Refused(
+                    f"Refusing to accept: on the current HEAD {head[:12]} (the task started from "
+                    f"{base[:12]}), verification failed: {what}; nothing was written.",
+                    "verification_failed",
+                )
+        reverified = bool(reverify and commands)
+    paths = sorted({p for change in changes for p in change.paths})
+    escape = escaping_symlink(raw, target, changes)
+    if escape:
+        raise Refused(
+            f"Refusing to accept: symlink '{display(escape[0])}' points outside the "
+            f"repository ('{escape[1]}').",
+            "symlink_escape",
+        )
+    entries = target_entries(raw, target, paths)
+    with repository_lock(home, repo):
+        if Git(repo).resolve_commit("HEAD") != head:
+            raise Refused(
+                f"Refusing to accept: HEAD of {repo} moved while task {record.task_id} was being "
+                "accepted; accept again."
+            )
+        check_entries(repo, entries, dirty_paths(repo))
+        writer = Writer(repo, ctx.task_dir(record.task_id) / "accept-backup")
+        blobs = BlobReader(raw)
+        try:
+            writer.apply(entries, blobs)
+            wrong = check_written(repo, entries, object_format(repo), record.limits.file_mb * 2**20)
+            if wrong is not None:
+                raise Refused(
+                    f"Refusing to accept: '{display(wrong)}' did not match the verified snapshot "
+                    "after writing; every file was put back."
+                )
+            if not ctx.store.transition(
+                record.task_id,
+                Status.ACCEPTED,
+                expect={Status.SUCCEEDED},
+                event={"applied": len(entries), "head": head, "reverified": reverified},
+                finished_at=now_iso(),
+            ):
+                raise Refused(
+                    f"Task {record.task_id} changed status while accepting; check it again.",
+                    "status",
+                )
+        except BaseException:
+            writer.undo()
+            raise
+        finally:
+            blobs.close()
+        writer.commit()
+    applied = [display(e.path) for e in entries]
+    ctx.store.add_event(record.task_id, "task.accepted", {"files": applied[:1000], "head": head})
+    remove_workspace(home, TaskWorkspace.plan(home, repo, record.task_id))
+    return AcceptResult(
+        accepted=True,
+        task_id=record.task_id,
+        applied=applied,
+        head=head,
+        reverified=reverified,
+        verification=verification,
+    )
+
+
+def _how(command) -> str:  # noqa: ANN001
+    if command.status == "not_run":
+        return "did not run"
+    if command.status == "timed_out":
+        return "passed the deadline"
+    return f"exited with status {command.exit_code}"
+
+
+def _merged_tree(ctx: Context, record: TaskRecord, raw: Git, head: str, diff: Path) -> str:
+    """The tree of HEAD with the task's change applied, made in the attribute-free git dir."""
+    index = ctx.task_dir(record.task_id) / "accept.index"
+    index.parent.mkdir(parents=True, exist_ok=True)
+    env = {"GIT_INDEX_FILE": str(index)}
+    try:
+        raw.run("read-tree", head, env=env)
+        proc = raw.run(
+            "apply", "--cached", "--binary", "--whitespace=nowarn", str(diff), env=env, check=False
+        )
+        if proc.returncode != 0:
+            detail = proc.stderr.decode(errors="replace").strip().splitlines()
+            raise Refused(
+                f"Refusing to accept: the snapshot no longer applies to HEAD {head[:12]} of "
+                f"{record.repository} ({detail[0] if detail else 'git apply failed'}); the "
+                "repository moved since the task's base commit."
+            )
+        return raw.out("write-tree", env=env)
+    finally:
+        index.unlink(missing_ok=True)
+
+
+def _reverify(ctx: Context, record: TaskRecord, tree: str) -> VerificationOutcome:
+    """The task's verification commands on ``tree``, in clean containers, holding leases like
+    any task container, under a fresh deadline of the task's timeout."""
+    run_ctx = ctx.with_config(record.config)
+    store = ctx.store
+    wanted = lambda: store.status(record.task_id) == Status.SUCCEEDED  # noqa: E731
+    handle = PhaseHandle(
+        task_id=record.task_id,
+        record=record,
+        ctx=run_ctx,
+        redactor=redactor_for(record),
+        deadline_at=time.time() + record.limits.timeout_seconds,
+        wanted=wanted,
+    )
+    owner = Owner()
+    if not wait_for_leases(store, record, owner, still_wanted=wanted, ahead_of_queue=True):
+        raise Refused(
+            f"Task {record.task_id} changed status while accepting; check it again.", "status"
+        )
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_EVERY):
+            store.runners.heartbeat(record.task_id, owner, LEASE_TTL)
+
+    threading.Thread(target=beat, name="accept-heartbeat", daemon=True).start()
+    scratch = run_ctx.task_dir(record.task_id) / "reverify"
+    try:
+        remove_tree(scratch)
+        scratch.mkdir(parents=True)
+        checkout = scratch / "checkout"
+        export_snapshot(run_ctx.home, Path(record.repository), tree, checkout, scratch)
+        _, user = run_ctx.sandbox_identity()
+        if user is not None:
+            chown_tree(checkout, *user)
+        image = record.spec.verification.image or run_ctx.config.verify_image_ref
+        handle.emit("accept.reverifying", {"tree": tree, "image": image})
+        outcome = run_commands(handle, checkout, record.spec.verification.commands, image, "accept")
+        handle.emit("accept.reverified", {"ok": outcome.ok})
+        return outcome
+    finally:
+        stop.set()
+        store.leases.release(record.task_id, owner)
+        remove_tree(scratch)

@@ -1,0 +1,63 @@
+"""The disk limit while a container runs: a watchdog beside each task container measures the
+folders the task writes on the host (its worktree and its task folder, where verification
+checkouts live) and kills the container once they pass `limits.disk_mb`, or once free disk under
+the state root falls below the reserve. Measuring walks the folders, so it is spaced by ten times
+what the last walk took (at least every half second)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+from bridge.pipeline.handle import PhaseHandle
+from bridge.workspace.disk import reserve_bytes
+from bridge.workspace.fs import tree_size
+
+
+class DiskWatch:
+    """Call it as `run_container(..., watchdog=DiskWatch(...))`; then ask `message`."""
+
+    def __init__(self, handle: PhaseHandle) -> None:
+        self.handle = handle
+        home, task_id = handle.ctx.home, handle.task_id
+        self.roots = [home / "worktrees" / task_id, handle.ctx.task_dir(task_id)]
+        self.limit = handle.limits.disk_mb * 2**20
+        self.used: int | None = None  # bytes measured when the limit was passed
+        self.low_free: int | None = None  # free bytes when the reserve was passed
+
+    def __call__(self, container_id: str, ended: threading.Event) -> None:
+        interval = 0.5
+        while not ended.wait(interval):
+            started = time.monotonic()
+            if self.passed():
+                self.handle.ctx.sandbox.kill(container_id)
+                return
+            interval = min(max(0.5, 10 * (time.monotonic() - started)), 10.0)
+
+    def passed(self) -> bool:
+        """Measure now; True (and remembered) when a limit is passed."""
+        used = tree_size(self.roots)
+        if used > self.limit:
+            self.used = used
+            return True
+        home = self.handle.ctx.home
+        free = shutil.disk_usage(home).free
+        if free < reserve_bytes(home, self.handle.ctx.config.disk_reserve_gb):
+            self.low_free = free
+            return True
+        return False
+
+    def message(self, who: str) -> str | None:
+        """One sentence when a limit was passed (``who``: the worker, a verification command)."""
+        if self.used is not None:
+            return (
+                f"{who} used {self.used / 2**20:.0f} MB of disk, over the "
+                f"{self.limit / 2**20:.0f} MB limit (limits.disk_mb); it was stopped."
+            )
+        if self.low_free is not None:
+            return (
+                f"{who} was stopped: only {self.low_free / 2**30:.1f} GiB stayed free under "
+                f"{self.handle.ctx.home}, below the reserve (disk_reserve_gb)."
+            )
+        return None
