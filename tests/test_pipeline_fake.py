@@ -331,3 +331,19 @@ def test_the_runner_uses_the_configuration_recorded_with_the_task(home, repo):
     assert result.status in TERMINAL
     creator.close()
     other.close()
+
+
+def test_a_runner_whose_final_write_raises_still_leaves_the_task_terminal(fast, repo, monkeypatch):
+    real = fast.store.transition
+
+    def failing(task_id, target, **kwargs):
+        if target == "succeeded":
+            raise RuntimeError("database disk image is malformed")
+        return real(task_id, target, **kwargs)
+
+    monkeypatch.setattr(fast.store, "transition", failing)
+    result = run(fast, mock_task(repo, {"write": {"a": "a"}}))
+    assert result.status == "failed"
+    assert result.error.kind == "internal"
+    assert "could not be stored" in result.error.message
+    assert "malformed" in result.error.message

@@ -15,6 +15,17 @@ from bridge.workspace.worktree import TaskWorkspace
 MAX_DROPPED_REPORTED = 200
 
 
+class CollectTimedOut(Exception):
+    """The deadline passed while the worker's files were being read."""
+
+
+def _stop_check(handle: PhaseHandle) -> None:
+    """Reading what the worker wrote happens under the task's deadline, and a cancel ends it."""
+    handle.ensure_active()
+    if handle.remaining() <= 0:
+        raise CollectTimedOut()
+
+
 @dataclass
 class Collected:
     snapshot: str
@@ -37,6 +48,7 @@ def collect_changes(
         f"worker-bridge snapshot of task {task_id}",
         SnapshotLimits(file_bytes=limits.file_mb * 2**20, change_bytes=limits.change_mb * 2**20),
         baseline,
+        stop=lambda: _stop_check(handle),
     )
     if snapshot.dropped:
         handle.emit(

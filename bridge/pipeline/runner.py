@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bridge.errors import BridgeError
 from bridge.models import Status
-from bridge.pipeline.collect import collect_changes
+from bridge.pipeline.collect import CollectTimedOut, collect_changes
 from bridge.pipeline.context import Context
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.handle import PhaseHandle, PipelineHooks, Superseded
@@ -275,15 +275,18 @@ class TaskRunner:
             handle.enter_phase("collecting")
             t0 = time.monotonic()
             start = self.snapshot if turn.number > 0 and self.snapshot else base
-            collected = collect_changes(handle, ws, start, baseline)
+            try:
+                collected = collect_changes(handle, ws, start, baseline)
+            except CollectTimedOut:
+                return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, "collecting")), None
             handle.timed("collect_s", t0)
             snapshot, changes = collected.snapshot, collected.changes
             self.snapshot = snapshot
             handle.update(
                 summary=exit_info.summary if exit_info else None,
                 snapshot_commit=snapshot,
-                changed_files=[c.result_entry() for c in changes],
-                dropped=[d.document() for d in collected.dropped],
+                changed_files=handle.redactor.redact_data([c.result_entry() for c in changes]),
+                dropped=handle.redactor.redact_data([d.document() for d in collected.dropped]),
             )
             verdict = judge_worker(
                 exit_info, changes, self.record.spec, handle.limits, self.task_id

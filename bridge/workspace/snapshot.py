@@ -17,7 +17,7 @@ import hashlib
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from bridge.workspace.git import Git, nul_join
 from bridge.workspace.worktree import TaskWorkspace, clear_stale_locks
 
 MAX_PATH_BYTES = 3072  # a longer path would not check out under a verification folder
+STOP_EVERY = 500  # paths read between two calls of the stop check
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,13 @@ def snapshot_worktree(
     message: str,
     limits: SnapshotLimits,
     baseline: dict[str, Stat] | None = None,
+    stop: Callable[[], None] = lambda: None,
 ) -> Snapshot:
     """Commit the worktree to the task branch: the tree of ``start`` (the base, or the previous
     turn's snapshot) changed by what the worker touched since ``baseline`` (every path when
-    there is none), with ``base`` as parent. Raises DiskFull when a limit is passed."""
+    there is none), with ``base`` as parent. Raises DiskFull when a limit is passed. ``stop``
+    is called every STOP_EVERY paths read and may raise to end the work (a cancel, the
+    deadline); nothing is committed then."""
     current = record_files(ws.worktree)
     tracked = _tree(ws.repository, start)
     if baseline is not None:
@@ -79,12 +83,14 @@ def snapshot_worktree(
         candidates = current.keys() | {p for p, e in tracked.items() if e.mode != "160000"}
     with fs.OpenDirs(ws.worktree) as dirs:
         plan = _Plan(ws, tracked, current, limits, dirs)
-        for path in sorted(candidates):
+        for n, path in enumerate(sorted(candidates)):
+            if n % STOP_EVERY == 0:
+                stop()
             plan.consider(path)
     plan.drop_from_worktree()
     plan.leave_out_ignored()
     plan.check_limits()
-    commit = _fast_import(ws, base, start, message, plan)
+    commit = _fast_import(ws, base, start, message, plan, stop)
     return Snapshot(commit, plan.dropped)
 
 
@@ -253,7 +259,7 @@ def _quote(path: str) -> bytes:
 
 
 def _commands(
-    ws: TaskWorkspace, base: str, start: str, message: str, plan: _Plan
+    ws: TaskWorkspace, base: str, start: str, message: str, plan: _Plan, stop: Callable[[], None]
 ) -> Iterator[bytes]:
     text = message.encode()
     yield (
@@ -267,7 +273,9 @@ def _commands(
     for path in plan.deletes:
         yield b"D %s\n" % _quote(path)
     with fs.OpenDirs(ws.worktree) as dirs:
-        for path, mode in sorted(plan.writes.items()):
+        for n, (path, mode) in enumerate(sorted(plan.writes.items())):
+            if n % STOP_EVERY == 0:
+                stop()
             if mode == "120000":
                 data = fs.read_link(dirs, path)
             else:
@@ -278,14 +286,21 @@ def _commands(
     yield b"\ndone\n"
 
 
-def _fast_import(ws: TaskWorkspace, base: str, start: str, message: str, plan: _Plan) -> str:
+def _fast_import(
+    ws: TaskWorkspace,
+    base: str,
+    start: str,
+    message: str,
+    plan: _Plan,
+    stop: Callable[[], None],
+) -> str:
     clear_stale_locks(ws)
     git = Git(ws.repository)
     with tempfile.TemporaryFile() as errors:
         proc = git.popen("fast-import", "--quiet", "--done", "--force", stderr=errors)
         try:
             assert proc.stdin is not None
-            for chunk in _commands(ws, base, start, message, plan):
+            for chunk in _commands(ws, base, start, message, plan, stop):
                 proc.stdin.write(chunk)
             proc.stdin.close()
         except BrokenPipeError:
