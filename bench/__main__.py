@@ -97,7 +97,7 @@ def main() -> int:
         if args.large_repo:
             large = root / "large-repo"
             subprocess.run(
-                ["git", "clone", "-q", "--local", "--no-checkout", args.large_repo, str(large)],
+                ["git", "clone", "-q", "--no-hardlinks", "--no-checkout", args.large_repo, str(large)],
                 check=True,
             )
         else:

@@ -54,6 +54,9 @@ class LimitDefaults(BaseModel):
     change_mb: int = Field(
         1024, ge=1, description="Largest whole change, all its files together (`disk`)."
     )
+    files: int = Field(
+        500_000, ge=100, description="Files (and links) a worktree may hold when collected."
+    )
     log_mb: int = Field(16, ge=1, description="What the engine keeps of one container's output.")
     line_kb: int = Field(64, ge=1, description="Longest output line read; the rest is cut.")
     secrets: int = Field(

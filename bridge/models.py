@@ -39,6 +39,7 @@ class Limits(_Strict):
     disk_mb: int | None = Field(None, ge=1)
     file_mb: int | None = Field(None, ge=1)
     change_mb: int | None = Field(None, ge=1)
+    files: int | None = Field(None, ge=100)
     log_mb: int | None = Field(None, ge=1)
     line_kb: int | None = Field(None, ge=1)
     secrets: int | None = Field(None, ge=10)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
@@ -76,9 +77,10 @@ class WorkerExit(_Doc):
 
 class TaskRecord(BaseModel):
     """One row of the tasks table, typed. `spec` is exactly what runs (never redacted);
-    `config` is the configuration recorded at creation, which the task's runner uses."""
+    `config` is the configuration recorded at creation, which the task's runner uses. Both
+    are parsed on first use (listing many tasks needs neither)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     task_id: str
     status: Status
@@ -89,9 +91,8 @@ class TaskRecord(BaseModel):
     base_commit: str | None = None
     priority: int = 50
     idempotency_key: str | None = None
-    spec: TaskSpec
-    config: Config
-    limits: LimitDefaults
+    spec_doc: dict[str, Any] = Field(alias="spec")
+    config_doc: dict[str, Any] = Field(default_factory=dict, alias="config")
     created_at: str
     updated_at: str | None = None
     started_at: str | None = None
@@ -117,14 +118,23 @@ class TaskRecord(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _from_row(cls, row: Any) -> Any:
-        if not isinstance(row, dict):
-            return row
-        row = {k: v for k, v in row.items() if v is not None}
-        config = dict(row.get("config") or {})
-        limits = config.pop("effective_limits", None)
-        row["config"] = Config.from_record({"home": "/", **config})
-        row.setdefault("limits", limits or row["config"].limits.model_dump())
+        if isinstance(row, dict):
+            row = {k: v for k, v in row.items() if v is not None}
         return row
+
+    @cached_property
+    def spec(self) -> TaskSpec:
+        return TaskSpec.model_validate(self.spec_doc)
+
+    @cached_property
+    def config(self) -> Config:
+        data = {k: v for k, v in self.config_doc.items() if k != "effective_limits"}
+        return Config.from_record({"home": "/", **data})
+
+    @cached_property
+    def limits(self) -> LimitDefaults:
+        recorded = self.config_doc.get("effective_limits")
+        return LimitDefaults.model_validate(recorded) if recorded else self.config.limits
 
     @property
     def follow_up_message(self) -> str | None:

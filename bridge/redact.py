@@ -25,6 +25,8 @@ _TOKEN = re.compile(
     r"|github_pat_[A-Za-z0-9_]{22,}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,}"
     r"|sk-[A-Za-z0-9_-]{20,}"
+    r"|npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"
+    r"|glpat-[A-Za-z0-9_-]{20,}"
     r"|eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,})"
 )
 # scheme://user:password@host (password may hold "@"; the last one before the path wins), and
@@ -32,6 +34,12 @@ _TOKEN = re.compile(
 _URL_USERINFO = re.compile(
     r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://"
     r"(?:[^\s/?#@:'\"]*:(?P<secret>[^\s/?#'\"]+)|(?P<token>[A-Za-z0-9_.~%+-]{20,}))@"
+)
+# Command-line flags that take a secret as the next word, and curl/wget-style user:password.
+_FLAG = re.compile(
+    r"(?<![\w-])--?(?:password|passwd|pass|token|api[-_]?key|secret|auth-token|access-token)"
+    r"[ \t]+(?P<secret>[^\s\"'`$-][^\s\"'`]*)"
+    r"|(?<![\w-])(?:-u|--user)[ \t]+[^\s:\"']+:(?P<token>[^\s\"'`]+)"
 )
 # "key=value", "key: value", '"key": "value"', ...; _is_secret_key decides whether a key counts.
 _PAIR_KEY = re.compile(
@@ -175,7 +183,7 @@ class Redactor:
                 self._secrets.add(value)
 
     def _apply_patterns(self, text: str) -> str:
-        for pattern in (_PEM, _SLACK_WEBHOOK, _TOKEN, _URL_USERINFO):
+        for pattern in (_PEM, _SLACK_WEBHOOK, _TOKEN, _URL_USERINFO, _FLAG):
             text = pattern.sub(self._mask_group, text)
         return self._mask_pairs(text)
 

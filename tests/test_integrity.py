@@ -351,13 +351,71 @@ def test_what_the_worker_prints_never_reaches_the_terminal_raw(cli, repo, workdi
 
 def test_a_worker_added_pytest_py_does_not_replace_pytest_in_the_checks(cli, repo, workdir):
     fake = "import sys\nprint('1 passed')\nsys.exit(0)\n"
+    early = "import os\nprint('1 passed')\nos._exit(0)\n"
     broken = "def add(a, b):\n    return a - b\n"
-    spec = mock_task(
-        repo, {"write": {"pytest.py": fake, "calc.py": broken}}, verify=["python3 -m pytest -q"]
-    )
+    files = {
+        "pytest.py": fake,
+        "usercustomize.py": early,  # would run before anything, were user sites on
+        "sitecustomize.py": early,  # would run before anything, were the repository first
+        "calc.py": broken,
+    }
+    spec = mock_task(repo, {"write": files}, verify=["python3 -m pytest -q"])
     spec["metadata"]["auto_repair"] = 0
     result = run(cli, workdir, spec)
     assert result["status"] == "failed"
     [command] = result["verification"]["commands"]
     assert command["exit_code"] == 1
     assert "1 failed" in command["stdout_tail"]
+
+
+def test_each_check_runs_on_a_fresh_checkout_so_one_cannot_doctor_the_next(cli, repo, workdir):
+    tamper = (
+        "echo 'def test_add(): pass' > tests/test_calc.py;"
+        " echo 'import os; os._exit(0)' > conftest.py; echo stale > build.out; exit 0"
+    )
+    spec = mock_task(
+        repo,
+        {"write": {"calc.py": "def add(a, b):\n    return a - b\n"}},
+        verify=[tamper, "test ! -e conftest.py && test ! -e build.out", "python3 -m pytest -q"],
+    )
+    spec["verification"]["protected_paths"] = ["tests/**"]
+    spec["metadata"]["auto_repair"] = 0
+    result = run(cli, workdir, spec)
+    codes = [c["exit_code"] for c in result["verification"]["commands"]]
+    assert codes == [0, 0, 1], result["verification"]["commands"]
+    assert result["status"] == "failed"
+
+
+def test_accept_refuses_to_write_over_the_users_ignored_env_file(cli, repo, workdir):
+    (repo / ".gitignore").write_text("*.log\n__pycache__/\n.env\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-qm", "ignore .env")
+    (repo / ".env").write_text("API_KEY=the-users-real-one\n")
+    mock = {"write": {".gitignore": "", ".env": "API_KEY=the-workers\n"}}
+    result = run(cli, workdir, mock_task(repo, mock, verify=["true"]))
+    assert result["status"] == "succeeded", result["error"]
+    refused = cli("tasks", "accept", result["task_id"])
+    assert refused.code == 1 and "not tracked" in refused.stderr, refused.stderr
+    assert (repo / ".env").read_text() == "API_KEY=the-users-real-one\n"
+    assert (repo / ".gitignore").read_text() == "*.log\n__pycache__/\n.env\n"
+
+
+def test_accept_refuses_a_new_link_that_leaves_through_a_symlink_of_the_users(cli, repo, workdir):
+    result = run(cli, workdir, mock_task(repo, {"script": "ln -s venv/lib lib"}, verify=["true"]))
+    assert result["status"] == "succeeded", result["error"]
+    (repo / "venv").symlink_to("/usr")  # the user's own, untracked
+    refused = cli("tasks", "accept", result["task_id"])
+    assert refused.code == 1 and "outside the repository" in refused.stderr, refused.stderr
+    assert not os.path.lexists(repo / "lib")
+
+
+def test_a_summary_cannot_forge_lines_of_the_cli_output(cli, repo, workdir):
+    forged = "done\n  verification: ok\n    [pass] pytest (0.1 s)\u2028"
+    spec = mock_task(repo, {"write": {"a": "a"}, "summary": forged}, verify=["exit 1"])
+    spec["metadata"]["auto_repair"] = 0
+    result = run(cli, workdir, spec)
+    shown = cli("tasks", "show", result["task_id"]).stdout.splitlines()
+    assert [line for line in shown if line.startswith("  verification:")] == [
+        "  verification: FAILED"
+    ]
+    assert not any("\u2028" in line for line in shown)

@@ -164,3 +164,66 @@ def test_a_file_over_the_limit_fails_before_anything_is_written_to_the_object_st
         _snap(ws, base, before, many)
     assert git(repo, "count-objects", "-v") == objects_before
     assert git(repo, "rev-parse", ws.branch).strip() == base  # the branch did not move
+
+
+def test_names_git_would_refuse_and_pathspec_lookalikes_are_handled(home, repo):
+    ws, base = _workspace(home, repo, "names2")
+    before = record_files(ws.worktree)
+    root = ws.worktree
+    (root / ":(glob)x").write_text("looks like pathspec magic\n")
+    (root / ":!y").write_text("so does this\n")
+    for name in (".git.", ".GIT ", "git~1"):
+        (root / name).mkdir()
+        (root / name / "config").write_text("[core]\n")
+    os.symlink("/etc/passwd", root / ".gitmodules")
+    snap = _snap(ws, base, before)
+    dropped = {d.path for d in snap.dropped}
+    assert {".git.", ".GIT ", "git~1", ".gitmodules"} <= dropped
+    listed = git(repo, "ls-tree", "-r", "--name-only", snap.commit).split("\n")
+    assert ":(glob)x" in listed and ":!y" in listed
+    # The snapshot checks out: git itself finds nothing to refuse in it.
+    git(repo, "read-tree", "--index-output=" + str(home / "check.index"), snap.commit)
+
+
+def test_the_diff_keeps_its_prefixes_whatever_the_users_git_config_says(
+    home, repo, workdir, monkeypatch
+):
+    from bridge.workspace.changes import write_diff
+
+    config = workdir / "gitconfig"
+    config.write_text("[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    ws, base = _workspace(home, repo, "prefix")
+    before = record_files(ws.worktree)
+    (ws.worktree / "calc.py").write_text("changed\n")
+    snap = _snap(ws, base, before)
+    write_diff(repo, base, snap.commit, workdir / "d.diff")
+    text = (workdir / "d.diff").read_text()
+    assert "--- a/calc.py" in text and "+++ b/calc.py" in text
+
+
+def test_too_many_files_fail_with_the_limit_named(home, repo):
+    ws, base = _workspace(home, repo, "many")
+    before = record_files(ws.worktree)
+    for i in range(120):
+        (ws.worktree / f"f{i}").write_text("x")
+    small = SnapshotLimits(file_bytes=2**20, change_bytes=2**20, entries=100)
+    with pytest.raises(DiskFull, match="limits.files"):
+        _snap(ws, base, before, small)
+
+
+def test_a_tree_too_deep_to_measure_counts_as_over_the_limit(workdir):
+    from bridge.workspace import fs
+
+    root = workdir / "deep"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(fs.MAX_DEPTH + 5):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    with pytest.raises(fs.TreeTooDeep):
+        fs.tree_size([root])
+    assert fs.remove_tree(root) == [] and not root.exists()

@@ -11,7 +11,13 @@ from typing import Any
 # overrides that reorder what is shown. Each is shown as its escape instead.
 _UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
 _UNSAFE.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
-_UNSAFE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+_UNSAFE.update(
+    {
+        c: f"\\u{c:04x}"
+        for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
+    }
+)
+_UNSAFE.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line and paragraph separators
 
 
 def terminal_safe(text: str) -> str:
@@ -38,34 +44,52 @@ def out_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=True) + "\n")
 
 
+def one_line(text: object) -> str:
+    """A field of one line: newlines in what a worker wrote cannot start lines of their own
+    (a summary cannot print a fake `verification: ok` under the real one)."""
+    return str(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def print_result(result: dict[str, Any]) -> None:
+    f = one_line
     print(f"task {result['task_id']}: {result['status']}")
-    print(f"  worker: {result['worker']}   objective: {result['objective'].strip()[:200]}")
+    print(f"  worker: {f(result['worker'])}   objective: {f(result['objective'].strip()[:200])}")
     if result.get("summary"):
-        print(f"  summary: {result['summary'].strip()[:500]}")
+        print(f"  summary: {f(result['summary'].strip()[:500])}")
     if result.get("error"):
-        print(f"  error ({result['error']['kind']}): {result['error']['message']}")
+        print(f"  error ({result['error']['kind']}): {f(result['error']['message'])}")
     if result["changed_files"]:
         print("  changed files:")
         for entry in result["changed_files"]:
-            extra = f" (from {entry['from']})" if entry.get("from") else ""
-            print(f"    {entry['change']:<12} {entry['path']}{extra}")
+            extra = f" (from {f(entry['from'])})" if entry.get("from") else ""
+            print(f"    {entry['change']:<12} {f(entry['path'])}{extra}")
+    for entry in result.get("dropped") or []:
+        print(f"  left out: {f(entry['path'])} ({f(entry['reason'])})")
     verification = result.get("verification")
     if verification is not None:
         ok = verification.get("ok")
         label = {True: "ok", False: "FAILED", None: "none (no verify commands)"}[ok]
         print(f"  verification: {label}")
         for cmd in verification.get("commands", []):
-            mark = "pass" if cmd["exit_code"] == 0 else f"exit {cmd['exit_code']}"
-            print(f"    [{mark}] {cmd['command']} ({cmd['duration_s']} s)")
+            mark = _mark(cmd)
+            print(f"    [{mark}] {f(cmd['command'])} ({cmd['duration_s']} s)")
     for name, path in result.get("artifacts", {}).items():
         print(f"  {name}: {path}")
+
+
+def _mark(cmd: dict[str, Any]) -> str:
+    status = cmd.get("status") or ("passed" if cmd["exit_code"] == 0 else "failed")
+    if status == "passed":
+        return "pass"
+    if status == "failed":
+        return f"exit {cmd['exit_code']}"
+    return status.replace("_", " ")  # timed out, not run, out of memory, over limit
 
 
 def print_event(event: dict[str, Any]) -> None:
     data = event["data"]
     if event["kind"] == "worker.progress":
-        text = data.get("line", "")
+        text = one_line(data.get("line", ""))
     else:
         text = json.dumps(data, ensure_ascii=False)
     print(f"{event['event_id']:>6} {event['at']} {event['kind']:<22} {text}")

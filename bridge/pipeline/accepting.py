@@ -19,17 +19,17 @@ from bridge.pipeline.context import Context
 from bridge.pipeline.handle import PhaseHandle
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
-from bridge.pipeline.verify import VerificationOutcome, run_commands
+from bridge.pipeline.verify import FreshCheckouts, VerificationOutcome, run_commands
 from bridge.records import AcceptResult, TaskRecord
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workspace.accept import escaping_symlink
-from bridge.workspace.changes import export_snapshot, list_changes
+from bridge.workspace.changes import list_changes
 from bridge.workspace.fs import display, remove_tree
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.rawgit import object_format, raw_git
-from bridge.workspace.worktree import TaskWorkspace, chown_tree, remove_workspace
+from bridge.workspace.worktree import TaskWorkspace, remove_workspace
 from bridge.workspace.writer import (
     BlobReader,
     Refused,
@@ -38,6 +38,7 @@ from bridge.workspace.writer import (
     check_written,
     dirty_paths,
     target_entries,
+    tracked_paths,
 )
 
 
@@ -94,7 +95,7 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
                 )
         reverified = bool(reverify and commands)
     paths = sorted({p for change in changes for p in change.paths})
-    escape = escaping_symlink(raw, target, changes)
+    escape = escaping_symlink(raw, target, changes, repo)
     if escape:
         raise Refused(
             f"Refusing to accept: symlink '{display(escape[0])}' points outside the "
@@ -108,7 +109,7 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
                 f"Refusing to accept: HEAD of {repo} moved while task {record.task_id} was being "
                 "accepted; accept again."
             )
-        check_entries(repo, entries, dirty_paths(repo))
+        check_entries(repo, entries, dirty_paths(repo), tracked_paths(repo))
         writer = Writer(repo, ctx.task_dir(record.task_id) / "accept-backup")
         blobs = BlobReader(raw)
         try:
@@ -209,14 +210,12 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str) -> VerificationOutcom
     try:
         remove_tree(scratch)
         scratch.mkdir(parents=True)
-        checkout = scratch / "checkout"
-        export_snapshot(run_ctx.home, Path(record.repository), tree, checkout, scratch)
-        _, user = run_ctx.sandbox_identity()
-        if user is not None:
-            chown_tree(checkout, *user)
         image = record.spec.verification.image or run_ctx.config.verify_image_ref
         handle.emit("accept.reverifying", {"tree": tree, "image": image})
-        outcome = run_commands(handle, checkout, record.spec.verification.commands, image, "accept")
+        checkouts = FreshCheckouts(handle, tree, scratch)
+        outcome = run_commands(
+            handle, checkouts, record.spec.verification.commands, image, "accept"
+        )
         handle.emit("accept.reverified", {"ok": outcome.ok})
         return outcome
     finally:

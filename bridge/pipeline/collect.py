@@ -46,9 +46,14 @@ def collect_changes(
         base,
         start,
         f"worker-bridge snapshot of task {task_id}",
-        SnapshotLimits(file_bytes=limits.file_mb * 2**20, change_bytes=limits.change_mb * 2**20),
+        SnapshotLimits(
+            file_bytes=limits.file_mb * 2**20,
+            change_bytes=limits.change_mb * 2**20,
+            entries=limits.files,
+        ),
         baseline,
         stop=lambda: _stop_check(handle),
+        timeout=max(handle.remaining(), 1.0),
     )
     if snapshot.dropped:
         handle.emit(

@@ -234,7 +234,14 @@ def _remove_orphan_dir(ctx: Context, path: Path) -> list[str]:
             text = ""
         if text.startswith("gitdir: "):
             admin = Path(text.removeprefix("gitdir: "))  # <repo>/.git/worktrees/<name>
-            repo = admin.parent.parent.parent if admin.parent.name == "worktrees" else None
+            # Trusted only when that repository's own record names this very folder (a `.git`
+            # file a worker planted cannot point prune at some other repository).
+            try:
+                back = fs.read_small(admin / "gitdir", 4096).decode(errors="replace").strip()
+            except OSError:
+                back = ""
+            ours = admin.parent.name == "worktrees" and Path(back) == path / ".git"
+            repo = admin.parent.parent.parent if ours else None
     failed = fs.remove_tree(path)
     if repo is not None and repo.is_dir():
         with repository_lock(ctx.home, repo.resolve()):

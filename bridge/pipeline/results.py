@@ -8,8 +8,9 @@ from bridge.redact import Redactor
 
 def redactor_for(record: TaskRecord) -> Redactor:
     """A redactor that already knows the secrets visible in the task's own spec."""
-    redactor = Redactor(max_learned=record.limits.secrets)
-    redactor.redact_data(record.spec.model_dump(mode="json"))
+    recorded = record.config_doc.get("effective_limits") or {}
+    redactor = Redactor(max_learned=int(recorded.get("secrets", 1000)))
+    redactor.redact_data(record.spec_doc)
     return redactor
 
 

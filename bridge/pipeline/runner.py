@@ -253,7 +253,7 @@ class TaskRunner:
             phase = "worker"
         if phase == "worker" and resuming != "worker":
             # A worker about to start in this process: what it touches is told by stat.
-            baseline = record_files(ws.worktree)
+            baseline = record_files(ws.worktree, limit=handle.limits.files)
         base = self.record.base_commit or ""
         if self.record.spec.verification.commands:
             self._checkout = VerifyCheckout(handle, ws, base, turn.number)

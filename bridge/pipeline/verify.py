@@ -116,31 +116,100 @@ def run_verification(
     image: str,
     turn: int,
 ) -> VerificationOutcome:
-    """Bring the checkout to the snapshot, run the commands on it, and remove it."""
+    """Bring the checkout to the snapshot, run the commands (the first on it, each later one
+    on a fresh checkout of the snapshot), and remove them."""
     if not commands:
         return VerificationOutcome(ok=None, image=image)
     try:
         checkout.finish(snapshot, changes)
-        return run_commands(handle, checkout.path, commands, image, str(turn))
+        fresh = FreshCheckouts(handle, snapshot, checkout.scratch, first=checkout.path)
+        return run_commands(handle, fresh, commands, image, str(turn))
     finally:
         checkout.discard()
 
 
+class FreshCheckouts:
+    """A clean checkout of the tree for each command, so nothing one command's code does to
+    its files (rewriting a protected test, planting a conftest.py) is seen by the next one.
+    Command N+1's checkout is written while command N runs."""
+
+    def __init__(
+        self, handle: PhaseHandle, tree: str, scratch: Path, first: Path | None = None
+    ) -> None:
+        self.handle, self.tree, self.scratch, self.first = handle, tree, scratch, first
+        self._ready: dict[int, threading.Thread] = {}
+        self._errors: dict[int, BaseException] = {}
+
+    def path(self, index: int) -> Path:
+        if index == 0 and self.first is not None:
+            return self.first
+        return self.scratch / f"checkout-{index}"
+
+    def _make(self, index: int) -> None:
+        try:
+            dest = self.path(index)
+            remove_tree(dest)
+            repo = Path(self.handle.record.repository)
+            export_snapshot(self.handle.ctx.home, repo, self.tree, dest, self.scratch)
+            _, owner = self.handle.ctx.sandbox_identity()
+            if owner is not None:
+                chown_tree(dest, *owner)
+        except BaseException as exc:  # raised in the caller's thread by get()
+            self._errors[index] = exc
+
+    def prepare(self, index: int) -> None:
+        """Start writing checkout ``index`` in the background."""
+        if index in self._ready or (index == 0 and self.first is not None):
+            return
+        thread = threading.Thread(target=self._make, args=(index,), daemon=True)
+        self._ready[index] = thread
+        thread.start()
+
+    def get(self, index: int) -> Path:
+        self.prepare(index)
+        if index in self._ready:
+            self._ready[index].join()
+        if index in self._errors:
+            raise self._errors[index]
+        return self.path(index)
+
+    def done(self, index: int) -> None:
+        if index != 0 or self.first is None:
+            remove_tree(self.path(index))
+
+    def close(self) -> None:
+        for index, thread in self._ready.items():
+            thread.join()
+            self.done(index)
+
+
 def run_commands(
-    handle: PhaseHandle, workspace: Path, commands: list[str], image: str, label: str
+    handle: PhaseHandle,
+    checkouts: FreshCheckouts,
+    commands: list[str],
+    image: str,
+    label: str,
 ) -> VerificationOutcome:
-    """Run every command (all of them, in order, even after a failure) on ``workspace``, each
-    in a fresh container; ``label`` tells the containers of one round apart (a turn, accept)."""
+    """Run every command (all of them, in order, even after a failure), each in a fresh
+    container on a fresh checkout; ``label`` tells the containers of one round apart (a turn,
+    accept)."""
     outcome = VerificationOutcome(ok=None, image=image)
-    for index, command in enumerate(commands):
-        if outcome.timed_out or handle.remaining() <= 0:
-            outcome.timed_out = True
-            result = CommandResult(command=handle.redactor.redact(command), status="not_run")
-        else:
-            result = _run_command(handle, workspace, command, image, label, index)
-            outcome.timed_out = result.status == "timed_out"
-        outcome.commands.append(result)
-        handle.emit("verification.command", result.model_dump())
+    try:
+        for index, command in enumerate(commands):
+            if outcome.timed_out or handle.remaining() <= 0:
+                outcome.timed_out = True
+                result = CommandResult(command=handle.redactor.redact(command), status="not_run")
+            else:
+                workspace = checkouts.get(index)
+                if index + 1 < len(commands):
+                    checkouts.prepare(index + 1)
+                result = _run_command(handle, workspace, command, image, label, index)
+                checkouts.done(index)
+                outcome.timed_out = result.status == "timed_out"
+            outcome.commands.append(result)
+            handle.emit("verification.command", result.model_dump())
+    finally:
+        checkouts.close()
     outcome.ok = not outcome.timed_out and all(c.passed for c in outcome.commands)
     return outcome
 
@@ -165,6 +234,7 @@ def _run_command(
             "HOME": "/home/worker",
             # The repository's files never shadow an installed module (see sitecustomize.py).
             "PYTHONSAFEPATH": "1",
+            "PYTHONNOUSERSITE": "1",
             "PYTHONPATH": CONTAINER_PYTHON_HOOK,
             "PYTHONDONTWRITEBYTECODE": "1",
         },
@@ -179,7 +249,6 @@ def _run_command(
         handle, spec, readers=[_tail_reader(out, True), _tail_reader(err, False)], watchdog=watch
     )
     result = _command_result(handle, command, run.exit, out, err)
-    watch.passed()
     note = watch.message(f"Verification command `{result.command}`")
     if note is not None:
         result.status, result.note = "over_limit", handle.redactor.redact(note)
@@ -198,7 +267,9 @@ def _command_result(
     handle: PhaseHandle, command: str, info: ExitInfo, out: Tail, err: Tail
 ) -> CommandResult:
     chars = handle.ctx.config.output_tail_chars
-    stderr = err.text(chars)
+    redact = handle.redactor.redact
+    # Redacted whole, then cut: a secret across the cut would otherwise show one of its ends.
+    stdout, stderr = redact(out.text())[-chars:], redact(err.text())[-chars:]
     if info.timed_out:
         status, code = "timed_out", None
     elif info.exit_code is None:
@@ -208,12 +279,11 @@ def _command_result(
         stderr += "\n[worker-bridge: killed, out of memory]"
     else:
         status, code = ("passed" if info.exit_code == 0 else "failed"), info.exit_code
-    redact = handle.redactor.redact
     return CommandResult(
         command=redact(command),
         exit_code=code,
         duration_s=info.duration_s,
-        stdout_tail=redact(out.text(chars)),
-        stderr_tail=redact(stderr),
+        stdout_tail=stdout,
+        stderr_tail=stderr,
         status=status,
     )

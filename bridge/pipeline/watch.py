@@ -12,7 +12,7 @@ import time
 
 from bridge.pipeline.handle import PhaseHandle
 from bridge.workspace.disk import reserve_bytes
-from bridge.workspace.fs import tree_size
+from bridge.workspace.fs import TreeTooDeep, tree_size
 
 
 class DiskWatch:
@@ -21,10 +21,16 @@ class DiskWatch:
     def __init__(self, handle: PhaseHandle) -> None:
         self.handle = handle
         home, task_id = handle.ctx.home, handle.task_id
-        self.roots = [home / "worktrees" / task_id, handle.ctx.task_dir(task_id)]
+        # The worktree, the private git dir the worker may write, and the task folder.
+        self.roots = [
+            home / "worktrees" / task_id,
+            home / "gitdirs" / task_id,
+            handle.ctx.task_dir(task_id),
+        ]
         self.limit = handle.limits.disk_mb * 2**20
         self.used: int | None = None  # bytes measured when the limit was passed
         self.low_free: int | None = None  # free bytes when the reserve was passed
+        self.too_deep: str | None = None  # a folder tree too deep to measure
 
     def __call__(self, container_id: str, ended: threading.Event) -> None:
         interval = 0.5
@@ -37,7 +43,11 @@ class DiskWatch:
 
     def passed(self) -> bool:
         """Measure now; True (and remembered) when a limit is passed."""
-        used = tree_size(self.roots)
+        try:
+            used = tree_size(self.roots)
+        except TreeTooDeep as exc:
+            self.too_deep = str(exc)
+            return True
         if used > self.limit:
             self.used = used
             return True
@@ -54,6 +64,10 @@ class DiskWatch:
             return (
                 f"{who} used {self.used / 2**20:.0f} MB of disk, over the "
                 f"{self.limit / 2**20:.0f} MB limit (limits.disk_mb); it was stopped."
+            )
+        if self.too_deep is not None:
+            return (
+                f"{who} made a folder tree too deep to measure ({self.too_deep}); it was stopped."
             )
         if self.low_free is not None:
             return (

@@ -53,8 +53,9 @@ def run_worker_turn(
             exit_code=info.exit_code,
             oom_killed=info.oom_killed,
             timed_out=info.timed_out,
-            summary=handle.redactor.redact(summary[: handle.ctx.config.output_tail_chars]),
-            last_progress=handle.redactor.redact((reader.last_progress or "")[:300]),
+            # Redacted whole, then cut (a secret across the cut would show one of its ends).
+            summary=handle.redactor.redact(summary)[: handle.ctx.config.output_tail_chars],
+            last_progress=handle.redactor.redact(reader.last_progress or "")[:300],
             over_limit=over,
         )
         handle.update(worker_exit=done)

@@ -57,5 +57,6 @@ class Tail:
             self.dropped += over
         self.dropped += max(len(chunk) - self.limit, 0)
 
-    def text(self, chars: int) -> str:
-        return bytes(self.buffer).decode(errors="replace")[-chars:]
+    def text(self, chars: int | None = None) -> str:
+        text = bytes(self.buffer).decode(errors="replace")
+        return text if chars is None else text[-chars:]

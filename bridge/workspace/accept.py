@@ -5,6 +5,7 @@ orchestration `pipeline/accepting.py`)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from bridge.workspace.changes import Change
 from bridge.workspace.git import Git
@@ -62,14 +63,27 @@ def _resolve(
     return stack
 
 
-def escaping_symlink(git: Git, snapshot: str, changes: list[Change]) -> tuple[str, str] | None:
-    """The first symlink the task adds or changes that points outside the repository."""
+def escaping_symlink(
+    git: Git, snapshot: str, changes: list[Change], repo: Path | None = None
+) -> tuple[str, str] | None:
+    """The first symlink the task adds or changes that points outside the repository, through
+    the snapshot's own links, or (given ``repo``, the user's tree) through a symlink of the
+    user's that the snapshot does not have (an untracked `venv -> /usr`)."""
     changed = [c.path for c in changes if c.mode == "120000"]
     if not changed:
         return None
     links = _snapshot_symlinks(git, snapshot)
     for path in changed:
         target = links.get(path, "")
-        if _resolve(path.split("/")[:-1], target, links, [40]) is None:
+        resolved = _resolve(path.split("/")[:-1], target, links, [40])
+        if resolved is None or (repo is not None and _through_user_link(repo, resolved, links)):
             return path, target
     return None
+
+
+def _through_user_link(repo: Path, parts: list[str], links: dict[str, str]) -> bool:
+    for i in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:i])
+        if prefix not in links and os.path.islink(repo / prefix):
+            return True
+    return False

@@ -117,6 +117,9 @@ def write_diff(repo: Path, base: str, snapshot: str, dest: Path) -> tuple[int, s
             "--no-color",
             "--no-ext-diff",
             "--no-textconv",
+            "--src-prefix=a/",  # whatever diff.noprefix or diff.mnemonicPrefix the user set
+            "--dst-prefix=b/",
+            "--no-relative",
             base,
             snapshot,
         )

@@ -44,9 +44,11 @@ def walk(root: Path, *, skip: frozenset[str] = frozenset()) -> Iterator[tuple[st
 
 
 def walk_all(
-    root: Path, *, skip: frozenset[str] = frozenset()
+    root: Path, *, skip: frozenset[str] = frozenset(), strict: bool = True
 ) -> Iterator[tuple[str, os.stat_result]]:
-    """Every entry under ``root``, directories included (each before its contents)."""
+    """Every entry under ``root``, directories included (each before its contents). With
+    ``strict`` off, a folder that cannot be opened is yielded but not entered, and the walk
+    goes on (for measuring); with it on, that raises. Deeper than MAX_DEPTH raises either way."""
     top = os.open(root, _DIR_FLAGS)
     stack: list[tuple[int, bytes, list[bytes]]] = [(top, b"", _subdirs_first(top))]
     try:
@@ -65,14 +67,41 @@ def walk_all(
                 continue
             rel = prefix + name
             yield decode(rel), st
-            if stat.S_ISDIR(st.st_mode):
-                if len(stack) >= MAX_DEPTH:
-                    raise TreeTooDeep(f"'{display(decode(rel))}' is over {MAX_DEPTH} levels deep")
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                stack.append((child, rel + b"/", _subdirs_first(child)))
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            if len(stack) >= MAX_DEPTH:  # even when measuring: depth is a limit of its own
+                raise TreeTooDeep(
+                    f"'{display(decode(rel))[:120]}...' is over {MAX_DEPTH} levels deep"
+                )
+            try:
+                child = _open_listable(fd, name, st)
+            except OSError:
+                if strict:
+                    raise
+                continue
+            try:
+                names_below = _subdirs_first(child)
+            except OSError:
+                os.close(child)
+                if strict:
+                    raise
+                continue
+            stack.append((child, rel + b"/", names_below))
     finally:
         for fd, _, _ in stack:
             os.close(fd)
+
+
+def _open_listable(parent: int, name: bytes, st: os.stat_result) -> int:
+    """Open a directory for listing; one of ours the worker made unreadable (`chmod 000`, as
+    the same uid when the bridge is not root) gets its owner's rwx back first."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        if st.st_uid != os.geteuid():
+            raise
+        os.chmod(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=parent)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
 
 def _subdirs_first(fd: int) -> list[bytes]:
@@ -82,20 +111,23 @@ def _subdirs_first(fd: int) -> list[bytes]:
 
 
 def tree_size(roots: list[Path]) -> int:
-    """Bytes of disk used under ``roots`` (each inode counted once, hard links included)."""
+    """Bytes of disk used under ``roots`` (each inode counted once, hard links included).
+    TreeTooDeep when a tree is too deep to measure (which is itself over a limit)."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for root in roots:
         if not os.path.isdir(root):
             continue
         try:
-            for _, st in walk_all(root):
+            for _, st in walk_all(root, strict=False):
                 key = (st.st_dev, st.st_ino)
                 if key not in seen:
                     seen.add(key)
                     total += st.st_blocks * 512
-        except (TreeTooDeep, OSError):
-            continue  # a folder changing under the walk: the next measurement sees it
+        except TreeTooDeep:
+            raise
+        except OSError:
+            continue  # the root itself went away meanwhile
     return total
 
 
@@ -211,7 +243,7 @@ def remove_tree(path: Path) -> list[str]:
 
 def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> None:
     """Empty and remove ``name`` in ``parent``. Deep trees are flattened: past _FLATTEN_AT open
-    levels, the next directory down is moved up beside ``name`` and removed from there, so the
+    levels, the next directory down is moved up into ``name`` and removed from there, so the
     descriptors held stay bounded however deep the tree is."""
     jobs = [name]  # directories in ``parent`` still to remove
     flat = 0
@@ -235,10 +267,11 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
                     if not stat.S_ISDIR(st.st_mode):
                         os.unlink(entry, dir_fd=fd)
                     elif len(stack) >= _FLATTEN_AT:
+                        # Moved up into the folder being removed (never beside it), where the
+                        # walk meets it again; an interrupted removal leaves nothing outside.
                         flat += 1
-                        moved = b".wb-flat-%d-%s" % (flat, top[:40])
-                        os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=parent)
-                        jobs.append(moved)
+                        moved = b".wb-flat-%d" % flat
+                        os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=stack[0][0])
                     else:
                         child = (_open_for_removal(fd, entry), entry, set())
                         break

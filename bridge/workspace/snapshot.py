@@ -44,6 +44,7 @@ class Dropped:
 class SnapshotLimits:
     file_bytes: int
     change_bytes: int
+    entries: int = 500_000  # files, links and others the worktree may hold
 
 
 @dataclass
@@ -67,13 +68,17 @@ def snapshot_worktree(
     limits: SnapshotLimits,
     baseline: dict[str, Stat] | None = None,
     stop: Callable[[], None] = lambda: None,
+    timeout: float = 600,
 ) -> Snapshot:
     """Commit the worktree to the task branch: the tree of ``start`` (the base, or the previous
     turn's snapshot) changed by what the worker touched since ``baseline`` (every path when
     there is none), with ``base`` as parent. Raises DiskFull when a limit is passed. ``stop``
     is called every STOP_EVERY paths read and may raise to end the work (a cancel, the
     deadline); nothing is committed then."""
-    current = record_files(ws.worktree)
+    try:
+        current = record_files(ws.worktree, limit=limits.entries)
+    except fs.TreeTooDeep as exc:
+        raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
     tracked = _tree(ws.repository, start)
     if baseline is not None:
         candidates = set(touched_paths(baseline, current))
@@ -83,6 +88,7 @@ def snapshot_worktree(
         candidates = current.keys() | {p for p, e in tracked.items() if e.mode != "160000"}
     with fs.OpenDirs(ws.worktree) as dirs:
         plan = _Plan(ws, tracked, current, limits, dirs)
+        plan.timeout = timeout
         for n, path in enumerate(sorted(candidates)):
             if n % STOP_EVERY == 0:
                 stop()
@@ -113,11 +119,12 @@ class _Plan:
         self.dropped: list[Dropped] = []
         self._nested: set[str] = set()
         self._special: list[str] = []
-        self.hasher = _blob_hasher(ws.repository)
+        self.timeout = 600.0
+        self._hasher: Callable[[bytes], str] | None = None
 
     def consider(self, path: str) -> None:
         parts = path.split("/")
-        nested = next((i for i, part in enumerate(parts) if part.lower() == ".git"), None)
+        nested = next((i for i, part in enumerate(parts) if is_git_dir_name(part)), None)
         if nested is not None:
             self._nested.add("/".join(parts[: nested + 1]))
             return
@@ -139,6 +146,11 @@ class _Plan:
         if stat.S_ISREG(mode):
             self._want(path, "100755" if mode & stat.S_IXUSR else "100644", record[1])
         elif stat.S_ISLNK(mode):
+            if _normal(parts[-1]) in _GIT_FILES:
+                self.dropped.append(
+                    Dropped(path, "a symlinked git metadata file is never collected")
+                )
+                return
             self._want(path, "120000", record[1])
         elif not stat.S_ISDIR(mode):
             self._special.append(path)
@@ -165,7 +177,9 @@ class _Plan:
             )
         except OSError:
             return False
-        return self.hasher(data) == known.sha
+        if self._hasher is None:
+            self._hasher = _blob_hasher(self.ws.repository)
+        return self._hasher(data) == known.sha
 
     def drop_from_worktree(self) -> None:
         """Remove nested git metadata and special files: the host's git must never meet them."""
@@ -189,8 +203,15 @@ class _Plan:
         new = [p for p in self.writes if p not in self.tracked]
         if not new:
             return
+        # "./" first: a name such as ":(glob)x" or ":!x" is then a path, never pathspec magic.
         proc = Git(self.ws.worktree).run(
-            "check-ignore", "--no-index", "-z", "--stdin", input=nul_join(new), check=False
+            "check-ignore",
+            "--no-index",
+            "-z",
+            "--stdin",
+            input=nul_join(f"./{p}" for p in new),
+            check=False,
+            timeout=self.timeout,
         )
         if proc.returncode not in (0, 1):
             raise GitError(
@@ -198,7 +219,7 @@ class _Plan:
             )
         for raw in proc.stdout.split(b"\0"):
             if raw:
-                self.writes.pop(fs.decode(raw), None)
+                self.writes.pop(fs.decode(raw).removeprefix("./"), None)
 
     def check_limits(self) -> None:
         total = 0
@@ -217,6 +238,26 @@ class _Plan:
                 f"{self.limits.change_bytes / 2**20:.0f} MB limit for a whole change "
                 "(limits.change_mb); nothing was collected."
             )
+
+
+_GIT_FILES = frozenset({".gitmodules", "gitmod~1", ".gitattributes", ".gitignore", ".mailmap"})
+
+
+def _normal(name: str) -> str:
+    """A name as Windows and git's NTFS protection see it: trailing dots and spaces dropped,
+    case folded (so `.GIT`, `.git.` and `.git ` are all `.git`)."""
+    return name.rstrip(" .").lower()
+
+
+def is_git_dir_name(part: str) -> bool:
+    """Whether a path component names git metadata as git itself would refuse it in a tree:
+    `.git` in any case, with trailing dots or spaces, an NTFS stream (`.git::$DATA`), the 8.3
+    name `git~1`, or any of those behind a backslash."""
+    for piece in part.split("\\"):
+        name = _normal(piece)
+        if name == ".git" or name.startswith(".git:") or name == "git~1":
+            return True
+    return False
 
 
 def _tree(repo: Path, commit: str) -> dict[str, _Entry]:

@@ -72,8 +72,16 @@ def dirty_paths(repo: Path) -> set[str]:
     return {fs.decode(item[3:]) for item in out.split(b"\0") if len(item) > 3}
 
 
-def check_entries(repo: Path, entries: list[Entry], dirty: set[str]) -> None:
-    """Refused naming the first path that must not be written."""
+def tracked_paths(repo: Path) -> set[str]:
+    """Paths the user's index tracks."""
+    out = Git(repo).run("--no-optional-locks", "ls-files", "-z").stdout
+    return {fs.decode(item) for item in out.split(b"\0") if item}
+
+
+def check_entries(repo: Path, entries: list[Entry], dirty: set[str], tracked: set[str]) -> None:
+    """Refused naming the first path that must not be written: one with uncommitted changes,
+    one that exists but is not tracked (untracked or ignored: the user's own file, such as a
+    `.env`), one under a symlink or a file of the user's, or one outside the repository."""
     deleted = {e.path for e in entries if e.delete}
     for entry in entries:
         parts = entry.path.split("/")
@@ -105,8 +113,13 @@ def check_entries(repo: Path, entries: list[Entry], dirty: set[str]) -> None:
                     f"Refusing to accept: '{fs.display('/'.join(parts[: i + 1]))}' is a file in "
                     f"{repo}, where the change needs a folder."
                 )
+        st = _lstat(repo / entry.path)
+        if st is not None and not stat.S_ISDIR(st.st_mode) and entry.path not in tracked:
+            raise Refused(
+                f"Refusing to accept: '{fs.display(entry.path)}' exists in {repo} but is not "
+                "tracked (an untracked or ignored file of yours); move it away, then accept again."
+            )
         if not entry.delete and entry.path not in deleted:
-            st = _lstat(repo / entry.path)
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise Refused(
                     f"Refusing to accept: '{fs.display(entry.path)}' is a folder in {repo}; "
@@ -250,27 +263,47 @@ class Writer:
         return fd
 
     def undo(self) -> None:
-        """Put back every file as it was, newest action first."""
+        """Put back every file as it was, newest action first. Backups are copied back (the
+        state root may be on another filesystem than the repository); if any could not be,
+        the backups are kept and Refused says where."""
+        failed = []
         for path, kind, saved in reversed(self._undo):
             target = self.repo / path
             try:
-                if kind in ("mkdir", "rmdir"):
-                    if kind == "mkdir":
-                        target.rmdir()
-                    else:
-                        target.mkdir(exist_ok=True)
-                    continue
-                if kind == "written" and os.path.lexists(target):
-                    target.unlink()
-                if saved is not None:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.rename(saved, target)
-            except OSError:
-                continue
+                if kind == "mkdir":
+                    target.rmdir()
+                elif kind == "rmdir":
+                    target.mkdir(exist_ok=True)
+                else:
+                    if kind == "written" and os.path.lexists(target):
+                        target.unlink()
+                    if saved is not None:
+                        _restore(saved, target)
+            except OSError as exc:
+                failed.append(f"{fs.display(path)} ({exc.strerror or exc})")
+        if failed:
+            raise Refused(
+                f"Refusing to accept, and {len(failed)} file(s) could not be put back "
+                f"({'; '.join(failed[:3])}); their originals are kept in {self.backup}."
+            )
         self.commit()
 
     def commit(self) -> None:
         fs.remove_tree(self.backup)
+
+
+def _restore(saved: Path, target: Path) -> None:
+    """Copy a backup back to ``target`` (a link as a link, a file with its mode)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if saved.is_symlink():
+        os.symlink(os.readlink(saved), target)
+        return
+    tmp = target.with_name(f".wb-restore-{os.urandom(6).hex()}")
+    with open(saved, "rb") as src, open(tmp, "xb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    os.chmod(tmp, stat.S_IMODE(os.lstat(saved).st_mode))
+    os.replace(tmp, target)
 
 
 def check_written(repo: Path, entries: list[Entry], algorithm: str, limit: int) -> str | None:
