@@ -70,6 +70,46 @@ class LinkedWorker(BaseModel):
     model_config = ConfigDict(extra="forbid")
     command: list[str] = Field(min_length=1, description="argv; '{prompt}' is replaced.")
     image: str | None = Field(None, description="Image to run it in; default the base image.")
+    routes: list[str] = Field(default_factory=list, description="Gateway model routes it uses.")
+
+
+class RouteConfig(BaseModel):
+    """A model route of the gateway: `/<name>/...` inside the sandbox is proxied to
+    ``upstream``, with the real key (from the host variable ``key_env``) added on the way out."""
+
+    model_config = ConfigDict(extra="forbid")
+    upstream: str = Field(description="Base URL, e.g. https://api.anthropic.com.")
+    auth: str = Field(
+        "bearer",
+        description="How the key is sent: `bearer` (Authorization: Bearer), `x-api-key`, or "
+        "`header:<Name>` for another header.",
+    )
+    key_env: str | None = Field(
+        None, description="Name of the host environment variable that holds the key."
+    )
+
+
+class GatewayConfig(BaseModel):
+    """The per-task gateway: model routes, the allowlist proxy and its bounds."""
+
+    model_config = ConfigDict(extra="forbid")
+    routes: dict[str, RouteConfig] = Field(
+        default_factory=dict, description="Routes added to (or replacing) the built-in ones."
+    )
+    trusted_ranges: list[str] = Field(
+        default_factory=list,
+        description="Address ranges (CIDR) an allowlisted name may resolve to although they "
+        "are loopback, private or link-local (private mirrors; tests).",
+    )
+    allowed_ports: list[int] = Field(
+        default_factory=lambda: [443, 80], description="Ports the allowlist proxy connects to."
+    )
+    max_request_mb: int = Field(32, ge=1, description="Largest request body through a route.")
+    max_response_mb: int = Field(512, ge=1, description="Largest response through a route.")
+    idle_timeout_s: float = Field(120, gt=0, description="Silence that ends a request.")
+    total_timeout_s: float = Field(1800, gt=0, description="Longest one request may take.")
+    connect_timeout_s: float = Field(15, gt=0, description="Connecting to an upstream.")
+    max_events: int = Field(2000, ge=10, description="network.* events stored per task.")
 
 
 class Config(BaseModel):
@@ -106,6 +146,7 @@ class Config(BaseModel):
     output_tail_chars: int = Field(4000, ge=100, description="Bound on stored output tails.")
     max_progress_events: int = Field(2000, ge=10, description="worker.progress events per task.")
     workers: dict[str, LinkedWorker] = Field(default_factory=dict, description="Linked workers.")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
     @property
     def store_path(self) -> Path:

@@ -114,6 +114,7 @@ class TaskRecord(BaseModel):
     pruned_at: str | None = None
     follow_ups: list[str] = Field(default_factory=list)
     dropped: list[dict[str, str]] = Field(default_factory=list)
+    usage: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

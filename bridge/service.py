@@ -9,6 +9,7 @@ from typing import Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
+from bridge.gateway.policy import all_routes, check_network
 from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
 from bridge.pipeline.accepting import accept_task
 from bridge.pipeline.context import Context
@@ -86,10 +87,7 @@ class WorkerBridge:
         worker = get_worker(self.config, parsed.worker)
         if worker.name == "mock":
             check_mock_metadata(parsed.metadata)
-        if parsed.network.mode != "none":
-            raise InvalidSpec(
-                "network.mode 'allowlist' is not available in this version; use 'none'."
-            )
+        check_network(self.config, parsed, worker.routes(parsed.metadata))
         repo = repository_root(parsed.workspace.repository)
         check_disjoint(self.config.home, repo)
         base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
@@ -294,10 +292,19 @@ class WorkerBridge:
             )
         return out
 
-    def link_worker(self, name: str, command: list[str], image: str | None = None) -> None:
+    def link_worker(
+        self, name: str, command: list[str], image: str | None = None, routes: tuple = ()
+    ) -> None:
         if name in BUILTIN:
             raise InvalidSpec(f"'{name}' is a built-in worker; choose another name.")
         if not command or not all(isinstance(part, str) for part in command):
             raise InvalidSpec("--command-json must be a JSON list of strings.")
-        save_linked_worker(self.config, name, LinkedWorker(command=command, image=image))
+        known = all_routes(self.config)
+        for route in routes:
+            if route not in known:
+                raise InvalidSpec(
+                    f"Unknown gateway route '{route}'; known routes: {', '.join(sorted(known))}."
+                )
+        worker = LinkedWorker(command=command, image=image, routes=list(routes))
+        save_linked_worker(self.config, name, worker)
         self.config = load_config(**{**self._overrides, "home": self.config.home})

@@ -19,6 +19,8 @@ OWNERS = {
     "yaml": "config.py",
     "pydantic_settings": "config.py",
     "tenacity": "sandbox/",
+    "aiohttp": "gateway/",
+    "h11": "gateway/",
 }
 
 

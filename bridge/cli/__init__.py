@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--command-json", required=True, help='e.g. \'["my-agent","run","{prompt}"]\'')
     p.add_argument("--image", help="image to run it in (default: the base image)")
+    p.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a gateway model route it uses (repeatable), e.g. anthropic",
+    )
     p.set_defaults(func=c.cmd_workers_link)
 
     images = sub.add_parser("images", help="build the worker-bridge images")

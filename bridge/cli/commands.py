@@ -277,7 +277,7 @@ def cmd_workers_link(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         raise InvalidSpec(f"--command-json is not valid JSON ({exc}).") from exc
     if not isinstance(command, list):
         raise InvalidSpec("--command-json must be a JSON list of strings.")
-    bridge.link_worker(args.name, command, args.image)
+    bridge.link_worker(args.name, command, args.image, tuple(args.route))
     print(f"linked worker '{args.name}'")
     return 0
 

@@ -30,6 +30,7 @@ def task_result(
         artifacts={name: artifacts[name] for name in ("diff", "manifest") if name in artifacts},
         error=record.error,
         timings=record.timings,
+        usage=record.usage,
         repository=record.repository,
         base_commit=record.base_commit,
         branch=record.branch,

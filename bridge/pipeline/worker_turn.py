@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from bridge.pipeline.containers import Reader, run_container
 from bridge.pipeline.handle import PhaseHandle
+from bridge.pipeline.network import task_gateway, with_gateway
 from bridge.pipeline.watch import DiskWatch
 from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
@@ -45,7 +46,6 @@ def run_worker_turn(
     watch = DiskWatch(handle)
 
     def exited(info: ExitInfo) -> None:
-        watch.passed()  # once more after the exit: a burst between two measurements counts
         over = watch.message("The worker")
         summary = reader.summary if reader.summary is not None else (reader.last_line or "")
         done = WorkerExit(
@@ -69,15 +69,16 @@ def run_worker_turn(
         )
         result.append(done)
 
-    run_container(
-        handle,
-        spec,
-        readers=[Reader(reader.consume)],
-        adopt=resume,
-        on_start=started,
-        on_exit=exited,
-        watchdog=watch,
-    )
+    with task_gateway(handle, worker.routes(turn.metadata)) as gateway:
+        run_container(
+            handle,
+            with_gateway(spec, handle, gateway),
+            readers=[Reader(reader.consume)],
+            adopt=resume,
+            on_start=started,
+            on_exit=exited,
+            watchdog=watch,
+        )
     return result[0]
 
 

@@ -34,6 +34,7 @@ JSON_COLUMNS = (
     "worker_exit",
     "follow_ups",
     "dropped",
+    "usage",
 )
 
 

@@ -113,3 +113,11 @@ def _dropped(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS.append(("0004_dropped", _dropped))
+
+
+def _usage(db: sqlite_utils.Database) -> None:
+    """The task's network usage through its gateway (requests, bytes, tokens by model)."""
+    db["tasks"].add_column("usage", str)
+
+
+MIGRATIONS.append(("0005_usage", _usage))

@@ -62,6 +62,10 @@ class Worker(ABC):
     def parse_line(self, line: str) -> ParsedLine:
         return ParsedLine(progress=line)
 
+    def routes(self, metadata: dict[str, Any]) -> list[str]:
+        """The gateway's model routes this worker uses (each gets the real key on the host)."""
+        return []
+
     def health(self, config: Config) -> str | None:
         """Why this worker cannot run here besides its image (e.g. a missing credential), as
         one sentence; None when nothing is missing."""

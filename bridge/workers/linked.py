@@ -29,6 +29,9 @@ class LinkedCliWorker(Worker):
             files={"prompt.txt": prompt},
         )
 
+    def routes(self, metadata: dict) -> list[str]:
+        return list(self.spec.routes)
+
     def parse_line(self, line: str) -> ParsedLine:
         # A plain CLI's last non-empty line is its final message.
         return ParsedLine(progress=line, summary=line if line.strip() else None)

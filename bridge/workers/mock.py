@@ -8,7 +8,7 @@ from bridge.config import Config
 from bridge.errors import InvalidSpec
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaunch
 
-_KEYS = {"write", "delete", "script", "sleep", "exit_code", "summary", "on_follow_up"}
+_KEYS = {"write", "delete", "script", "sleep", "exit_code", "summary", "on_follow_up", "routes"}
 
 
 def check_mock_metadata(metadata: dict) -> None:
@@ -26,6 +26,9 @@ def check_mock_metadata(metadata: dict) -> None:
             raise InvalidSpec(f"{where}.write must map paths to file contents.")
         if not isinstance(actions.get("delete", []), list):
             raise InvalidSpec(f"{where}.delete must be a list of paths.")
+    routes = mock.get("routes", [])
+    if not isinstance(routes, list) or not all(isinstance(r, str) for r in routes):
+        raise InvalidSpec("metadata.mock.routes must be a list of gateway route names.")
 
 
 class MockWorker(Worker):
@@ -38,12 +41,16 @@ class MockWorker(Worker):
     def launch(self, turn: Turn) -> WorkerLaunch:
         mock = turn.metadata.get("mock") or {}
         chosen = mock if turn.number == 0 else (mock.get("on_follow_up") or {})
-        actions = {key: value for key, value in chosen.items() if key != "on_follow_up"}
+        actions = {k: v for k, v in chosen.items() if k not in ("on_follow_up", "routes")}
         return WorkerLaunch(
             command=["mock-worker"],
             env={"WB_MOCK_FILE": f"{INPUTS_DIR}/mock.json"},
             files={"mock.json": json.dumps(actions), "prompt.txt": turn.prompt},
         )
+
+    def routes(self, metadata: dict) -> list[str]:
+        # The mock declares no model route unless told to (the gateway tests do).
+        return list((metadata.get("mock") or {}).get("routes") or [])
 
     def can_repair(self, metadata: dict) -> bool:
         # The mock only acts on a later turn through on_follow_up; without it a repair is moot.

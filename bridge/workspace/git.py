@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 
 from bridge.errors import GitError, InvalidRepository, InvalidSpec
@@ -169,8 +170,10 @@ def repository_root(path_text: str) -> Path:
     return Path(lines[1].strip()).resolve()
 
 
+@lru_cache(maxsize=64)
 def common_git_dir(repo: Path) -> Path:
-    """The repository's shared .git directory (where objects and refs live)."""
+    """The repository's shared .git directory (where objects and refs live; it does not move,
+    so it is asked of git once per process)."""
     raw = Git(repo).out("rev-parse", "--git-common-dir")
     path = Path(raw)
     return (path if path.is_absolute() else repo / path).resolve()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from functools import lru_cache
 from pathlib import Path
 
 from bridge.workspace.git import Git, common_git_dir, nul_join
@@ -29,7 +30,9 @@ def repo_id(repo: Path) -> str:
     return hashlib.sha256(str(repo).encode()).hexdigest()[:16]
 
 
+@lru_cache(maxsize=64)
 def object_format(repo: Path) -> str:
+    """sha1 or sha256 (a repository's format does not change: asked once per process)."""
     return Git(repo).out("rev-parse", "--show-object-format")
 
 

@@ -25,6 +25,7 @@ from bridge.errors import DiskFull, GitError
 from bridge.workspace import fs
 from bridge.workspace.baseline import Stat, record_files, touched_paths
 from bridge.workspace.git import Git, nul_join
+from bridge.workspace.rawgit import object_format
 from bridge.workspace.worktree import TaskWorkspace, clear_stale_locks
 
 MAX_PATH_BYTES = 3072  # a longer path would not check out under a verification folder
@@ -79,7 +80,7 @@ def snapshot_worktree(
         current = record_files(ws.worktree, limit=limits.entries)
     except fs.TreeTooDeep as exc:
         raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
-    tracked = _tree(ws.repository, start)
+    tracked = _tree(ws.repository, start, sizes=baseline is None)
     if baseline is not None:
         candidates = set(touched_paths(baseline, current))
         if any(p.rsplit("/", 1)[-1] == ".gitignore" for p in candidates):
@@ -260,22 +261,24 @@ def is_git_dir_name(part: str) -> bool:
     return False
 
 
-def _tree(repo: Path, commit: str) -> dict[str, _Entry]:
-    out = Git(repo).run("ls-tree", "-r", "-l", "-z", "--full-tree", commit).stdout
+def _tree(repo: Path, commit: str, sizes: bool) -> dict[str, _Entry]:
+    """Every entry of ``commit``'s tree; blob sizes (which cost a lookup each) only when
+    asked, for comparing files without a stat baseline."""
+    args = ["ls-tree", "-r", "-z", "--full-tree", *(["-l"] if sizes else []), commit]
+    out = Git(repo).run(*args).stdout
     entries = {}
     for item in out.split(b"\0"):
         if not item:
             continue
         meta, _, path = item.partition(b"\t")
-        mode, _kind, sha, size = meta.split()
-        entries[fs.decode(path)] = _Entry(
-            mode.decode(), sha.decode(), int(size) if size.isdigit() else 0
-        )
+        mode, _kind, sha, *size = meta.split()
+        length = int(size[0]) if size and size[0].isdigit() else -1
+        entries[fs.decode(path)] = _Entry(mode.decode(), sha.decode(), length)
     return entries
 
 
 def _blob_hasher(repo: Path):  # noqa: ANN202
-    algorithm = Git(repo).out("rev-parse", "--show-object-format")
+    algorithm = object_format(repo)
 
     def blob_id(data: bytes) -> str:
         digest = hashlib.new(algorithm)

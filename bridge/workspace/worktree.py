@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,15 @@ def _make_private_gitdir(ws: TaskWorkspace, base_commit: str, stores: int) -> No
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Hand a tree the host just made (before any container saw it) to uid:gid, links
+    included and never followed: `chown -R -h` (about 5x faster than a walk from Python)."""
+    chown = shutil.which("chown")
+    if chown is not None:
+        proc = subprocess.run(
+            [chown, "-R", "-h", f"{uid}:{gid}", "--", str(root)], capture_output=True
+        )
+        if proc.returncode == 0:
+            return
     os.lchown(root, uid, gid)
     for path, _ in fs.walk_all(root):
         os.lchown(root / path, uid, gid)

@@ -1,0 +1,98 @@
+"""What the gateway records: a `network.request` event per request and a `network.refused` one
+per refusal (bounded per task, then a single note), and the task's usage summary (requests,
+bytes, tokens by model)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.gateway.usage import TokenCounter
+
+
+@dataclass
+class Usage:
+    requests: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    tokens: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add_tokens(self, model: str | None, counter: TokenCounter | None) -> None:
+        if model and counter is not None and (counter.input or counter.output):
+            entry = self.tokens.setdefault(model, {"input": 0, "output": 0})
+            entry["input"] += counter.input
+            entry["output"] += counter.output
+
+    def merge(self, other: dict[str, Any] | None) -> None:
+        """Add a usage document recorded earlier (an earlier turn's)."""
+        if not other:
+            return
+        self.requests += int(other.get("requests", 0))
+        self.bytes_up += int(other.get("bytes_up", 0))
+        self.bytes_down += int(other.get("bytes_down", 0))
+        for model, counts in (other.get("tokens") or {}).items():
+            entry = self.tokens.setdefault(model, {"input": 0, "output": 0})
+            entry["input"] += int(counts.get("input", 0))
+            entry["output"] += int(counts.get("output", 0))
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "tokens": self.tokens,
+        }
+
+
+class Accounting:
+    def __init__(self, emit: Callable[[str, dict[str, Any]], None], max_events: int) -> None:
+        self._emit = emit
+        self.max_events = max_events
+        self.usage = Usage()
+        self._events = 0
+
+    def event(self, kind: str, data: dict[str, Any]) -> None:
+        self._events += 1
+        if self._events <= self.max_events:
+            self._emit(kind, data)
+        elif self._events == self.max_events + 1:
+            note = f"more than {self.max_events} network events: the rest are not recorded"
+            self._emit("network.request", {"note": note})
+
+    def refused(self, key: str, target: str, reason: str, **extra: Any) -> None:
+        self.event("network.refused", {key: target, "reason": reason, **extra})
+
+    def request(
+        self,
+        where: dict[str, Any],
+        method: str,
+        status: int,
+        up: int,
+        down: int,
+        started: float,
+        model: str | None = None,
+        counter: TokenCounter | None = None,
+        error: str | None = None,
+    ) -> None:
+        usage = self.usage
+        usage.requests += 1
+        usage.bytes_up += up
+        usage.bytes_down += down
+        usage.add_tokens(model, counter)
+        data: dict[str, Any] = {
+            **where,
+            "method": method,
+            "status": status,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration_s": round(time.monotonic() - started, 3),
+        }
+        if model:
+            data["model"] = model
+        if counter is not None and (counter.input or counter.output):
+            data.update(input_tokens=counter.input, output_tokens=counter.output)
+        if error:
+            data["error"] = error
+        self.event("network.request", data)

@@ -1,0 +1,105 @@
+"""One HTTP/1.1 connection from the sandbox, parsed with h11 (a well-kept sans-I/O HTTP/1.1
+implementation: keep-alive, chunked bodies, CONNECT), with the gateway's bounds on waiting and on
+sizes, and one-line answers for what it refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+
+READ = 65536
+
+
+class Refused(Exception):
+    """Answered with ``status`` and a one-line ``reason`` (the sandbox sees why)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class Exchange:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle_timeout: float
+    ) -> None:
+        self.reader, self.writer = reader, writer
+        self.idle_timeout = idle_timeout
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+
+    async def next(self) -> Any:
+        """The next h11 event, reading as needed (each read bounded by the idle timeout)."""
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await asyncio.wait_for(self.reader.read(READ), self.idle_timeout)
+            self.conn.receive_data(data)
+
+    async def body(self, limit: int) -> bytes:
+        """The request's whole body, or Refused(413) past ``limit`` bytes."""
+        chunks, size = [], 0
+        while True:
+            event = await self.next()
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    raise Refused(
+                        413, f"request body over {limit // 2**20} MB (gateway.max_request_mb)"
+                    )
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            else:
+                raise Refused(400, "incomplete request body")
+
+    async def send(self, *events: Any) -> None:
+        for event in events:
+            self.writer.write(self.conn.send(event))
+        await self.writer.drain()
+
+    async def answer(self, status: int, text: str) -> None:
+        """A one-line plain-text answer, when the exchange still allows one."""
+        body = (text.rstrip(".") + ".\n").encode()
+        headers = [
+            ("content-type", "text/plain; charset=utf-8"),
+            ("content-length", str(len(body))),
+            ("x-worker-bridge", "gateway"),
+        ]
+        try:
+            await self.send(
+                h11.Response(status_code=status, headers=headers),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            )
+        except (h11.LocalProtocolError, ConnectionError):
+            pass
+
+    async def linger(self, seconds: float = 2.0, limit: int = 64 * 2**20) -> None:
+        """Close gently after answering early (a 413 before the body was read): stop writing,
+        and read and drop what the client is still sending for a moment, so that closing does
+        not reset the connection and lose the answer."""
+        try:
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            loop = asyncio.get_running_loop()
+            until, seen = loop.time() + seconds, 0
+            while seen < limit and loop.time() < until:
+                data = await asyncio.wait_for(self.reader.read(READ), until - loop.time())
+                if not data:
+                    break
+                seen += len(data)
+        except (TimeoutError, ConnectionError, OSError):
+            pass
+
+    @property
+    def reusable(self) -> bool:
+        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+
+def content_length(request: h11.Request) -> int | None:
+    for key, value in request.headers:
+        if key.lower() == b"content-length" and value.isdigit():
+            return int(value)
+    return None

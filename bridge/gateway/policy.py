@@ -1,0 +1,187 @@
+"""What the sandbox may reach: model routes by name (each with its upstream and how its key is
+added), and, with `network.mode: allowlist`, listed host names on allowed ports, resolved on the
+host to addresses that are neither loopback, private, link-local nor cloud metadata (unless a
+range is trusted in config). Checked when the task is created (bad input is named) and again on
+every connection (a name that resolves somewhere else later is refused then)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from bridge.config import Config, RouteConfig
+from bridge.errors import InvalidSpec
+from bridge.models import TaskSpec
+
+# The built-in model routes; config `gateway.routes` adds to or replaces them.
+BUILTIN_ROUTES: dict[str, RouteConfig] = {
+    "anthropic": RouteConfig(
+        upstream="https://api.anthropic.com", auth="x-api-key", key_env="ANTHROPIC_API_KEY"
+    ),
+    "openai": RouteConfig(
+        upstream="https://api.openai.com", auth="bearer", key_env="OPENAI_API_KEY"
+    ),
+    # Z.ai's Anthropic-compatible endpoint (what zcode-glm, Claude Code on GLM, speaks).
+    "zai": RouteConfig(
+        upstream="https://api.z.ai/api/anthropic", auth="bearer", key_env="ZCODE_AUTH_TOKEN"
+    ),
+}
+
+_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_NAME = re.compile(rf"^(?:\*\.)?{_LABEL}(?:\.{_LABEL})+$")
+_ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# Addresses that are never an egress target unless trusted: the cloud metadata services too.
+_METADATA = [ipaddress.ip_network(n) for n in ("169.254.169.254/32", "fd00:ec2::254/128")]
+_SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: private in practice
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    upstream: str
+    auth: str
+    key_env: str | None
+    key: str | None  # the real credential, from the host's environment, never stored
+
+    def auth_header(self) -> tuple[str, str] | None:
+        if not self.key:
+            return None
+        if self.auth == "bearer":
+            return "authorization", f"Bearer {self.key}"
+        if self.auth == "x-api-key":
+            return "x-api-key", self.key
+        return self.auth.removeprefix("header:").lower(), self.key
+
+
+def all_routes(config: Config) -> dict[str, RouteConfig]:
+    return {**BUILTIN_ROUTES, **config.gateway.routes}
+
+
+def check_routes(config: Config, names: list[str], env: Mapping[str, str] | None = None) -> None:
+    """InvalidSpec naming an unknown route, a bad auth style or a missing credential."""
+    env = os.environ if env is None else env
+    known = all_routes(config)
+    for name in names:
+        if name not in known:
+            raise InvalidSpec(
+                f"Unknown gateway route '{name}'; known routes: {', '.join(sorted(known))} "
+                "(add one under gateway.routes in config.yaml)."
+            )
+        route = known[name]
+        if not _ROUTE_NAME.match(name):
+            raise InvalidSpec(
+                f"Gateway route name '{name}' must be lowercase letters, digits, - or _."
+            )
+        if route.auth not in ("bearer", "x-api-key") and not route.auth.startswith("header:"):
+            raise InvalidSpec(
+                f"gateway.routes.{name}.auth '{route.auth}' must be bearer, x-api-key or "
+                "header:<Name>."
+            )
+        if route.key_env and not env.get(route.key_env):
+            raise InvalidSpec(
+                f"Gateway route '{name}' needs its key in the environment variable "
+                f"{route.key_env}, which is not set; set it where worker-bridge runs."
+            )
+
+
+def resolve_routes(config: Config, names: list[str]) -> dict[str, Route]:
+    known = all_routes(config)
+    return {
+        name: Route(
+            name,
+            known[name].upstream.rstrip("/"),
+            known[name].auth,
+            known[name].key_env,
+            os.environ.get(known[name].key_env or "") or None,
+        )
+        for name in names
+        if name in known
+    }
+
+
+def check_domains(domains: list[str]) -> list[str]:
+    """The patterns normalised (lower case), or InvalidSpec naming the first bad one."""
+    out = []
+    for raw in domains:
+        pattern = raw.strip().lower().rstrip(".")
+        numeric_end = pattern.rsplit(".", 1)[-1].isdigit()  # an address, not a name
+        if not _NAME.match(pattern) or numeric_end:
+            raise InvalidSpec(
+                f"Invalid domain '{raw}' in network.domains; give a host name such as "
+                "example.com or *.example.com (no scheme, port, path or address)."
+            )
+        out.append(pattern)
+    return out
+
+
+def check_ranges(ranges: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    try:
+        return [ipaddress.ip_network(r, strict=False) for r in ranges]
+    except ValueError as exc:
+        raise InvalidSpec(f"Invalid gateway.trusted_ranges entry: {exc}.") from exc
+
+
+def name_allowed(host: str, patterns: list[str]) -> bool:
+    host = host.lower().rstrip(".")
+    for pattern in patterns:
+        if pattern.startswith("*."):
+            if host.endswith(pattern[1:]) and host != pattern[2:]:
+                return True
+        elif host == pattern:
+            return True
+    return False
+
+
+def address_refusal(address: str, trusted: list) -> str | None:
+    """Why ``address`` is not an egress target (None: it may be reached)."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if any(ip in net for net in trusted):
+        return None
+    if ip.is_unspecified:
+        return "not a public unicast address"
+    if any(ip in net for net in _METADATA):
+        return "a cloud metadata address"
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_private or (isinstance(ip, ipaddress.IPv4Address) and ip in _SHARED):
+        return "a private address"
+    if ip.is_multicast or ip.is_reserved:
+        return "not a public unicast address"
+    return None
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The host's addresses, resolved here (the sandbox has no DNS)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []
+    seen: list[str] = []
+    for info in infos:
+        address = str(info[4][0])
+        if address not in seen:
+            seen.append(address)
+    return seen
+
+
+def check_network(config: Config, spec: TaskSpec, routes: list[str]) -> None:
+    """At task creation: the worker's routes exist and have their credentials, the allowlist's
+    names are valid, the trusted ranges parse (InvalidSpec naming what is wrong)."""
+    check_routes(config, routes)
+    check_ranges(config.gateway.trusted_ranges)
+    if spec.network.mode == "allowlist":
+        if not spec.network.domains:
+            raise InvalidSpec(
+                "network.mode 'allowlist' needs network.domains (the names to reach)."
+            )
+        check_domains(spec.network.domains)
+    elif spec.network.domains:
+        raise InvalidSpec("network.domains is only used with network.mode 'allowlist'.")

@@ -1,0 +1,160 @@
+"""The allowlist proxy: CONNECT tunnels (HTTPS) and absolute-URI requests (HTTP) to names the
+task lists, on allowed ports, at addresses resolved here and checked on every connection (a
+listed name that resolves to a loopback, private, link-local or metadata address is refused
+unless config trusts that range)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import urlsplit
+
+import aiohttp
+import h11
+
+from bridge.config import GatewayConfig
+from bridge.gateway.accounting import Accounting
+from bridge.gateway.exchange import Exchange, Refused
+from bridge.gateway.policy import address_refusal, name_allowed, resolve
+from bridge.gateway.upstream import Outgoing, stream
+
+_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"content-length",
+    b"proxy-authorization",
+}
+
+
+class Proxy:
+    def __init__(
+        self,
+        allowlist: list[str] | None,
+        trusted: list,
+        config: GatewayConfig,
+        accounts: Accounting,
+    ) -> None:
+        self.allowlist, self.trusted, self.config, self.accounts = (
+            allowlist,
+            trusted,
+            config,
+            accounts,
+        )
+
+    def check(self, host: str, port: int) -> str:
+        """The address to connect to, or Refused with the reason (recorded)."""
+        refuse = self.accounts.refused
+        if self.allowlist is None:
+            refuse("host", host, "general egress is closed (network.mode none)", port=port)
+            raise Refused(403, f"{host} is not reachable: this task's network.mode is none")
+        if port not in self.config.allowed_ports:
+            refuse("host", host, f"port {port} is not allowed", port=port)
+            raise Refused(403, f"port {port} is not allowed (gateway.allowed_ports)")
+        if not name_allowed(host, self.allowlist):
+            refuse("host", host, "not in network.domains", port=port)
+            raise Refused(403, f"{host} is not in this task's network.domains")
+        addresses = resolve(host, port)
+        if not addresses:
+            refuse("host", host, "does not resolve", port=port)
+            raise Refused(502, f"{host} does not resolve")
+        for address in addresses:  # every answer checked: no address of a split answer slips by
+            why = address_refusal(address, self.trusted)
+            if why is not None:
+                refuse("host", host, f"resolves to {why} ({address})", port=port)
+                raise Refused(403, f"{host} resolves to {why} ({address}); refused")
+        return addresses[0]
+
+    async def tunnel(self, exchange: Exchange, request: h11.Request) -> None:
+        host, _, port_text = request.target.decode("latin-1").rpartition(":")
+        if not host or not port_text.isdigit():
+            raise Refused(400, "CONNECT needs host:port")
+        host, port = host.strip("[]"), int(port_text)
+        started = time.monotonic()
+        address = self.check(host, port)
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(address, port), self.config.connect_timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            why = f"upstream unreachable ({exc.__class__.__name__})"
+            self.accounts.refused("host", host, why, port=port)
+            raise Refused(502, f"{host}:{port} is unreachable") from exc
+        await exchange.send(h11.Response(status_code=200, headers=[]))
+        leftover, _ = exchange.conn.trailing_data
+        counts = [len(leftover), 0]
+        if leftover:
+            up_writer.write(leftover)
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(
+                    self._pump(exchange.reader, up_writer, counts, 0),
+                    self._pump(up_reader, exchange.writer, counts, 1),
+                ),
+                self.config.total_timeout_s,
+            )
+        except TimeoutError:
+            pass
+        finally:
+            up_writer.close()
+            where = {"host": host, "port": port}
+            self.accounts.request(where, "CONNECT", 200, counts[0], counts[1], started)
+
+    async def _pump(
+        self,
+        src: asyncio.StreamReader,
+        dst: asyncio.StreamWriter,
+        counts: list[int],
+        i: int,
+    ) -> None:
+        try:
+            while True:
+                data = await asyncio.wait_for(src.read(65536), self.config.idle_timeout_s)
+                if not data:
+                    break
+                counts[i] += len(data)
+                dst.write(data)
+                await dst.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            try:
+                if dst.can_write_eof():
+                    dst.write_eof()
+            except (OSError, RuntimeError):
+                pass
+
+    async def forward(
+        self, session: aiohttp.ClientSession, exchange: Exchange, request: h11.Request
+    ) -> bool:
+        target = urlsplit(request.target.decode("latin-1"))
+        limit = self.config.max_request_mb * 2**20
+        if target.scheme != "http" or not target.hostname:
+            await exchange.body(limit)
+            shown = request.target.decode("latin-1")[:200]
+            self.accounts.refused("request", shown, "not a proxy request")
+            raise Refused(400, "this is the gateway's proxy: send absolute http:// URLs or CONNECT")
+        host, port = target.hostname, target.port or 80
+        address = self.check(host, port)
+        body = await exchange.body(limit)
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in request.headers
+            if k.lower() not in _HOP
+        ]
+        headers.append(("Host", host if port == 80 else f"{host}:{port}"))
+        path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+        literal = f"[{address}]" if ":" in address else address
+        out = Outgoing(
+            request.method.decode(),
+            f"http://{literal}:{port}{path}",
+            headers,
+            body,
+            where={"host": host, "port": port},
+        )
+        return await stream(session, exchange, out, self.config, self.accounts)

@@ -1,0 +1,109 @@
+"""Sending one request on to an upstream (a model provider, or an allowlisted host) with
+aiohttp's client and streaming the answer back as it arrives: never buffered whole, bounded in
+size and in time, with token usage read from the passing bytes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import h11
+
+from bridge.config import GatewayConfig
+from bridge.gateway.accounting import Accounting
+from bridge.gateway.exchange import Exchange, Refused
+from bridge.gateway.usage import TokenCounter
+
+_DROP_BACK = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"}
+_JSON_LIMIT = 8 * 2**20  # how much of a JSON answer is kept to read its token usage
+
+
+@dataclass
+class Outgoing:
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    where: dict  # route or host, for the event
+    model: str | None = None
+    count_tokens: bool = False
+
+
+async def stream(
+    session: aiohttp.ClientSession,
+    exchange: Exchange,
+    out: Outgoing,
+    config: GatewayConfig,
+    accounts: Accounting,
+) -> bool:
+    """Relay ``out`` and its answer; True when the connection may serve another request.
+    Refused(502/504) when the upstream fails before answering (the sandbox is told why)."""
+    started = time.monotonic()
+    counter = TokenCounter() if out.count_tokens else None
+    status, down, note = 0, 0, None
+    timeout = aiohttp.ClientTimeout(
+        total=config.total_timeout_s,
+        sock_connect=config.connect_timeout_s,
+        sock_read=config.idle_timeout_s,
+    )
+    try:
+        async with session.request(
+            out.method,
+            out.url,
+            headers=out.headers,
+            data=out.body or None,
+            timeout=timeout,
+            allow_redirects=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        ) as response:
+            status = response.status
+            headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP_BACK]
+            await exchange.send(h11.Response(status_code=status, headers=headers))
+            streaming = "text/event-stream" in response.headers.get("content-type", "")
+            kept = bytearray()
+            limit = config.max_response_mb * 2**20
+            async for chunk in response.content.iter_any():
+                down += len(chunk)
+                if down > limit:
+                    note = f"response over {config.max_response_mb} MB (gateway.max_response_mb)"
+                    break
+                await exchange.send(h11.Data(data=chunk))
+                if counter is not None:
+                    if streaming:
+                        counter.feed_event_stream(chunk)
+                    elif len(kept) < _JSON_LIMIT:
+                        kept += chunk
+            if note is None:
+                await exchange.send(h11.EndOfMessage())
+            if counter is not None and kept:
+                counter.feed_json(bytes(kept))
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        note = "upstream too slow (gateway timeouts)"
+        _fail(accounts, out, started, down, counter, note, status, 504, exc)
+    except aiohttp.ClientError as exc:
+        note = f"upstream unreachable or failing ({exc.__class__.__name__})"
+        _fail(accounts, out, started, down, counter, note, status, 502, exc)
+    accounts.request(
+        out.where, out.method, status, len(out.body), down, started, out.model, counter, note
+    )
+    return note is None
+
+
+def _fail(
+    accounts: Accounting,
+    out: Outgoing,
+    started: float,
+    down: int,
+    counter: TokenCounter | None,
+    note: str,
+    status: int,
+    answer: int,
+    exc: Exception,
+) -> None:
+    """Before the upstream answered, the sandbox gets ``answer`` with the reason."""
+    if status == 0:
+        accounts.request(
+            out.where, out.method, answer, len(out.body), down, started, out.model, counter, note
+        )
+        raise Refused(answer, f"gateway: {note}") from exc

@@ -1,0 +1,86 @@
+"""Token accounting for model routes: the model named in a request, and the input and output
+tokens a response reports, from a JSON body or a server-sent event stream as it passes (the
+Anthropic Messages, OpenAI Responses and Chat Completions shapes). Parsing is bounded and never
+holds a response back: the bytes are forwarded first, then looked at."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_EVENT_LINE = 1 << 20  # longer SSE lines are passed through without being parsed
+
+
+def request_model(body: bytes) -> str | None:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = doc.get("model") if isinstance(doc, dict) else None
+    return str(model)[:200] if model else None
+
+
+@dataclass
+class TokenCounter:
+    """Input and output tokens seen in one response."""
+
+    input: int = 0
+    output: int = 0
+    _pending: bytearray = field(default_factory=bytearray)
+    _skipping: bool = False
+
+    def feed_event_stream(self, chunk: bytes) -> None:
+        """Look at one chunk of an SSE response (`data: {...}` lines)."""
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl == -1:
+                rest = chunk[start:]
+                if len(self._pending) + len(rest) > MAX_EVENT_LINE:
+                    self._pending.clear()
+                    self._skipping = True
+                elif not self._skipping:
+                    self._pending += rest
+                return
+            line = bytes(self._pending) + chunk[start:nl]
+            skipped = self._skipping
+            self._pending.clear()
+            self._skipping = False
+            start = nl + 1
+            if not skipped and line.startswith(b"data:"):
+                self._event(line[5:].strip())
+
+    def feed_json(self, body: bytes) -> None:
+        """Usage from a whole JSON response."""
+        self._event(body)
+
+    def _event(self, data: bytes) -> None:
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return
+        if isinstance(doc, dict):
+            self.feed_document(doc)
+
+    def feed_document(self, doc: dict[str, Any]) -> None:
+        """Usage from one JSON document: a whole response or one streamed event."""
+        for usage in _usages(doc):
+            self.input = max(self.input, _int(usage, "input_tokens", "prompt_tokens"))
+            self.output = max(self.output, _int(usage, "output_tokens", "completion_tokens"))
+
+
+def _usages(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    found = []
+    for holder in (doc, doc.get("message"), doc.get("response")):
+        if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
+            found.append(holder["usage"])
+    return found
+
+
+def _int(usage: dict[str, Any], *names: str) -> int:
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, int):
+            return value
+    return 0

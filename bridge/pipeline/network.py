@@ -1,0 +1,87 @@
+"""The worker container's way out: when the task's worker uses model routes, or the task asks
+for `network: {mode: allowlist}`, its gateway (bridge/gateway) is started on the host before the
+container and stopped after it; the container gets the gateway's folder mounted at
+/run/worker-bridge, the relay in front of its command, and the endpoints in its environment.
+Verification containers never get one. The gateway module (and aiohttp) load only here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from bridge.gateway.policy import resolve_routes
+from bridge.pipeline.handle import PhaseHandle
+from bridge.sandbox import ContainerSpec, Mount
+
+if TYPE_CHECKING:
+    from bridge.gateway.server import Gateway
+
+CONTAINER_GATEWAY = "/run/worker-bridge"
+RELAY = "/usr/local/bin/wb-relay"
+ROUTES_URL = "http://127.0.0.1:7800"
+PROXY_URL = "http://127.0.0.1:7801"
+
+
+def needs_gateway(handle: PhaseHandle, routes: list[str]) -> bool:
+    return bool(routes) or handle.spec.network.mode == "allowlist"
+
+
+@contextmanager
+def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | None]:
+    """The task's gateway while the block runs (None when the task needs none); its usage is
+    added to the task's when it stops."""
+    if not needs_gateway(handle, routes):
+        yield None
+        return
+    from bridge.gateway.server import Gateway
+
+    ctx = handle.ctx
+    resolved = resolve_routes(ctx.config, routes)
+    for route in resolved.values():
+        if route.key:
+            handle.redactor.add_secret(route.key)  # should it ever show up, it is masked
+    network = handle.spec.network
+    allowlist = (
+        [d.lower().rstrip(".") for d in network.domains] if network.mode == "allowlist" else None
+    )
+    _, owner = ctx.sandbox_identity()
+    gateway = Gateway(
+        ctx.home / "gateways" / handle.task_id,
+        resolved,
+        allowlist,
+        ctx.config.gateway,
+        handle.emit,
+        owner,
+    ).start()
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+        usage = gateway.usage
+        recorded = handle.ctx.store.load_task(handle.task_id).usage
+        usage.merge(recorded)
+        handle.update(usage=usage.document())
+
+
+def with_gateway(
+    spec: ContainerSpec, handle: PhaseHandle, gateway: Gateway | None
+) -> ContainerSpec:
+    """The worker's container spec, fitted with the gateway (unchanged when there is none)."""
+    if gateway is None:
+        return spec
+    env = dict(spec.env)
+    env["WB_GATEWAY_URL"] = ROUTES_URL
+    for name in gateway.routes:
+        env[f"WB_ROUTE_{name.upper().replace('-', '_')}"] = f"{ROUTES_URL}/{name}"
+    if gateway.proxy.allowlist is not None:
+        for key in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+            env[key] = PROXY_URL
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    return replace(
+        spec,
+        command=[RELAY, *spec.command],
+        env=env,
+        mounts=[*spec.mounts, Mount(gateway.folder, CONTAINER_GATEWAY, read_only=True)],
+    )

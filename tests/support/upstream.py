@@ -1,0 +1,100 @@
+"""A small HTTP upstream the gateway tests start on the host's loopback (no provider is reachable
+from here): it records every request with the headers it got, answers JSON with token usage,
+streams server-sent events slowly, can be slow to answer, and sends large bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Upstream:
+    port: int = 0
+    requests: list[Seen] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)  # ends /held streams
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self) -> Upstream:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+
+    def stop(self) -> None:
+        self.release.set()
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append(Seen(request.method, request.path_qs, headers, body))
+        path = request.path
+        if path.endswith("/sse"):
+            return await self._sse(request, delay=0.0)
+        if path.endswith("/slow-sse"):
+            return await self._sse(request, delay=0.4)
+        if path.endswith("/held"):  # one chunk, then waits for release (or 60 s)
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"data: first\n\n")
+            await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 60)
+            await response.write(b"data: last\n\n")
+            return response
+        if path.endswith("/slow"):
+            await asyncio.sleep(5)
+        if path.endswith("/big"):
+            return web.Response(body=b"x" * (3 * 2**20), content_type="application/octet-stream")
+        answer = {
+            "path": request.path_qs,
+            "authorization": request.headers.get("authorization"),
+            "x-api-key": request.headers.get("x-api-key"),
+            "usage": {"input_tokens": 11, "output_tokens": 7},
+        }
+        return web.json_response(answer)
+
+    async def _sse(self, request: web.Request, delay: float) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        events = [
+            {
+                "type": "message_start",
+                "message": {"usage": {"input_tokens": 21, "output_tokens": 1}},
+            },
+            {"type": "content_block_delta", "delta": {"text": "hello"}},
+            {"type": "message_delta", "usage": {"output_tokens": 9}},
+            {"type": "message_stop"},
+        ]
+        for event in events:
+            await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+            await asyncio.sleep(delay)
+        return response

@@ -1,0 +1,337 @@
+"""The gateway on its own (no engine): a test upstream on loopback, and clients on the gateway's
+Unix sockets playing the sandbox. Through the engine (relay, no interface but lo, the key nowhere
+inside): tests/test_network.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from support.upstream import Upstream
+
+from bridge.config import GatewayConfig, RouteConfig, load_config
+from bridge.errors import InvalidSpec
+from bridge.gateway.policy import Route, address_refusal, check_domains, name_allowed
+from bridge.gateway.server import PROXY_SOCKET, ROUTES_SOCKET, Gateway
+
+KEY = "sk-" + "real-upstream-key-" + "9f8e7d6c5b4a"
+
+
+@pytest.fixture
+def upstream():
+    server = Upstream().start()
+    yield server
+    server.stop()
+
+
+class Events:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, dict]] = []
+
+    def __call__(self, kind: str, data: dict) -> None:
+        self.items.append((kind, data))
+
+    def of(self, kind: str) -> list[dict]:
+        return [d for k, d in self.items if k == kind]
+
+
+def gateway(folder: Path, upstream: Upstream, events: Events, allowlist=None, **cfg) -> Gateway:
+    config = GatewayConfig(
+        trusted_ranges=cfg.pop("trusted", []),
+        allowed_ports=cfg.pop("ports", [443, 80]),
+        **cfg,
+    )
+    routes = {"test": Route("test", upstream.url, "x-api-key", "TEST_KEY", KEY)}
+    return Gateway(folder, routes, allowlist, config, events).start()
+
+
+def request(sock_path: Path, raw: bytes, timeout: float = 10) -> bytes:
+    """Send ``raw`` on the socket and read until the server closes (Connection: close)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock_path))
+        try:
+            s.sendall(raw)
+        except BrokenPipeError:
+            pass  # answered (and closed) before the body was all sent: a 413 does that
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def http(method: str, target: str, body: bytes = b"", headers: dict | None = None) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def body_of(response: bytes) -> bytes:
+    return response.split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_route_gets_the_real_key_and_the_sandboxs_credential_is_dropped(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    try:
+        answer = request(
+            gw.folder / ROUTES_SOCKET,
+            http(
+                "POST",
+                "/test/v1/messages",
+                b'{"model": "claude-x"}',
+                {"x-api-key": "placeholder", "Authorization": "Bearer placeholder"},
+            ),
+        )
+    finally:
+        gw.stop()
+    assert status_of(answer) == 200
+    seen = upstream.requests[-1]
+    assert seen.path == "/v1/messages"
+    assert seen.headers["x-api-key"] == KEY
+    assert "authorization" not in seen.headers  # the placeholder bearer never left
+    [logged] = events.of("network.request")
+    assert logged["route"] == "test" and logged["status"] == 200 and logged["model"] == "claude-x"
+    assert (logged["input_tokens"], logged["output_tokens"]) == (11, 7)
+    assert gw.usage.tokens == {"claude-x": {"input": 11, "output": 7}}
+    assert not (gw.folder / ROUTES_SOCKET).exists() and not (gw.folder / PROXY_SOCKET).exists()
+
+
+def test_a_streamed_answer_reaches_the_sandbox_chunk_by_chunk(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(gw.folder / ROUTES_SOCKET))
+            s.sendall(http("POST", "/test/v1/held", b'{"model": "m"}'))
+            first = b""
+            while b"data: first" not in first:
+                first += s.recv(65536)
+            assert b"data: last" not in first  # the upstream has not sent it yet
+            upstream.release.set()
+            rest = b""
+            while chunk := s.recv(65536):
+                rest += chunk
+            assert b"data: last" in rest
+    finally:
+        gw.stop()
+
+
+def test_token_usage_is_read_from_a_server_sent_event_stream(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    try:
+        answer = request(
+            gw.folder / ROUTES_SOCKET, http("POST", "/test/v1/sse", b'{"model": "m2"}')
+        )
+    finally:
+        gw.stop()
+    assert b"message_stop" in answer
+    assert gw.usage.tokens == {"m2": {"input": 21, "output": 9}}
+
+
+@pytest.mark.parametrize(
+    ("target", "body", "status", "reason"),
+    [
+        ("/nope/v1/x", b"", 404, "no gateway route 'nope'"),
+        ("/test/v1/x", b"x" * (2 * 2**20), 413, "gateway.max_request_mb"),
+    ],
+)
+def test_bad_requests_get_a_clear_answer_and_the_gateway_stays_up(
+    workdir, upstream, target, body, status, reason
+):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, max_request_mb=1)
+    try:
+        answer = request(gw.folder / ROUTES_SOCKET, http("POST", target, body))
+        assert status_of(answer) == status
+        assert reason in body_of(answer).decode()
+        garbage = request(gw.folder / ROUTES_SOCKET, b"NOT HTTP AT ALL\r\n\r\n")
+        assert status_of(garbage) == 400
+        ok = request(gw.folder / ROUTES_SOCKET, http("GET", "/test/v1/fine"))
+        assert status_of(ok) == 200  # still serving
+    finally:
+        gw.stop()
+    assert events.of("network.refused")
+
+
+def test_an_upstream_that_is_down_or_slow_gives_502_or_504_with_the_reason(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, idle_timeout_s=1, total_timeout_s=2)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()
+    gw.routes["down"] = Route("down", f"http://127.0.0.1:{port}", "bearer", None, None)
+    try:
+        down = request(gw.folder / ROUTES_SOCKET, http("GET", "/down/v1/x"))
+        slow = request(gw.folder / ROUTES_SOCKET, http("GET", "/test/v1/slow"))
+    finally:
+        gw.stop()
+    assert status_of(down) == 502 and b"unreachable" in body_of(down)
+    assert status_of(slow) == 504 and b"too slow" in body_of(slow)
+    errors = [e.get("error", "") for e in events.of("network.request")]
+    assert any("unreachable" in e for e in errors) and any("slow" in e for e in errors)
+
+
+# -- the allowlist proxy ------------------------------------------------------------------------
+
+
+def connect(sock_path: Path, host: str, port: int, then: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(sock_path))
+        s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(65536)
+            if not chunk:
+                return head
+            head += chunk
+        if status_of(head) != 200:
+            while chunk := s.recv(65536):
+                head += chunk
+            return head
+        s.sendall(then)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return head + out
+
+
+def test_a_listed_name_tunnels_and_others_are_refused(workdir, upstream):
+    events = Events()
+    gw = gateway(
+        workdir / "gw",
+        upstream,
+        events,
+        allowlist=["localhost"],
+        trusted=["127.0.0.0/8", "::1/128"],
+        ports=[upstream.port],
+    )
+    try:
+        tunneled = connect(
+            gw.folder / PROXY_SOCKET, "localhost", upstream.port, http("GET", "/via")
+        )
+        unlisted = connect(gw.folder / PROXY_SOCKET, "example.com", upstream.port, b"")
+        port = connect(gw.folder / PROXY_SOCKET, "localhost", 22, b"")
+        plain = request(
+            gw.folder / PROXY_SOCKET, http("GET", f"http://localhost:{upstream.port}/plain")
+        )
+    finally:
+        gw.stop()
+    assert b"200" in tunneled.split(b"\r\n", 1)[0] and b'"path": "/via"' in tunneled
+    assert status_of(unlisted) == 403 and b"not in this task's network.domains" in unlisted
+    assert status_of(port) == 403 and b"port 22" in port
+    assert status_of(plain) == 200 and upstream.requests[-1].path == "/plain"
+    refused = events.of("network.refused")
+    assert {r["host"] for r in refused} == {"example.com", "localhost"}
+    assert any(e.get("method") == "CONNECT" for e in events.of("network.request"))
+
+
+def test_a_listed_name_on_a_private_address_is_refused_unless_trusted(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, allowlist=["localhost"], ports=[upstream.port])
+    try:
+        refused = connect(gw.folder / PROXY_SOCKET, "localhost", upstream.port, b"")
+    finally:
+        gw.stop()
+    assert status_of(refused) == 403 and b"loopback" in refused
+    assert "loopback" in events.of("network.refused")[0]["reason"]
+
+
+def test_general_egress_is_closed_without_an_allowlist(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, allowlist=None)
+    try:
+        refused = connect(gw.folder / PROXY_SOCKET, "localhost", 443, b"")
+    finally:
+        gw.stop()
+    assert status_of(refused) == 403 and b"network.mode is none" in refused
+
+
+# -- policy -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("10.1.2.3", "private"),
+        ("192.168.1.1", "private"),
+        ("172.20.0.1", "private"),
+        ("100.64.1.1", "private"),
+        ("169.254.169.254", "metadata"),
+        ("169.254.1.1", "link-local"),
+        ("::1", "loopback"),
+        ("fe80::1", "link-local"),
+        ("fd00:ec2::254", "metadata"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("0.0.0.0", "not a public"),
+    ],
+)
+def test_addresses_that_are_never_egress_targets(address, why):
+    assert why in (address_refusal(address, []) or "")
+
+
+def test_a_public_address_may_be_reached_and_a_trusted_range_too():
+    import ipaddress
+
+    assert address_refusal("93.184.215.14", []) is None
+    assert address_refusal("127.0.0.1", [ipaddress.ip_network("127.0.0.0/8")]) is None
+
+
+def test_domain_patterns_are_checked_and_matched():
+    assert check_domains(["Example.COM", "*.pypi.org"]) == ["example.com", "*.pypi.org"]
+    for bad in ("https://x.com", "x.com:443", "10.0.0.1", "*", "*.com.", "a..b"):
+        with pytest.raises(InvalidSpec, match="network.domains"):
+            check_domains([bad])
+    assert name_allowed("files.pypi.org", ["*.pypi.org"])
+    assert not name_allowed("pypi.org", ["*.pypi.org"])
+    assert not name_allowed("evilpypi.org", ["*.pypi.org"])
+    assert name_allowed("example.com.", ["example.com"])
+
+
+def test_a_route_needing_a_missing_credential_is_refused_at_creation_naming_it(home, repo):
+    from bridge import WorkerBridge
+
+    (home / "config.yaml").write_text(
+        "gateway:\n  routes:\n    mine:\n      upstream: http://127.0.0.1:9\n"
+        "      auth: bearer\n      key_env: WB_TEST_MISSING_KEY\n"
+    )
+    bridge = WorkerBridge(home=home)
+    spec = {
+        "objective": "x",
+        "workspace": {"repository": str(repo)},
+        "metadata": {"mock": {"routes": ["mine"]}},
+    }
+    with pytest.raises(InvalidSpec, match="WB_TEST_MISSING_KEY"):
+        bridge.create_task(spec)
+    spec["metadata"]["mock"]["routes"] = ["absent"]
+    with pytest.raises(InvalidSpec, match="Unknown gateway route 'absent'"):
+        bridge.create_task(spec)
+    bad = {**spec, "metadata": {}, "network": {"mode": "allowlist", "domains": ["http://x"]}}
+    with pytest.raises(InvalidSpec, match="network.domains"):
+        bridge.create_task(bad)
+    assert bridge.list_tasks() == []
+    bridge.close()
+
+
+def test_gateway_routes_come_from_config_with_their_key_variable(home):
+    (home / "config.yaml").write_text(
+        "gateway:\n  routes:\n    local:\n      upstream: http://127.0.0.1:9\n"
+        "      auth: header:X-Token\n      key_env: MY_TOKEN\n"
+    )
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    assert config.gateway.routes["local"] == RouteConfig(
+        upstream="http://127.0.0.1:9", auth="header:X-Token", key_env="MY_TOKEN"
+    )
+    assert json.loads(config.model_dump_json())["gateway"]["allowed_ports"] == [443, 80]
