@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench.common import make_repo, scratch_root
 from bench.concurrency import bench_concurrency
+from bench.gateway import bench_gateway
 from bench.large_change import bench_large_change
 from bench.mcp import bench_mcp
 from bench.objects_cache import bench_objects_cache, make_history
@@ -97,12 +98,21 @@ def main() -> int:
         if args.large_repo:
             large = root / "large-repo"
             subprocess.run(
-                ["git", "clone", "-q", "--no-hardlinks", "--no-checkout", args.large_repo, str(large)],
+                [
+                    "git",
+                    "clone",
+                    "-q",
+                    "--no-hardlinks",
+                    "--no-checkout",
+                    args.large_repo,
+                    str(large),
+                ],
                 check=True,
             )
         else:
             large = make_history(root / "history", 300 if q else 5000, 200 if q else 2000)
         results["objects_cache"] = bench_objects_cache(large, root)
+        results["gateway"] = bench_gateway(50 if q else 500)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run(

@@ -7,6 +7,7 @@ import shutil
 from typing import Any
 
 from bridge.errors import BridgeError
+from bridge.sandbox.runtimes import runtime_check
 from bridge.service import WorkerBridge
 
 
@@ -47,15 +48,7 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
                 else f"{ref} is missing; run `worker-bridge images build {name}`.",
             )
         if config.runtime:
-            ok = config.runtime in bridge.sandbox.runtimes()
-            add(
-                "runtime",
-                ok,
-                f"runtime {config.runtime} registered"
-                if ok
-                else f"runtime {config.runtime} is not registered with the engine; add it to "
-                "/etc/docker/daemon.json and restart dockerd.",
-            )
+            add("runtime", *runtime_check(config.runtime, bridge.sandbox.runtimes()))
     existing = next(p for p in (config.home, *config.home.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")

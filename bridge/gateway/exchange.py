@@ -5,6 +5,7 @@ sizes, and one-line answers for what it refuses."""
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -69,7 +70,7 @@ class Exchange:
         ]
         try:
             await self.send(
-                h11.Response(status_code=status, headers=headers),
+                h11.Response(status_code=status, headers=headers, reason=_phrase(status)),
                 h11.Data(data=body),
                 h11.EndOfMessage(),
             )
@@ -96,6 +97,13 @@ class Exchange:
     @property
     def reusable(self) -> bool:
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+
+def _phrase(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 def content_length(request: h11.Request) -> int | None:

@@ -32,7 +32,9 @@ BUILTIN_ROUTES: dict[str, RouteConfig] = {
 }
 
 _LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
-_NAME = re.compile(rf"^(?:\*\.)?{_LABEL}(?:\.{_LABEL})+$")
+# An exact name (one label is fine: `localhost`, a mirror's short name), or `*.` and a name of
+# at least two labels (`*.com` would allow too much).
+_NAME = re.compile(rf"^(?:\*\.{_LABEL}(?:\.{_LABEL})+|{_LABEL}(?:\.{_LABEL})*)$")
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # Addresses that are never an egress target unless trusted: the cloud metadata services too.
 _METADATA = [ipaddress.ip_network(n) for n in ("169.254.169.254/32", "fd00:ec2::254/128")]

@@ -16,7 +16,7 @@ import traceback
 from functools import cached_property
 from pathlib import Path
 
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
 from bridge.pipeline.context import Context
@@ -37,6 +37,7 @@ from bridge.pipeline.verify import VerifyCheckout, run_verification
 from bridge.pipeline.worker_turn import run_worker_turn
 from bridge.records import CommandResult, TaskRecord, VerificationDoc
 from bridge.sandbox import require_image
+from bridge.sandbox.runtimes import runtime_check
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker, get_worker
@@ -191,6 +192,11 @@ class TaskRunner:
         """Fail fast, before anything is allocated: engine reachable, images present."""
         sandbox = self.ctx.sandbox
         sandbox.ping()
+        runtime = self.ctx.config.runtime
+        if runtime:
+            usable, why = runtime_check(runtime, sandbox.runtimes())
+            if not usable:
+                raise SandboxError(why)
         require_image(sandbox, self.worker.image(self.ctx.config), self.worker.build_target)
         if self.record.spec.verification.commands:
             image = self._verify_image()

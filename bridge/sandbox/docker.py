@@ -89,8 +89,9 @@ class DockerSandbox:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise _engine_down(exc) from exc
 
-    def runtimes(self) -> list[str]:
-        return sorted((self.client.info().get("Runtimes") or {}).keys())
+    def runtimes(self) -> dict[str, list[str]]:
+        found = self.client.info().get("Runtimes") or {}
+        return {name: list((spec or {}).get("runtimeArgs") or []) for name, spec in found.items()}
 
     def image_present(self, ref: str) -> bool:
         try:

@@ -100,8 +100,8 @@ class FakeSandbox:
         self._check()
         return "fake"
 
-    def runtimes(self) -> list[str]:
-        return list(self._runtimes)
+    def runtimes(self) -> dict[str, list[str]]:
+        return {name: [] for name in self._runtimes}
 
     def image_present(self, ref: str) -> bool:
         self._check()

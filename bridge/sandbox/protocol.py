@@ -20,8 +20,9 @@ class Sandbox(Protocol):
         """The engine's version; EngineUnavailable when it cannot be reached."""
         ...
 
-    def runtimes(self) -> list[str]:
-        """Names of the container runtimes the engine has registered (e.g. runc, runsc)."""
+    def runtimes(self) -> dict[str, list[str]]:
+        """The container runtimes the engine has registered (runc, runsc...), each with the
+        arguments the engine passes it."""
         ...
 
     def image_present(self, ref: str) -> bool: ...

@@ -5,11 +5,16 @@ streams server-sent events slowly, can be slow to answer, and sends large bodies
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+
+def _digest(value: str | None) -> str | None:
+    return hashlib.sha256(value.encode()).hexdigest() if value else None
 
 
 @dataclass
@@ -74,10 +79,10 @@ class Upstream:
             await asyncio.sleep(5)
         if path.endswith("/big"):
             return web.Response(body=b"x" * (3 * 2**20), content_type="application/octet-stream")
-        answer = {
+        answer = {  # credentials only as digests: a real provider never echoes a key either
             "path": request.path_qs,
-            "authorization": request.headers.get("authorization"),
-            "x-api-key": request.headers.get("x-api-key"),
+            "authorization_sha256": _digest(request.headers.get("authorization")),
+            "x_api_key_sha256": _digest(request.headers.get("x-api-key")),
             "usage": {"input_tokens": 11, "output_tokens": 7},
         }
         return web.json_response(answer)
