@@ -42,9 +42,12 @@ def test_a_task_with_a_model_route_runs_and_verifies_under_gvisor(cli, repo, wor
             f"      upstream: {upstream.url}\n      auth: x-api-key\n      key_env: WB_GV_KEY\n"
         )
         script = (
-            "python3 -c \"import os, urllib.request; open('out.txt', 'wb').write("
+            "python3 -c \"import os, urllib.request, urllib.error; open('out.txt', 'wb').write("
             "urllib.request.urlopen(os.environ['WB_ROUTE_TEST'] + '/v1/x').read());"
-            " open('net.txt', 'w').write(open('/proc/net/dev').read())\""
+            " open('net.txt', 'w').write(open('/proc/net/dev').read());\n"
+            "try: urllib.request.urlopen('http://127.0.0.1:7800/nope/x')\n"
+            "except urllib.error.HTTPError as e:"
+            " open('bad.txt', 'w').write(f'{e.code} {e.read()}')\""
         )
         spec = mock_task(repo, {"routes": ["test"], "script": script}, verify=["test -s out.txt"])
         path = write_spec(workdir / "s.json", spec)
@@ -56,6 +59,8 @@ def test_a_task_with_a_model_route_runs_and_verifies_under_gvisor(cli, repo, wor
         interfaces = git(repo, "show", f"{result['branch']}:net.txt").splitlines()[2:]
         assert [line.split(":")[0].strip() for line in interfaces] == ["lo"]
         assert upstream.requests[-1].headers["x-api-key"] == KEY
+        bad = git(repo, "show", f"{result['branch']}:bad.txt")
+        assert bad.startswith("404") and "no gateway route 'nope'" in bad  # bad input, in gVisor
         doctor = cli("doctor", "--json")
         checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
         assert checks["runtime"]["ok"] is True

@@ -73,6 +73,16 @@ def print_result(result: dict[str, Any]) -> None:
         for cmd in verification.get("commands", []):
             mark = _mark(cmd)
             print(f"    [{mark}] {f(cmd['command'])} ({cmd['duration_s']} s)")
+    usage = result.get("usage")
+    if usage:
+        tokens = ", ".join(
+            f"{f(model)} {t['input']} in / {t['output']} out"
+            for model, t in (usage.get("tokens") or {}).items()
+        )
+        print(
+            f"  network: {usage['requests']} request(s), {usage['bytes_up']} B up, "
+            f"{usage['bytes_down']} B down" + (f"; tokens: {tokens}" if tokens else "")
+        )
     for name, path in result.get("artifacts", {}).items():
         print(f"  {name}: {path}")
 
