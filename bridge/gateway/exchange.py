@@ -11,6 +11,20 @@ from typing import Any
 import h11
 
 READ = 65536
+# Headers that belong to one connection, never forwarded (Host and Content-Length are set anew).
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
 
 
 class Refused(Exception):

@@ -14,22 +14,11 @@ import h11
 
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting
-from bridge.gateway.exchange import Exchange, Refused
+from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused
 from bridge.gateway.policy import address_refusal, name_allowed, resolve
 from bridge.gateway.upstream import Outgoing, stream
 
-_HOP = {
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"host",
-    b"content-length",
-    b"proxy-authorization",
-}
+_HOP = HOP_BY_HOP | {b"proxy-authorization"}
 
 
 class Proxy:

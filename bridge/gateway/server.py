@@ -29,7 +29,7 @@ import h11
 
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting, Usage
-from bridge.gateway.exchange import Exchange, Refused, content_length
+from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, content_length
 from bridge.gateway.policy import Route, check_ranges
 from bridge.gateway.proxy import Proxy
 from bridge.gateway.upstream import Outgoing, stream
@@ -37,18 +37,8 @@ from bridge.gateway.usage import request_model
 
 ROUTES_SOCKET = "routes.sock"
 PROXY_SOCKET = "proxy.sock"
-ROUTES_PORT, PROXY_PORT = 7800, 7801  # where the relay listens inside the container
-_DROP = {
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"host",
-    b"content-length",
-    # whatever credential the sandbox holds (a placeholder) never leaves
+# Whatever credential the sandbox holds (a placeholder) never leaves; the route adds its own.
+_DROP = HOP_BY_HOP | {
     b"authorization",
     b"proxy-authorization",
     b"x-api-key",
