@@ -245,51 +245,48 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
     """Empty and remove ``name`` in ``parent``. Deep trees are flattened: past _FLATTEN_AT open
     levels, the next directory down is moved up into ``name`` and removed from there, so the
     descriptors held stay bounded however deep the tree is."""
-    jobs = [name]  # directories in ``parent`` still to remove
+    try:
+        top = _open_for_removal(parent, name)
+    except OSError as exc:
+        failures.append(f"{where}: {exc.strerror}")
+        return
+    tag = os.urandom(4).hex().encode()
     flat = 0
-    while jobs:
-        top = jobs.pop()
-        try:
-            fd = _open_for_removal(parent, top)
-        except OSError as exc:
-            failures.append(f"{where.parent / decode(top)}: {exc.strerror}")
-            continue
-        # Frames: (fd, name in the directory above, names in it that could not be removed).
-        stack: list[tuple[int, bytes, set[bytes]]] = [(fd, top, set())]
-        while stack:
-            fd, here, stuck = stack[-1]
-            child = None
-            for entry in _subdirs_first(fd):
-                if entry in stuck:
-                    continue
-                try:
-                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-                    if not stat.S_ISDIR(st.st_mode):
-                        os.unlink(entry, dir_fd=fd)
-                    elif len(stack) >= _FLATTEN_AT:
-                        # Moved up into the folder being removed (never beside it), where the
-                        # walk meets it again; an interrupted removal leaves nothing outside.
-                        flat += 1
-                        moved = b".wb-flat-%d" % flat
-                        os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=stack[0][0])
-                    else:
-                        child = (_open_for_removal(fd, entry), entry, set())
-                        break
-                except OSError as exc:
-                    stuck.add(entry)
-                    failures.append(f"{where} (…/{display(decode(entry))}): {exc.strerror}")
-            if child is not None:
-                stack.append(child)
+    # Frames: (fd, name in the directory above, names in it that could not be removed).
+    stack: list[tuple[int, bytes, set[bytes]]] = [(top, name, set())]
+    while stack:
+        fd, here, stuck = stack[-1]
+        child = None
+        for entry in _subdirs_first(fd):
+            if entry in stuck:
                 continue
-            os.close(fd)
-            stack.pop()
-            up = stack[-1] if stack else None
             try:
-                os.rmdir(here, dir_fd=up[0] if up else parent)
+                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(entry, dir_fd=fd)
+                elif len(stack) >= _FLATTEN_AT:
+                    # Moved up into the folder being removed (never beside it), where the walk
+                    # meets it again; an interrupted removal leaves nothing outside it.
+                    flat += 1
+                    os.rename(entry, b".wb-flat-%s-%d" % (tag, flat), src_dir_fd=fd, dst_dir_fd=top)
+                else:
+                    child = (_open_for_removal(fd, entry), entry, set())
+                    break
             except OSError as exc:
-                if up is not None:
-                    up[2].add(here)
-                failures.append(f"{where} (…/{display(decode(here))}): {exc.strerror}")
+                stuck.add(entry)
+                failures.append(f"{where} (…/{display(decode(entry))}): {exc.strerror}")
+        if child is not None:
+            stack.append(child)
+            continue
+        os.close(fd)
+        stack.pop()
+        up = stack[-1] if stack else None
+        try:
+            os.rmdir(here, dir_fd=up[0] if up else parent)
+        except OSError as exc:
+            if up is not None:
+                up[2].add(here)
+            failures.append(f"{where} (…/{display(decode(here))}): {exc.strerror}")
 
 
 def _open_for_removal(parent: int, name: bytes) -> int:
