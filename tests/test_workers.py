@@ -53,3 +53,19 @@ def test_a_builtin_worker_name_cannot_be_linked_over(cli):
     result = cli("workers", "link", "mock", "--command-json", '["x"]')
     assert result.code == 2
     assert "built-in" in result.stderr
+
+
+def test_a_linked_worker_whose_route_has_no_key_is_installed_but_not_healthy(home, monkeypatch):
+    from bridge import WorkerBridge
+    from bridge.sandbox.fake import FakeSandbox
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    bridge.link_worker("claude-like", ["agent", "{prompt}"], routes=("anthropic",))
+    [info] = [w for w in bridge.list_workers() if w.name == "claude-like"]
+    assert info.installed is True and info.healthy is False
+    assert "ANTHROPIC_API_KEY" in info.reason
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-present-key")
+    [info] = [w for w in bridge.list_workers() if w.name == "claude-like"]
+    assert info.healthy is True and info.reason is None
+    bridge.close()

@@ -32,6 +32,16 @@ class LinkedCliWorker(Worker):
     def routes(self, metadata: dict) -> list[str]:
         return list(self.spec.routes)
 
+    def health(self, config: Config) -> str | None:
+        from bridge.errors import InvalidSpec
+        from bridge.gateway.policy import check_routes
+
+        try:
+            check_routes(config, self.routes({}))
+        except InvalidSpec as exc:
+            return exc.message
+        return None
+
     def parse_line(self, line: str) -> ParsedLine:
         # A plain CLI's last non-empty line is its final message.
         return ParsedLine(progress=line, summary=line if line.strip() else None)
