@@ -21,9 +21,7 @@ def make_history(path: Path, commits: int, files: int) -> Path:
     lines = []
     for c in range(commits):
         lines.append(f"commit refs/heads/main\ncommitter b <b@b> {1_700_000_000 + c} +0000\n")
-        lines.append(f"data 3\nc{c % 10}\n")
-        if c:
-            lines.append("from refs/heads/main^0\n")
+        lines.append(f"data 3\nc{c % 10}\n")  # each commit follows the branch's last one
         for f in [*range(files)] if c == 0 else [c % files, (c * 7) % files]:
             body = f"file {f} at commit {c}\n" * 20
             lines.append(f"M 100644 inline src/{f // 100}/f{f}.txt\ndata {len(body)}\n{body}\n")
