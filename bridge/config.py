@@ -101,8 +101,12 @@ class GatewayConfig(BaseModel):
         description="Address ranges (CIDR) an allowlisted name may resolve to although they "
         "are loopback, private or link-local (private mirrors; tests).",
     )
-    allowed_ports: list[int] = Field(
-        default_factory=lambda: [443, 80], description="Ports the allowlist proxy connects to."
+    connect_ports: list[int] = Field(
+        default_factory=lambda: [443],
+        description="Ports a CONNECT tunnel (HTTPS) may reach: raw TCP, so only TLS ports.",
+    )
+    http_ports: list[int] = Field(
+        default_factory=lambda: [80], description="Ports plain-HTTP proxy requests may reach."
     )
     max_request_mb: int = Field(32, ge=1, description="Largest request body through a route.")
     max_response_mb: int = Field(512, ge=1, description="Largest response through a route.")
@@ -110,6 +114,10 @@ class GatewayConfig(BaseModel):
     total_timeout_s: float = Field(1800, gt=0, description="Longest one request may take.")
     connect_timeout_s: float = Field(15, gt=0, description="Connecting to an upstream.")
     max_events: int = Field(2000, ge=10, description="network.* events stored per task.")
+    max_connections: int = Field(64, ge=1, description="Connections open at once per gateway.")
+    read_deadline_s: float = Field(
+        60, gt=0, description="Longest the sandbox may take to send one request (head and body)."
+    )
 
 
 class Config(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,8 @@ class Events:
 def gateway(folder: Path, upstream: Upstream, events: Events, allowlist=None, **cfg) -> Gateway:
     config = GatewayConfig(
         trusted_ranges=cfg.pop("trusted", []),
-        allowed_ports=cfg.pop("ports", [443, 80]),
+        connect_ports=cfg.get("ports", [443]),
+        http_ports=cfg.pop("ports", [80]),
         **cfg,
     )
     routes = {"test": Route("test", upstream.url, "x-api-key", "TEST_KEY", KEY)}
@@ -230,7 +232,7 @@ def test_a_listed_name_tunnels_and_others_are_refused(workdir, upstream):
         gw.stop()
     assert b"200" in tunneled.split(b"\r\n", 1)[0] and b'"path": "/via"' in tunneled
     assert status_of(unlisted) == 403 and b"not in this task's network.domains" in unlisted
-    assert status_of(port) == 403 and b"port 22" in port
+    assert status_of(port) == 403 and b"port 22" in port and b"connect_ports" in port
     assert status_of(plain) == 200 and upstream.requests[-1].path == "/plain"
     refused = events.of("network.refused")
     assert {r["host"] for r in refused} == {"example.com", "localhost"}
@@ -334,4 +336,128 @@ def test_gateway_routes_come_from_config_with_their_key_variable(home):
     assert config.gateway.routes["local"] == RouteConfig(
         upstream="http://127.0.0.1:9", auth="header:X-Token", key_env="MY_TOKEN"
     )
-    assert json.loads(config.model_dump_json())["gateway"]["allowed_ports"] == [443, 80]
+    gateway = json.loads(config.model_dump_json())["gateway"]
+    assert (gateway["connect_ports"], gateway["http_ports"]) == ([443], [80])
+
+
+# -- what a hostile sandbox tries ---------------------------------------------------------------
+
+
+def test_a_route_path_that_climbs_out_of_the_route_is_refused(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    try:
+        for target in ("/test/../other", "/test/v1/%2e%2e/%2e%2e/other", "/test/a%5c..%5cb"):
+            answer = request(gw.folder / ROUTES_SOCKET, http("GET", target))
+            assert status_of(answer) == 400, target
+    finally:
+        gw.stop()
+    assert not upstream.requests  # the key went nowhere
+
+
+def test_the_sandboxs_copy_of_a_custom_auth_header_and_its_encoding_wishes_are_dropped(
+    workdir, upstream
+):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    gw.routes["lab"] = Route("lab", upstream.url, "header:X-Lab-Token", "K", KEY)
+    try:
+        answer = request(
+            gw.folder / ROUTES_SOCKET,
+            http("GET", "/lab/v1/x", headers={"X-Lab-Token": "fake", "Accept-Encoding": "gzip"}),
+        )
+    finally:
+        gw.stop()
+    assert status_of(answer) == 200
+    seen = upstream.requests[-1].headers
+    assert seen["x-lab-token"] == KEY and "accept-encoding" not in seen
+
+
+def test_many_tiny_chunks_arrive_whole(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    body = b"".join(b"1\r\nx\r\n" for _ in range(20_000)) + b"0\r\n\r\n"
+    head = (
+        b"POST /test/v1/chunks HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    try:
+        answer = request(gw.folder / ROUTES_SOCKET, head + body)
+    finally:
+        gw.stop()
+    assert status_of(answer) == 200
+    assert upstream.requests[-1].body == b"x" * 20_000
+
+
+def test_connections_past_the_cap_are_closed_and_a_slow_drip_gets_408(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, max_connections=4, read_deadline_s=1.0)
+    held = []
+    try:
+        for _ in range(4):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(gw.folder / ROUTES_SOCKET))
+            s.sendall(b"GET /test/v1/x HTTP/1.1\r\n")  # and then nothing more, for a while
+            held.append(s)
+        extra = socket.socket(socket.AF_UNIX)
+        extra.settimeout(5)
+        extra.connect(str(gw.folder / ROUTES_SOCKET))
+        assert extra.recv(100) == b""  # closed at once: the gateway is at its cap
+        extra.close()
+        held[0].settimeout(10)
+        late = b""
+        while chunk := held[0].recv(65536):
+            late += chunk
+        assert status_of(late) == 408
+    finally:
+        for s in held:
+            s.close()
+        gw.stop()
+    assert any(
+        r.get("reason") == "too many connections at once" for r in events.of("network.refused")
+    )
+
+
+def test_a_sandbox_that_stops_reading_cannot_hold_the_gateway(workdir, upstream):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, idle_timeout_s=1.0)
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(str(gw.folder / ROUTES_SOCKET))
+        s.sendall(http("GET", "/test/v1/big"))  # 3 MB, never read
+        deadline = time.monotonic() + 20
+        while not events.of("network.request") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [logged] = events.of("network.request")
+        assert "stopped reading" in logged["error"]
+    finally:
+        s.close()
+        gw.stop()
+
+
+def test_connect_reaches_only_tls_ports_and_bad_proxy_urls_get_400(workdir, upstream):
+    events = Events()
+    folder = workdir / "gw"
+    config = GatewayConfig(
+        trusted_ranges=["127.0.0.0/8"], connect_ports=[443], http_ports=[upstream.port]
+    )
+    routes = {}
+    gw = Gateway(folder, routes, ["localhost"], config, events).start()
+    try:
+        plain_connect = connect(folder / PROXY_SOCKET, "localhost", upstream.port, b"")
+        bad_port = request(folder / PROXY_SOCKET, http("GET", "http://localhost:99999/"))
+        bad_host = request(folder / PROXY_SOCKET, http("GET", "http://[::1/"))
+        named = request(folder / ROUTES_SOCKET, http("GET", "/" + "n" * 60_000 + "/x"))
+    finally:
+        gw.stop()
+    assert status_of(plain_connect) == 403 and b"connect_ports" in plain_connect
+    assert status_of(bad_port) == 400 and status_of(bad_host) == 400
+    assert status_of(named) in (400, 404)
+    assert all(len(json.dumps(data)) < 1000 for _, data in events.items)
+
+
+def test_ipv4_carried_in_ipv6_is_judged_as_itself():
+    assert "loopback" in address_refusal("2002:7f00:1::", [])  # 6to4 of 127.0.0.1
+    assert "metadata" in address_refusal("2002:a9fe:a9fe::", [])  # 6to4 of 169.254.169.254
+    assert "loopback" in address_refusal("::ffff:127.0.0.1", [])

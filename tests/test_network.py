@@ -39,7 +39,8 @@ def env(home, upstream):
         "      auth: x-api-key\n"
         "      key_env: WB_TEST_ROUTE_KEY\n"
         "  trusted_ranges: ['127.0.0.0/8']\n"
-        f"  allowed_ports: [{upstream.port}]\n"
+        f"  connect_ports: [{upstream.port}]\n"
+        f"  http_ports: [{upstream.port}]\n"
     )
     return {"WB_TEST_ROUTE_KEY": KEY}
 

@@ -35,44 +35,78 @@ class Refused(Exception):
         self.status, self.reason = status, reason
 
 
+def shown(text: str, limit: int = 200) -> str:
+    """Sandbox-chosen text as it goes into an event or an answer: bounded."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class Exchange:
+    """``idle_timeout`` bounds each wait to read or to write; ``read_deadline`` (seconds from
+    the first byte of a request) bounds reading its head and body together (a slow drip)."""
+
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle_timeout: float
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        idle_timeout: float,
+        read_deadline: float = 60.0,
     ) -> None:
         self.reader, self.writer = reader, writer
         self.idle_timeout = idle_timeout
+        self.read_deadline = read_deadline
+        self._until: float | None = None
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
 
+    def _wait(self) -> float:
+        loop = asyncio.get_running_loop()
+        if self._until is None:
+            self._until = loop.time() + self.read_deadline
+        left = self._until - loop.time()
+        if left <= 0:
+            raise Refused(408, "the request took too long to arrive")
+        return min(self.idle_timeout, left)
+
+    def request_done(self) -> None:
+        """The request is read: the next one gets its own deadline."""
+        self._until = None
+
     async def next(self) -> Any:
-        """The next h11 event, reading as needed (each read bounded by the idle timeout)."""
+        """The next h11 event, reading as needed (each read bounded by the idle timeout and
+        the request's read deadline)."""
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            data = await asyncio.wait_for(self.reader.read(READ), self.idle_timeout)
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ), self._wait())
+            except TimeoutError:
+                self._wait()  # Refused(408) when it was the request's deadline that passed
+                raise
             self.conn.receive_data(data)
 
     async def body(self, limit: int) -> bytes:
-        """The request's whole body, or Refused(413) past ``limit`` bytes."""
-        chunks, size = [], 0
+        """The request's whole body, or Refused(413) past ``limit`` bytes. Kept in one buffer
+        however it was chunked (many tiny chunks cost no more than one)."""
+        body = bytearray()
         while True:
             event = await self.next()
             if isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > limit:
+                if len(body) + len(event.data) > limit:
                     raise Refused(
                         413, f"request body over {limit // 2**20} MB (gateway.max_request_mb)"
                     )
-                chunks.append(event.data)
+                body += event.data
             elif isinstance(event, h11.EndOfMessage):
-                return b"".join(chunks)
+                self.request_done()
+                return bytes(body)
             else:
                 raise Refused(400, "incomplete request body")
 
     async def send(self, *events: Any) -> None:
         for event in events:
             self.writer.write(self.conn.send(event))
-        await self.writer.drain()
+        # A sandbox that stops reading cannot hold the gateway (or its upstream) forever.
+        await asyncio.wait_for(self.writer.drain(), self.idle_timeout)
 
     async def answer(self, status: int, text: str) -> None:
         """A one-line plain-text answer, when the exchange still allows one."""
@@ -88,7 +122,7 @@ class Exchange:
                 h11.Data(data=body),
                 h11.EndOfMessage(),
             )
-        except (h11.LocalProtocolError, ConnectionError):
+        except (h11.LocalProtocolError, ConnectionError, TimeoutError):
             pass
 
     async def linger(self, seconds: float = 2.0, limit: int = 64 * 2**20) -> None:

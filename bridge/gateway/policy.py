@@ -6,6 +6,7 @@ every connection (a name that resolves somewhere else later is refused then)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import re
@@ -141,8 +142,11 @@ def name_allowed(host: str, patterns: list[str]) -> bool:
 def address_refusal(address: str, trusted: list) -> str | None:
     """Why ``address`` is not an egress target (None: it may be reached)."""
     ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        # An IPv4 address carried inside (mapped, 6to4, Teredo) is judged as itself.
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            ip = embedded
     if any(ip in net for net in trusted):
         return None
     if ip.is_unspecified:
@@ -160,11 +164,15 @@ def address_refusal(address: str, trusted: list) -> str | None:
     return None
 
 
-def resolve(host: str, port: int) -> list[str]:
-    """The host's addresses, resolved here (the sandbox has no DNS)."""
+async def resolve(host: str, port: int, timeout: float) -> list[str]:
+    """The host's addresses, resolved here (the sandbox has no DNS), without holding up the
+    gateway's other connections."""
+    loop = asyncio.get_running_loop()
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
+        infos = await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout
+        )
+    except (socket.gaierror, UnicodeError, TimeoutError):
         return []
     seen: list[str] = []
     for info in infos:

@@ -14,7 +14,7 @@ import h11
 
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting
-from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused
+from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, shown
 from bridge.gateway.policy import address_refusal, name_allowed, resolve
 from bridge.gateway.upstream import Outgoing, stream
 
@@ -36,19 +36,21 @@ class Proxy:
             accounts,
         )
 
-    def check(self, host: str, port: int) -> str:
-        """The address to connect to, or Refused with the reason (recorded)."""
+    async def check(self, host: str, port: int, ports: list[int], which: str) -> str:
+        """The address to connect to, or Refused with the reason (recorded). ``ports``: those
+        this kind of request may reach (``which`` names the setting)."""
         refuse = self.accounts.refused
+        host = shown(host)
         if self.allowlist is None:
             refuse("host", host, "general egress is closed (network.mode none)", port=port)
             raise Refused(403, f"{host} is not reachable: this task's network.mode is none")
-        if port not in self.config.allowed_ports:
+        if port not in ports:
             refuse("host", host, f"port {port} is not allowed", port=port)
-            raise Refused(403, f"port {port} is not allowed (gateway.allowed_ports)")
+            raise Refused(403, f"port {port} is not allowed (gateway.{which})")
         if not name_allowed(host, self.allowlist):
             refuse("host", host, "not in network.domains", port=port)
             raise Refused(403, f"{host} is not in this task's network.domains")
-        addresses = resolve(host, port)
+        addresses = await resolve(host, port, self.config.connect_timeout_s)
         if not addresses:
             refuse("host", host, "does not resolve", port=port)
             raise Refused(502, f"{host} does not resolve")
@@ -65,7 +67,8 @@ class Proxy:
             raise Refused(400, "CONNECT needs host:port")
         host, port = host.strip("[]"), int(port_text)
         started = time.monotonic()
-        address = self.check(host, port)
+        # Raw TCP once tunnelled, so only TLS ports: on port 80 the Host inside is anyone's.
+        address = await self.check(host, port, self.config.connect_ports, "connect_ports")
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(address, port), self.config.connect_timeout_s
@@ -108,7 +111,7 @@ class Proxy:
                     break
                 counts[i] += len(data)
                 dst.write(data)
-                await dst.drain()
+                await asyncio.wait_for(dst.drain(), self.config.idle_timeout_s)
         except (TimeoutError, ConnectionError):
             pass
         finally:
@@ -121,15 +124,23 @@ class Proxy:
     async def forward(
         self, session: aiohttp.ClientSession, exchange: Exchange, request: h11.Request
     ) -> bool:
-        target = urlsplit(request.target.decode("latin-1"))
+        try:
+            target = urlsplit(request.target.decode("latin-1"))
+            hostname = target.hostname
+        except ValueError as exc:
+            raise Refused(400, "the proxy request's URL is malformed") from exc
         limit = self.config.max_request_mb * 2**20
-        if target.scheme != "http" or not target.hostname:
+        if target.scheme != "http" or not hostname:
             await exchange.body(limit)
-            shown = request.target.decode("latin-1")[:200]
-            self.accounts.refused("request", shown, "not a proxy request")
+            self.accounts.refused(
+                "request", shown(request.target.decode("latin-1")), "not a proxy request"
+            )
             raise Refused(400, "this is the gateway's proxy: send absolute http:// URLs or CONNECT")
-        host, port = target.hostname, target.port or 80
-        address = self.check(host, port)
+        try:
+            host, port = hostname, target.port or 80
+        except ValueError as exc:
+            raise Refused(400, "the proxy request's URL has a bad port") from exc
+        address = await self.check(host, port, self.config.http_ports, "http_ports")
         body = await exchange.body(limit)
         headers = [
             (k.decode("latin-1"), v.decode("latin-1"))

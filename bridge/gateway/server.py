@@ -20,16 +20,17 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import h11
 
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting, Usage
-from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, content_length
+from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, content_length, shown
 from bridge.gateway.policy import Route, check_ranges
 from bridge.gateway.proxy import Proxy
 from bridge.gateway.upstream import Outgoing, stream
@@ -47,6 +48,7 @@ _DROP = HOP_BY_HOP | {
     b"anthropic-api-key",
     b"openai-api-key",
     b"cookie",
+    b"accept-encoding",
 }
 
 
@@ -73,6 +75,7 @@ class Gateway:
         self._servers: list[asyncio.AbstractServer] = []
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._busy_noted = False
 
     @property
     def usage(self) -> Usage:
@@ -102,15 +105,24 @@ class Gateway:
         for name, kind in ((ROUTES_SOCKET, "route"), (PROXY_SOCKET, "proxy")):
             path = self.folder / name
             server = await asyncio.start_unix_server(
-                lambda r, w, k=kind: self._spawn(self._serve(r, w, k)), path=str(path)
+                lambda r, w, k=kind: self._accept(r, w, k), path=str(path)
             )
             os.chmod(path, 0o600)
             if self.owner is not None:
                 os.chown(path, *self.owner)
             self._servers.append(server)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
+    def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str
+    ) -> None:
+        if len(self._tasks) >= self.config.max_connections:
+            # Refused at once: the sandbox cannot hold the runner's descriptors or memory.
+            if not self._busy_noted:
+                self.accounts.refused("connection", kind, "too many connections at once")
+                self._busy_noted = True
+            writer.close()
+            return
+        task = asyncio.ensure_future(self._serve(reader, writer, kind))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -148,14 +160,21 @@ class Gateway:
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str
     ) -> None:
-        exchange = Exchange(reader, writer, self.config.idle_timeout_s)
+        cfg = self.config
+        exchange = Exchange(reader, writer, cfg.idle_timeout_s, cfg.read_deadline_s)
         try:
             while True:
-                event = await exchange.next()
+                try:
+                    event = await exchange.next()
+                except Refused as exc:  # the request's head took too long
+                    await exchange.answer(exc.status, exc.reason)
+                    return
                 if not isinstance(event, h11.Request):
                     return
                 try:
-                    keep = await self._handle(exchange, event, kind)
+                    keep = await asyncio.wait_for(
+                        self._handle(exchange, event, kind), cfg.total_timeout_s
+                    )
                 except Refused as exc:
                     await exchange.answer(exc.status, exc.reason)
                     keep = exc.status < 500
@@ -164,8 +183,8 @@ class Gateway:
                         await exchange.linger()  # the answer must not be lost to a reset
                     return
                 exchange.conn.start_next_cycle()
-        except h11.RemoteProtocolError as exc:
-            self.accounts.refused("request", kind, f"malformed HTTP request ({exc})")
+        except (h11.RemoteProtocolError, h11.LocalProtocolError, ValueError) as exc:
+            self.accounts.refused("request", kind, shown(f"malformed HTTP exchange ({exc})"))
             await exchange.answer(400, "malformed HTTP request")
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -187,10 +206,16 @@ class Gateway:
         limit = self.config.max_request_mb * 2**20
         route = self.routes.get(name)
         if route is None:
-            self.accounts.refused("route", name, "no such route for this task")
+            self.accounts.refused("route", shown(name), "no such route for this task")
             await exchange.body(limit)
             known = ", ".join(sorted(self.routes)) or "none"
-            raise Refused(404, f"no gateway route '{name}' for this task (it has: {known})")
+            raise Refused(
+                404, f"no gateway route '{shown(name, 60)}' for this task (it has: {known})"
+            )
+        path = unquote(rest.partition("?")[0])
+        if ".." in path.split("/") or "\\" in path:  # the key is for the route's path only
+            self.accounts.refused("route", name, "a path that leaves the route")
+            raise Refused(400, "the path leaves the route's upstream prefix")
         length = content_length(request)
         if length is not None and length > limit:
             self.accounts.refused("route", name, "request body too large")
@@ -201,12 +226,15 @@ class Gateway:
         except Refused:
             self.accounts.request({"route": name}, request.method.decode(), 413, 0, 0, started)
             raise
+        auth = route.auth_header()
+        # The sandbox's copies of credentials (and of the route's own header) never leave, and
+        # it cannot ask for compression (so token usage can always be read from the answer).
+        drop = _DROP | ({auth[0].encode()} if auth else set())
         headers = [
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in request.headers
-            if k.lower() not in _DROP
+            if k.lower() not in drop
         ]
-        auth = route.auth_header()
         if auth is not None:
             headers.append(auth)
         out = Outgoing(

@@ -19,6 +19,17 @@ _DROP_BACK = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connec
 _JSON_LIMIT = 8 * 2**20  # how much of a JSON answer is kept to read its token usage
 
 
+class _SandboxGone(Exception):
+    """The sandbox hung up, or stopped reading for longer than the idle timeout."""
+
+
+async def _give(exchange: Exchange, *events: object) -> None:
+    try:
+        await exchange.send(*events)
+    except (ConnectionError, TimeoutError) as exc:
+        raise _SandboxGone() from exc
+
+
 @dataclass
 class Outgoing:
     method: str
@@ -59,7 +70,7 @@ async def stream(
         ) as response:
             status = response.status
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP_BACK]
-            await exchange.send(h11.Response(status_code=status, headers=headers))
+            await _give(exchange, h11.Response(status_code=status, headers=headers))
             streaming = "text/event-stream" in response.headers.get("content-type", "")
             kept = bytearray()
             limit = config.max_response_mb * 2**20
@@ -68,16 +79,18 @@ async def stream(
                 if down > limit:
                     note = f"response over {config.max_response_mb} MB (gateway.max_response_mb)"
                     break
-                await exchange.send(h11.Data(data=chunk))
+                await _give(exchange, h11.Data(data=chunk))
                 if counter is not None:
                     if streaming:
                         counter.feed_event_stream(chunk)
                     elif len(kept) < _JSON_LIMIT:
                         kept += chunk
             if note is None:
-                await exchange.send(h11.EndOfMessage())
+                await _give(exchange, h11.EndOfMessage())
             if counter is not None and kept:
                 counter.feed_json(bytes(kept))
+    except _SandboxGone:
+        note = "the sandbox hung up or stopped reading"
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         note = "upstream too slow (gateway timeouts)"
         _fail(accounts, out, started, down, counter, note, status, 504, exc)
