@@ -73,6 +73,16 @@ class LinkedWorker(BaseModel):
     routes: list[str] = Field(default_factory=list, description="Gateway model routes it uses.")
 
 
+class WorkerSettings(BaseModel):
+    """Settings of a built-in worker (codex, claude-code, opencode, zcode-glm)."""
+
+    model_config = ConfigDict(extra="forbid")
+    route: str | None = Field(
+        None, description="Gateway model route it uses; default the worker's own (see workers.md)."
+    )
+    model: str | None = Field(None, description="Model the CLI asks for; default the CLI's own.")
+
+
 class RouteConfig(BaseModel):
     """A model route of the gateway: `/<name>/...` inside the sandbox is proxied to
     ``upstream``, with the real key (from the host variable ``key_env``) added on the way out."""
@@ -154,6 +164,9 @@ class Config(BaseModel):
     output_tail_chars: int = Field(4000, ge=100, description="Bound on stored output tails.")
     max_progress_events: int = Field(2000, ge=10, description="worker.progress events per task.")
     workers: dict[str, LinkedWorker] = Field(default_factory=dict, description="Linked workers.")
+    worker_settings: dict[str, WorkerSettings] = Field(
+        default_factory=dict, description="Route and model of the built-in workers, by name."
+    )
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
     @property

@@ -73,6 +73,7 @@ class WorkerExit(_Doc):
     summary: str = ""
     last_progress: str = ""
     over_limit: str | None = None  # why the bridge stopped it (the disk limit), one sentence
+    failure: str | None = None  # the CLI's own account of why it failed, one sentence
 
 
 class TaskRecord(BaseModel):
@@ -115,6 +116,7 @@ class TaskRecord(BaseModel):
     follow_ups: list[str] = Field(default_factory=list)
     dropped: list[dict[str, str]] = Field(default_factory=list)
     usage: dict[str, Any] | None = None
+    session_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -207,6 +209,7 @@ class WorkerInfo(BaseModel):
     healthy: bool
     image: str
     capabilities: list[str] = Field(default_factory=list)
+    cli_version: str | None = Field(None, description="The CLI's version, from its image.")
     reason: str | None = None
 
     @model_serializer(mode="wrap")

@@ -23,7 +23,7 @@ from bridge.sandbox import Sandbox
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
-from bridge.workers import BUILTIN, all_workers, check_mock_metadata, get_worker
+from bridge.workers import BUILTIN, all_workers, get_worker
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import check_disjoint
 
@@ -85,9 +85,8 @@ class WorkerBridge:
             spec = spec.model_dump()
         parsed = parse_spec(spec)
         worker = get_worker(self.config, parsed.worker)
-        if worker.name == "mock":
-            check_mock_metadata(parsed.metadata)
-        check_network(self.config, parsed, worker.routes(parsed.metadata))
+        worker.check_metadata(parsed.metadata, self.config)
+        check_network(self.config, parsed, worker.routes(parsed.metadata, self.config))
         repo = repository_root(parsed.workspace.repository)
         check_disjoint(self.config.home, repo)
         base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
@@ -270,7 +269,8 @@ class WorkerBridge:
         out = []
         for name, worker in sorted(all_workers(self.config).items()):
             image = worker.image(self.config)
-            installed = engine and self.sandbox.image_present(image)
+            labels = self.sandbox.image_labels(image) if engine else None
+            installed = labels is not None
             problem = worker.health(self.config)
             if not engine:
                 reason: str | None = "The container engine cannot be reached."
@@ -287,6 +287,7 @@ class WorkerBridge:
                     healthy=installed and problem is None,
                     image=image,
                     capabilities=list(worker.capabilities),
+                    cli_version=(labels or {}).get("io.worker-bridge.cli-version"),
                     reason=reason,
                 )
             )

@@ -249,8 +249,8 @@ def test_a_30_mb_line_is_cut_and_read_in_linear_time(cli, repo, workdir):
         for e in json.loads(cli("tasks", "logs", result["task_id"], "--json").stdout)["events"]
         if e["kind"] == "worker.progress"
     ]
-    assert any("line cut" in e["data"]["line"] for e in progress)
-    assert all(len(e["data"]["line"]) <= 2000 for e in progress)
+    assert any("line cut" in e["data"]["text"] for e in progress)
+    assert all(len(e["data"]["text"]) <= 2000 for e in progress)
     stdout_tail = result["verification"]["commands"][0]["stdout_tail"]
     assert 0 < len(stdout_tail) <= 4000
 

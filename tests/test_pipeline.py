@@ -195,7 +195,7 @@ def test_a_commit_made_inside_the_sandbox_is_reported_but_never_reaches_the_user
     assert "feature.txt" in diff and "+from worker" in diff
 
     lines = [
-        e["data"].get("line", "")
+        e["data"].get("text", "")
         for e in logs(cli, task_id)["events"]
         if e["kind"] == "worker.progress"
     ]
@@ -410,7 +410,7 @@ def test_a_read_only_task_cannot_write_and_fails_with_worker_exit(
     assert not (worktree / "new.txt").exists()
     assert result["changed_files"] == []
     lines = [
-        e["data"].get("line", "")
+        e["data"].get("text", "")
         for e in logs(cli, result["task_id"])["events"]
         if e["kind"] == "worker.progress"
     ]
@@ -487,7 +487,7 @@ def test_secrets_are_redacted_in_what_is_stored_and_shown_but_not_in_what_runs(
 
     task_id = result["task_id"]
     progress = [
-        e["data"]["line"] for e in logs(cli, task_id)["events"] if e["kind"] == "worker.progress"
+        e["data"]["text"] for e in logs(cli, task_id)["events"] if e["kind"] == "worker.progress"
     ]
     assert "password=[REDACTED]" in progress
     assert "again [REDACTED]" in progress
@@ -615,7 +615,7 @@ def test_task_events_are_recorded_in_pipeline_order_and_can_be_paged_after_an_id
         if not remaining:
             break
         kind, line = remaining[0]
-        if event["kind"] == kind and (line is None or event["data"].get("line") == line):
+        if event["kind"] == kind and (line is None or event["data"].get("text") == line):
             remaining.pop(0)
     assert remaining == [], [e["kind"] for e in events]
     assert events[-1]["kind"] == "task.status"

@@ -302,7 +302,7 @@ def test_progress_events_are_bounded_per_task(home, repo):
         if e["kind"] == "worker.progress"
     ]
     assert len(progress) == 11
-    assert "beyond 10 lines" in progress[-1]["data"]["line"]
+    assert "beyond 10 events" in progress[-1]["data"]["text"]
     bridge.close()
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,20 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
 def _run_in_foreground(bridge: WorkerBridge, task_id: str, args: argparse.Namespace) -> int:
     """Run to the end in this process; Ctrl-C cancels the task rather than stranding it."""
     try:
-        result = bridge.run_task(task_id)
+        with _live(bridge, task_id, args):
+            result = bridge.run_task(task_id)
     except KeyboardInterrupt:
         result = bridge.cancel_task(task_id)
     return _finish(result.document(), args)
+
+
+def _live(bridge: WorkerBridge, task_id: str, args: argparse.Namespace) -> AbstractContextManager:
+    """The live view of a task this command waits for (nothing with --json)."""
+    if args.json:
+        return nullcontext()
+    from bridge.cli.live import LiveView
+
+    return LiveView(bridge, task_id)
 
 
 def cmd_tasks_run(bridge: WorkerBridge, args: argparse.Namespace) -> int:
@@ -195,8 +206,9 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     result = bridge.follow_up(args.task_id, args.message)
     if args.wait:
-        while bridge.store.status(args.task_id) not in TERMINAL:
-            time.sleep(0.25)
+        with _live(bridge, args.task_id, args):
+            while bridge.store.status(args.task_id) not in TERMINAL:
+                time.sleep(0.25)
         return _finish(bridge.get_task(args.task_id).document(), args)
     if args.json:
         out_json(result.document())

@@ -99,7 +99,8 @@ def _mark(cmd: dict[str, Any]) -> str:
 def print_event(event: dict[str, Any]) -> None:
     data = event["data"]
     if event["kind"] == "worker.progress":
-        text = one_line(data.get("line", ""))
+        head = data.get("kind", "message") + (f" {data['name']}" if data.get("name") else "")
+        text = one_line(f"[{head}] {data.get('text', data.get('line', ''))}")
     else:
         text = json.dumps(data, ensure_ascii=False)
     print(f"{event['event_id']:>6} {event['at']} {event['kind']:<22} {text}")

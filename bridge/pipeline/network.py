@@ -75,9 +75,10 @@ def with_gateway(
     env["WB_GATEWAY_URL"] = ROUTES_URL
     for name in gateway.routes:
         env[f"WB_ROUTE_{name.upper().replace('-', '_')}"] = f"{ROUTES_URL}/{name}"
-    if gateway.proxy.allowlist is not None:
-        for key in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
-            env[key] = PROXY_URL
+    # The proxy answers whatever the network mode: with `none` it refuses every request, so
+    # what a worker tries to reach besides its routes is logged (`network.refused`), not lost.
+    for key in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        env[key] = PROXY_URL
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     return replace(
         spec,

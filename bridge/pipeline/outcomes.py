@@ -61,6 +61,15 @@ def judge_worker(
                 + "); raise the limit or narrow the task.",
             ),
         )
+    if exit_info.failure:  # the CLI said why (a refused key, a rate limit...): that is the error
+        return Outcome(
+            Status.FAILED,
+            error(
+                "worker_exit",
+                exit_info.failure.rstrip(".")
+                + f" (the worker exited with status {exit_info.exit_code}).",
+            ),
+        )
     if exit_info.exit_code != 0:
         return Outcome(
             Status.FAILED,

@@ -31,6 +31,7 @@ def task_result(
         error=record.error,
         timings=record.timings,
         usage=record.usage,
+        session_id=record.session_id,
         repository=record.repository,
         base_commit=record.base_commit,
         branch=record.branch,

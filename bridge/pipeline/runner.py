@@ -227,7 +227,14 @@ class TaskRunner:
         ws = TaskWorkspace.plan(self.ctx.home, Path(self.record.repository), self.task_id)
         spec = self.record.spec
         number = self.record.turn
-        turn = Turn(spec.objective, spec.metadata, number, self.record.follow_up_message)
+        turn = Turn(
+            spec.objective,
+            spec.metadata,
+            number,
+            self.record.follow_up_message,
+            session_id=self.record.session_id,
+            permission=spec.permission,
+        )
         if resume_phase is None and turn.number > 0:
             if not ws.worktree.is_dir():
                 raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
@@ -394,4 +401,11 @@ class TaskRunner:
             raise Superseded("not verifying")
         self.follow_ups = follow_ups
         spec = self.record.spec
-        return Turn(spec.objective, spec.metadata, len(follow_ups), message)
+        return Turn(
+            spec.objective,
+            spec.metadata,
+            len(follow_ups),
+            message,
+            session_id=self.store.load_task(self.task_id).session_id,  # the earlier turn's
+            permission=spec.permission,
+        )

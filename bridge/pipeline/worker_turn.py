@@ -4,8 +4,11 @@ recorded before the container is removed (so a crash loses nothing)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 
+from bridge.errors import BridgeError, InvalidSpec
 from bridge.pipeline.containers import Reader, run_container
 from bridge.pipeline.handle import PhaseHandle
 from bridge.pipeline.network import task_gateway, with_gateway
@@ -13,7 +16,8 @@ from bridge.pipeline.watch import DiskWatch
 from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import bounded_lines
-from bridge.workers import INPUTS_DIR, Turn, Worker
+from bridge.workers import HOME_DIR, INPUTS_DIR, Turn, Worker
+from bridge.workers.base import Progress
 from bridge.workspace.objects import base_stores, container_alternates
 from bridge.workspace.worktree import CONTAINER_GITDIR, TaskWorkspace
 
@@ -27,6 +31,12 @@ def run_worker_turn(
     recorded = handle.record.worker_exit
     if resume and recorded is not None and recorded.turn == turn.number:
         return recorded
+    if turn.number > 0 and worker.resumes_sessions and not turn.session_id:
+        raise BridgeError(
+            f"Turn {turn.number} cannot resume {worker.name}'s session: the earlier turn recorded "
+            "none (the CLI failed before it started one); delegate a new task instead.",
+            kind="worker_exit",
+        )
     spec = _container_spec(handle, ws, worker, turn)
     reader = _ProgressReader(handle, worker)
 
@@ -57,6 +67,7 @@ def run_worker_turn(
             summary=handle.redactor.redact(summary)[: handle.ctx.config.output_tail_chars],
             last_progress=handle.redactor.redact(reader.last_progress or "")[:300],
             over_limit=over,
+            failure=handle.redactor.redact(reader.failure)[:500] if reader.failure else None,
         )
         handle.update(worker_exit=done)
         handle.emit(
@@ -69,7 +80,7 @@ def run_worker_turn(
         )
         result.append(done)
 
-    with task_gateway(handle, worker.routes(turn.metadata)) as gateway:
+    with task_gateway(handle, worker.routes(turn.metadata, handle.ctx.config)) as gateway:
         run_container(
             handle,
             with_gateway(spec, handle, gateway),
@@ -94,7 +105,7 @@ def _container_spec(
     handle: PhaseHandle, ws: TaskWorkspace, worker: Worker, turn: Turn
 ) -> ContainerSpec:
     ctx, limits = handle.ctx, handle.limits
-    launch = worker.launch(turn)
+    launch = worker.launch(turn, ctx.config)
     for secret in launch.secrets:
         handle.redactor.add_secret(secret)
     inputs = ctx.task_dir(handle.task_id) / f"inputs-{turn.number}"
@@ -103,11 +114,12 @@ def _container_spec(
     for name, content in launch.files.items():
         (inputs / name).write_text(content, encoding="utf-8")
         (inputs / name).chmod(0o644)
-    user, _ = ctx.sandbox_identity()
+    user, owner = ctx.sandbox_identity()
+    home = cli_home(ctx.task_dir(handle.task_id), owner)
     # The objects reachable from the base commit, and nothing else of the user's store.
     stores = base_stores(ctx.home, ws.repository, handle.record.base_commit or "")
     mounts = [
-        Mount(ws.worktree, "/workspace", read_only=handle.spec.permission == "read_only"),
+        Mount(ws.worktree, "/workspace", read_only=turn.read_only),
         Mount(ws.gitfile, "/workspace/.git", read_only=True),
         Mount(ws.private_gitdir, CONTAINER_GITDIR, read_only=False),
         *(
@@ -115,8 +127,10 @@ def _container_spec(
             for store, target in zip(stores, container_alternates(len(stores)), strict=True)
         ),
         Mount(inputs, INPUTS_DIR, read_only=True),
+        Mount(home, HOME_DIR, read_only=False),
+        *_home_files(inputs, home, launch.home_files, owner),
     ]
-    env = {"HOME": "/home/worker", **launch.env}
+    env = {"HOME": HOME_DIR, **launch.env}
     if ctx.config.extra_ca_file:
         mounts.append(Mount(ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
         env["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
@@ -132,23 +146,85 @@ def _container_spec(
         pids=limits.pids,
         runtime=ctx.config.runtime,
         log_max_mb=limits.log_mb,
+        tmpfs=("/tmp",),
     )
 
 
+def cli_home(task_dir: Path, owner: tuple[int, int] | None) -> Path:
+    """The task's CLI home (sessions, caches): made once, owned by the sandbox identity, kept
+    across the task's turns and removed with the task's folder by prune. The host never looks
+    inside it but to remove it."""
+    home = task_dir / "home"
+    try:
+        home.mkdir(mode=0o700)
+    except FileExistsError:
+        return home
+    if owner is not None:
+        os.chown(home, *owner)
+    return home
+
+
+def _home_files(
+    inputs: Path, home: Path, files: dict[str, str], owner: tuple[int, int] | None
+) -> list[Mount]:
+    """The worker's config files, written into the host's own inputs folder and mounted
+    read-only at their place in the home (the host never writes into the worker's home: a
+    link planted there by an earlier turn would lead it elsewhere). Missing folders on the way
+    are made inside the home without following links, owned by the sandbox identity."""
+    mounts = []
+    for rel, content in sorted(files.items()):
+        parts = PurePosixPath(rel).parts
+        if not parts or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise InvalidSpec(f"Worker home file '{rel}' must be a relative path inside the home.")
+        source = inputs / "home" / "-".join(parts)
+        source.parent.mkdir(exist_ok=True)
+        source.write_text(content, encoding="utf-8")
+        source.chmod(0o644)
+        _make_dirs(home, parts[:-1], owner)
+        mounts.append(Mount(source, f"{HOME_DIR}/{rel}", read_only=True))
+    return mounts
+
+
+def _make_dirs(home: Path, parts: tuple[str, ...], owner: tuple[int, int] | None) -> None:
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                if owner is not None:
+                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise BridgeError(
+                    f"The worker's home holds '{part}' where the CLI's config folder belongs, and "
+                    "it is not a folder; delegate a new task.",
+                    kind="worker_exit",
+                ) from exc
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
 class _ProgressReader:
-    """Turns the worker's output into bounded, redacted `worker.progress` events."""
+    """Turns the worker's output into bounded, redacted `worker.progress` events, and keeps
+    its summary, its session id (recorded as soon as seen) and its own account of a failure."""
 
     def __init__(self, handle: PhaseHandle, worker: Worker) -> None:
         self.handle = handle
         self.worker = worker
         self.summary: str | None = None
+        self.failure: str | None = None
+        self.session_id = handle.record.session_id
         self.last_line: str | None = None  # raw, the summary of last resort
         self.last_progress: str | None = None  # parsed, for error messages
         self.count = handle.ctx.store.count_events(handle.task_id, "worker.progress")
-        self.skip = 0  # progress lines at the start already recorded (an adopted container)
+        self.skip = 0  # progress events at the start already recorded (an adopted container)
 
     def consume(self, chunks: Iterator[bytes]) -> None:
-        limit = self.handle.ctx.config.max_progress_events
         try:
             for line in bounded_lines(chunks, self.handle.limits.line_kb * 1024):
                 if line.strip():
@@ -156,20 +232,31 @@ class _ProgressReader:
                 parsed = self.worker.parse_line(line)
                 if parsed.summary is not None:
                     self.summary = parsed.summary
-                if parsed.progress is None:
-                    continue
-                if parsed.progress.strip():
-                    self.last_progress = parsed.progress
-                if self.skip > 0:
-                    self.skip -= 1
-                    continue
-                self.count += 1
-                if self.count <= limit:
-                    self.handle.emit("worker.progress", {"line": clip(parsed.progress)})
-                elif self.count == limit + 1:
-                    self.handle.emit(
-                        "worker.progress",
-                        {"line": f"[worker-bridge: output beyond {limit} lines is not recorded]"},
-                    )
+                if parsed.failure is not None:
+                    self.failure = parsed.failure
+                if parsed.session_id and parsed.session_id != self.session_id:
+                    self.session_id = parsed.session_id[:200]
+                    self.handle.update(session_id=self.session_id)
+                for progress in parsed.progress:
+                    self._emit(progress)
         except Exception as exc:  # a broken log stream must not break the run
-            self.handle.emit("worker.progress", {"line": f"[output stream ended: {exc}]"})
+            self._emit(Progress("error", f"[output stream ended: {exc}]"), always=True)
+
+    def _emit(self, progress: Progress, always: bool = False) -> None:
+        if progress.text.strip():
+            self.last_progress = progress.text
+        if self.skip > 0 and not always:
+            self.skip -= 1
+            return
+        limit = self.handle.ctx.config.max_progress_events
+        self.count += 1
+        if self.count > limit + 1 and not always:
+            return
+        if self.count == limit + 1 and not always:
+            note = f"[worker-bridge: output beyond {limit} events is not recorded]"
+            progress = Progress("message", note)
+        data = progress.document()
+        data["text"] = clip(progress.text)
+        if data["name"] is not None:
+            data["name"] = clip(str(data["name"]), 200)
+        self.handle.emit("worker.progress", data)

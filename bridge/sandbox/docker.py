@@ -102,6 +102,15 @@ class DockerSandbox:
         except requests.exceptions.RequestException as exc:
             raise _engine_down(exc) from exc
 
+    def image_labels(self, ref: str) -> dict[str, str] | None:
+        try:
+            image = _retry(self.client.images.get)(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+        return dict((image.attrs.get("Config") or {}).get("Labels") or {})
+
     def build_image(
         self,
         tag: str,

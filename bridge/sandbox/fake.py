@@ -107,6 +107,9 @@ class FakeSandbox:
         self._check()
         return ref not in self.missing_images
 
+    def image_labels(self, ref: str) -> dict[str, str] | None:
+        return {} if self.image_present(ref) else None
+
     def build_image(self, tag, context, *, buildargs, labels, on_line) -> None:  # noqa: ANN001
         self._check()
         self.built.append(tag)

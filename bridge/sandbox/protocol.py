@@ -27,6 +27,10 @@ class Sandbox(Protocol):
 
     def image_present(self, ref: str) -> bool: ...
 
+    def image_labels(self, ref: str) -> dict[str, str] | None:
+        """The image's labels, or None when it is not present."""
+        ...
+
     def build_image(
         self,
         tag: str,

@@ -121,3 +121,11 @@ def _usage(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS.append(("0005_usage", _usage))
+
+
+def _session_id(db: sqlite_utils.Database) -> None:
+    """The worker CLI's own session (Claude, Codex, OpenCode), which later turns resume."""
+    db["tasks"].add_column("session_id", str)
+
+
+MIGRATIONS.append(("0006_session_id", _session_id))

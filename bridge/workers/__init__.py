@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from bridge.config import Config
 from bridge.errors import UnknownWorker
-from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaunch
+from bridge.workers.base import (
+    HOME_DIR,
+    INPUTS_DIR,
+    ParsedLine,
+    Progress,
+    Turn,
+    Worker,
+    WorkerLaunch,
+)
 from bridge.workers.linked import LinkedCliWorker
 from bridge.workers.mock import MockWorker, check_mock_metadata
 
@@ -30,10 +38,12 @@ def get_worker(config: Config, name: str) -> Worker:
 
 __all__ = [
     "BUILTIN",
+    "HOME_DIR",
     "INPUTS_DIR",
     "LinkedCliWorker",
     "MockWorker",
     "ParsedLine",
+    "Progress",
     "Turn",
     "Worker",
     "WorkerLaunch",

@@ -1,16 +1,20 @@
-"""What a worker plugin is: its image, how its command line is built from the prompt, and how its
-output stream turns into progress events and a final summary."""
+"""What a worker plugin is: its image, how its command line is built for a turn, and how its
+output stream turns into progress events, a final summary, a session id and a failure."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from bridge.config import Config
 
 # Inside every task container: the read-only inputs folder (prompt and worker files).
 INPUTS_DIR = "/bridge"
+# Inside every worker container: the CLI's home, kept across the task's turns.
+HOME_DIR = "/home/worker"
+
+ProgressKind = Literal["message", "tool", "command", "file_edit", "error"]
 
 
 @dataclass(frozen=True)
@@ -21,12 +25,24 @@ class Turn:
     metadata: dict[str, Any]
     number: int = 0
     message: str | None = None  # follow-up or repair instruction
+    session_id: str | None = None  # the CLI's own session of the earlier turns, to resume
+    permission: str = "workspace_write"
 
     @property
     def prompt(self) -> str:
+        """The whole task for a CLI that keeps no session: objective and follow-up together."""
         if self.message:
             return f"{self.objective}\n\nFollow-up:\n{self.message}\n"
         return self.objective + "\n"
+
+    @property
+    def resumed_prompt(self) -> str:
+        """What a turn that resumes the CLI's session sends: the session has the objective."""
+        return (self.message or self.objective) + "\n"
+
+    @property
+    def read_only(self) -> bool:
+        return self.permission == "read_only"
 
 
 @dataclass
@@ -34,19 +50,44 @@ class WorkerLaunch:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # name -> content under INPUTS_DIR
+    # path under the CLI home -> content, mounted read-only there (the CLI's config files:
+    # written by the host into a fresh folder of its own, never into the worker's home)
+    home_files: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # values to mask wherever they show up
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One `worker.progress` event, the same shape for every worker."""
+
+    kind: ProgressKind
+    text: str
+    name: str | None = None  # the tool or command
+
+    def document(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "name": self.name}
 
 
 @dataclass
 class ParsedLine:
-    progress: str | None = None
+    progress: list[Progress] = field(default_factory=list)
     summary: str | None = None
     session_id: str | None = None
+    # the CLI's own account of why it failed (refused key, rate limit, unknown model...):
+    # one sentence that says which and what to do; the last one seen is the task's error
+    failure: str | None = None
+
+    @classmethod
+    def message(cls, text: str, **more: Any) -> ParsedLine:
+        return cls(progress=[Progress("message", text)], **more)
 
 
 class Worker(ABC):
     name: str
     capabilities: tuple[str, ...] = ()
+    # a CLI with a native session resumes it on follow-up and repair turns; without one,
+    # each turn gets the objective and the follow-up together
+    resumes_sessions: bool = False
 
     @abstractmethod
     def image(self, config: Config) -> str: ...
@@ -57,12 +98,12 @@ class Worker(ABC):
         return self.name
 
     @abstractmethod
-    def launch(self, turn: Turn) -> WorkerLaunch: ...
+    def launch(self, turn: Turn, config: Config) -> WorkerLaunch: ...
 
     def parse_line(self, line: str) -> ParsedLine:
-        return ParsedLine(progress=line)
+        return ParsedLine.message(line)
 
-    def routes(self, metadata: dict[str, Any]) -> list[str]:
+    def routes(self, metadata: dict[str, Any], config: Config) -> list[str]:
         """The gateway's model routes this worker uses (each gets the real key on the host)."""
         return []
 
@@ -74,3 +115,7 @@ class Worker(ABC):
     def can_repair(self, metadata: dict[str, Any]) -> bool:
         """Whether a repair turn (after failed verification) can change anything."""
         return True
+
+    def check_metadata(self, metadata: dict[str, Any], config: Config) -> None:
+        """InvalidSpec for metadata this worker cannot use (checked at creation)."""
+        return None

@@ -20,7 +20,7 @@ class LinkedCliWorker(Worker):
     def build_target(self) -> str | None:
         return "base" if self.spec.image is None else None
 
-    def launch(self, turn: Turn) -> WorkerLaunch:
+    def launch(self, turn: Turn, config: Config) -> WorkerLaunch:
         prompt = turn.prompt
         command = [part.replace("{prompt}", prompt) for part in self.spec.command]
         return WorkerLaunch(
@@ -29,7 +29,7 @@ class LinkedCliWorker(Worker):
             files={"prompt.txt": prompt},
         )
 
-    def routes(self, metadata: dict) -> list[str]:
+    def routes(self, metadata: dict, config: Config) -> list[str]:
         return list(self.spec.routes)
 
     def health(self, config: Config) -> str | None:
@@ -37,11 +37,11 @@ class LinkedCliWorker(Worker):
         from bridge.gateway.policy import check_routes
 
         try:
-            check_routes(config, self.routes({}))
+            check_routes(config, self.routes({}, config))
         except InvalidSpec as exc:
             return exc.message
         return None
 
     def parse_line(self, line: str) -> ParsedLine:
         # A plain CLI's last non-empty line is its final message.
-        return ParsedLine(progress=line, summary=line if line.strip() else None)
+        return ParsedLine.message(line, summary=line if line.strip() else None)

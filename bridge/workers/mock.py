@@ -38,7 +38,7 @@ class MockWorker(Worker):
     def image(self, config: Config) -> str:
         return config.image_for("mock")
 
-    def launch(self, turn: Turn) -> WorkerLaunch:
+    def launch(self, turn: Turn, config: Config) -> WorkerLaunch:
         mock = turn.metadata.get("mock") or {}
         chosen = mock if turn.number == 0 else (mock.get("on_follow_up") or {})
         actions = {k: v for k, v in chosen.items() if k not in ("on_follow_up", "routes")}
@@ -48,7 +48,7 @@ class MockWorker(Worker):
             files={"mock.json": json.dumps(actions), "prompt.txt": turn.prompt},
         )
 
-    def routes(self, metadata: dict) -> list[str]:
+    def routes(self, metadata: dict, config: Config) -> list[str]:
         # The mock declares no model route unless told to (the gateway tests do).
         return list((metadata.get("mock") or {}).get("routes") or [])
 
@@ -61,9 +61,12 @@ class MockWorker(Worker):
             try:
                 event = json.loads(line)
             except ValueError:
-                return ParsedLine(progress=line)
+                return ParsedLine.message(line)
             if event.get("type") == "result":
                 return ParsedLine(summary=str(event.get("summary", "")))
             if event.get("type") == "progress":
-                return ParsedLine(progress=str(event.get("message", "")))
-        return ParsedLine(progress=line)
+                return ParsedLine.message(str(event.get("message", "")))
+        return ParsedLine.message(line)
+
+    def check_metadata(self, metadata: dict, config: Config) -> None:
+        check_mock_metadata(metadata)

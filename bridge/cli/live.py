@@ -1,0 +1,114 @@
+"""What `tasks run` and `tasks start --wait` show while a task runs: its phase and the worker's
+progress as they happen. On a terminal, events print as compact lines under a status line that
+is redrawn in place (phase, elapsed time); into a pipe or a file, plain lines only. Everything
+a worker wrote goes through `terminal_safe` and `one_line`: it cannot move the cursor or start
+lines of its own."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from bridge.cli.render import one_line, terminal_safe
+from bridge.service import WorkerBridge
+
+POLL_S = 0.3
+WIDTH = 160  # characters of one shown line
+
+
+def describe(event: dict[str, Any]) -> str | None:
+    """One line for a person, or None for an event not worth showing live."""
+    kind, data = event["kind"], event["data"]
+    if kind == "worker.progress":
+        name = data.get("name")
+        label = data.get("kind", "message")
+        head = f"{label} {name}" if name else label
+        text = data.get("text", data.get("line", ""))
+        return f"  {head}: {text}" if label != "message" else f"  {text}"
+    if kind == "worker.started":
+        turn = data.get("turn", 0)
+        return f"worker {data.get('worker', '')} started" + (f" (turn {turn})" if turn else "")
+    if kind == "worker.completed":
+        return f"worker exited with status {data.get('exit_code')}"
+    if kind == "verification.command":
+        status = data.get("status") or ("passed" if data.get("exit_code") == 0 else "failed")
+        return f"  check `{data.get('command', '')}`: {status}"
+    if kind == "verification.auto_repair":
+        return f"repair turn {data.get('repair')}: `{data.get('command', '')}` failed"
+    if kind == "network.refused":
+        return f"  network refused: {data.get('host', '')} ({data.get('reason', '')})"
+    if kind == "task.status":
+        return f"status: {data.get('to')}"
+    return None
+
+
+class LiveView:
+    """Follows one task in a background thread until stopped."""
+
+    def __init__(self, bridge: WorkerBridge, task_id: str, stream: TextIO | None = None) -> None:
+        self.bridge = bridge
+        self.task_id = task_id
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.cursor = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="live-view", daemon=True)
+        self._started = time.monotonic()
+        self._status_shown = False
+
+    def __enter__(self) -> LiveView:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._poll()  # what happened after the last poll
+        self._clear_status()
+        self.stream.flush()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self._poll()
+                self._draw_status()
+            except Exception:  # a live view never breaks the run it shows
+                pass
+
+    def _poll(self) -> None:
+        while True:
+            page = self.bridge.task_logs(self.task_id, after=self.cursor, limit=200)
+            for event in page["events"]:
+                line = describe(event)
+                if line is not None:
+                    self._print(line)
+            self.cursor = page["next_after"]
+            if len(page["events"]) < 200:
+                return
+
+    def _print(self, line: str) -> None:
+        self._clear_status()
+        self.stream.write(terminal_safe(one_line(line))[:WIDTH] + "\n")
+        self.stream.flush()
+
+    def _draw_status(self) -> None:
+        if not self.tty:
+            return
+        rows = self.bridge.store.query(
+            "SELECT status, phase FROM tasks WHERE task_id = ?", (self.task_id,)
+        )
+        if not rows:
+            return
+        status, phase = rows[0]["status"], rows[0]["phase"]
+        elapsed = int(time.monotonic() - self._started)
+        where = f"{status} · {phase}" if phase and status in ("running", "verifying") else status
+        self.stream.write(f"\r\x1b[K[{where} · {elapsed} s]")
+        self.stream.flush()
+        self._status_shown = True
+
+    def _clear_status(self) -> None:
+        if self.tty and self._status_shown:
+            self.stream.write("\r\x1b[K")
+            self._status_shown = False
