@@ -7,6 +7,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= worker-bridge/rootfs:bookworm
 export TESTCONTAINERS_RYUK_DISABLED := true
+# npm and pip inside image builds trust what this machine trusts (a TLS-intercepting proxy's CA
+# among them): the host's CA bundle goes into the images as their extra CA file.
+export WORKER_BRIDGE_EXTRA_CA_FILE ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 LINT_PATHS := bridge tests scripts $(wildcard bench/*.py bench/*/)
 
 .PHONY: install base-image images demo test test-fast lint format bench bench-quick clean-containers
@@ -23,7 +26,7 @@ base-image:
 	scripts/bootstrap-base-image $(BASE_IMAGE)
 
 images: install base-image
-	$(BIN)/worker-bridge images build --base-image $(BASE_IMAGE) > .images-build.log 2>&1 \
+	$(BIN)/worker-bridge images build --all --base-image $(BASE_IMAGE) > .images-build.log 2>&1 \
 	  || (tail -30 .images-build.log; exit 1)
 	@tail -1 .images-build.log
 

@@ -9,6 +9,7 @@ from typing import Any
 from bridge.errors import BridgeError
 from bridge.sandbox.runtimes import runtime_check
 from bridge.service import WorkerBridge
+from bridge.workers import all_workers
 
 
 def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
@@ -49,6 +50,11 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
             )
         if config.runtime:
             add("runtime", *runtime_check(config.runtime, bridge.sandbox.runtimes()))
+    # A worker that cannot reach its model (a route's key missing) is a warning: the others run.
+    for name, worker in sorted(all_workers(config).items()):
+        problem = worker.health(config)
+        if problem is not None:
+            add(f"worker:{name}", False, problem, "warning")
     existing = next(p for p in (config.home, *config.home.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")

@@ -159,7 +159,10 @@ def docker_images():
         if REQUIRE_DOCKER:
             pytest.fail(f"WORKER_BRIDGE_REQUIRE_DOCKER=1 but: {exc}")
         pytest.skip(str(exc))
-    config = load_config(env={"WORKER_BRIDGE_HOME": "/nonexistent-wb-home"})
+    env = {"WORKER_BRIDGE_HOME": "/nonexistent-wb-home"}
+    if os.environ.get("WORKER_BRIDGE_EXTRA_CA_FILE"):  # `make test` passes the host's CA bundle
+        env["WORKER_BRIDGE_EXTRA_CA_FILE"] = os.environ["WORKER_BRIDGE_EXTRA_CA_FILE"]
+    config = load_config(env=env)
     wanted = [config.image_for("mock"), config.verify_image_ref]
     if not all(sandbox.image_present(ref) for ref in wanted):
         build_images(

@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = isub.add_parser("build", help="build base, verify and worker images")
     p.add_argument("names", nargs="*", metavar="NAME", help="base, verify or a worker name")
     p.add_argument("--base-image", help="BASE_IMAGE for the base image (a local ref works)")
+    p.add_argument(
+        "--all", action="store_true", help="every image: base, verify, mock and each worker CLI"
+    )
     p.set_defaults(func=c.cmd_images_build)
 
     p = sub.add_parser("doctor", help="check that tasks can run here")

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from bridge.cli.render import out_json, print_event, print_result
+from bridge.cli.render import one_line, out_json, print_event, print_result
 from bridge.errors import InvalidSpec
 from bridge.models import TERMINAL
 from bridge.service import WorkerBridge
@@ -277,8 +277,11 @@ def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         out_json({"workers": workers})
         return 0
     for w in workers:
-        state = "installed" if w["installed"] else "not built"
-        print(f"{w['name']:<14} {state:<10} {w['image']}")
+        state = "healthy" if w["healthy"] else ("installed" if w["installed"] else "not built")
+        version = f" (CLI {w['cli_version']})" if w.get("cli_version") else ""
+        print(f"{w['name']:<14} {state:<10} {w['image']}{version}")
+        if w.get("reason"):
+            print(f"{'':<14} {one_line(w['reason'])}")
     return 0
 
 
@@ -295,17 +298,33 @@ def cmd_workers_link(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.sandbox.images import build_images
+    from bridge.sandbox.images import available_targets, build_images
 
+    if args.all and args.names:
+        raise InvalidSpec("Give image names or --all, not both.")
     tags = build_images(
         bridge.config,
         bridge.sandbox,
-        args.names or None,
+        available_targets() if args.all else (_image_names(bridge, args.names) or None),
         args.base_image,
         on_line=lambda line: print(line, flush=True),
     )
     print("built: " + ", ".join(tags))
     return 0
+
+
+def _image_names(bridge: WorkerBridge, names: list[str]) -> list[str]:
+    """Image names for what was asked: a worker's name means its image (zcode-glm runs in
+    the claude-code image)."""
+    from bridge.workers import all_workers
+
+    workers = all_workers(bridge.config)
+    found = []
+    for name in names:
+        target = workers[name].build_target if name in workers else name
+        if target and target not in found:
+            found.append(target)
+    return found
 
 
 def cmd_doctor(bridge: WorkerBridge, args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """What `tasks run` and `tasks start --wait` show while a task runs: its phase and the worker's
-progress as they happen. On a terminal, events print as compact lines under a status line that
+progress as they happen, on standard error (standard output keeps the result alone). On a
+terminal, events print as compact lines under a status line that
 is redrawn in place (phase, elapsed time); into a pipe or a file, plain lines only. Everything
 a worker wrote goes through `terminal_safe` and `one_line`: it cannot move the cursor or start
 lines of its own."""
@@ -50,7 +51,9 @@ class LiveView:
     def __init__(self, bridge: WorkerBridge, task_id: str, stream: TextIO | None = None) -> None:
         self.bridge = bridge
         self.task_id = task_id
-        self.stream = stream or sys.stdout
+        # The raw stream under the CLI's SafeStream: the view's own cursor codes must reach the
+        # terminal; what the worker wrote is made safe line by line in _print.
+        self.stream = stream or getattr(sys.stderr, "stream", sys.stderr)
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.cursor = 0
         self._stop = threading.Event()

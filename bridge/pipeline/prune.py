@@ -80,6 +80,7 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
         if (
             worktree.exists()
             or (home / "gitdirs" / task_id).exists()
+            or (ctx.task_dir(task_id) / "home").exists()
             or _branch_exists(repo, branch)
         ):
             kept = _kept_objects(repo, branch, task.base_commit)
@@ -206,6 +207,8 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
         else:  # the repository is gone: only our own folders are left to remove
             failed = fs.remove_tree(Path(action.target))
             failed += fs.remove_tree(ctx.home / "gitdirs" / action.task_id)
+        # The CLI's home (its sessions) goes with the worktree they were about.
+        failed += fs.remove_tree(ctx.task_dir(action.task_id) / "home")
         if not failed:
             ctx.store.update_task(action.task_id, pruned_at=now_iso())
         return failed

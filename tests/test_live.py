@@ -1,0 +1,101 @@
+"""The live view of `tasks run` / `start --wait`: the phase and the worker's progress as they
+happen, on standard error, with nothing a worker wrote able to drive the terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from conftest import poll
+
+from bridge.cli.live import LiveView, describe
+
+
+class FakeBridge:
+    """Just what the view reads: a task's events and its status row."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.store = self
+
+    def add(self, kind: str, data: dict) -> None:
+        self.events.append({"event_id": len(self.events) + 1, "kind": kind, "data": data})
+
+    def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict:
+        page = [e for e in self.events if e["event_id"] > after][:limit]
+        return {"events": page, "next_after": page[-1]["event_id"] if page else after}
+
+    def query(self, sql: str, params: tuple) -> list[dict]:
+        return [{"status": "running", "phase": "worker"}]
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_shows_kind_and_tool_and_what_workers_wrote_cannot_drive_the_terminal():
+    bridge, out = FakeBridge(), Tty()
+    with LiveView(bridge, "t1", stream=out):
+        bridge.add("worker.started", {"worker": "codex", "turn": 0})
+        bridge.add("worker.progress", {"kind": "tool", "text": "/workspace/a.py", "name": "Write"})
+        bridge.add(
+            "worker.progress", {"kind": "message", "text": "evil\x1b[2J\nfake line", "name": None}
+        )
+        poll(lambda: "\r\x1b[K[running · worker" in out.getvalue(), "the status line")
+    shown = out.getvalue()
+    assert "worker codex started" in shown
+    assert "  tool Write: /workspace/a.py" in shown
+    assert "evil\\x1b[2J\\nfake line" in shown  # escaped, on one line
+    assert "\x1b[2J" not in shown
+    assert shown.endswith("\r\x1b[K") or shown.endswith("\n")  # the status line is cleared
+
+
+def test_into_a_pipe_only_plain_lines():
+    bridge, out = FakeBridge(), io.StringIO()
+    bridge.add("verification.command", {"command": "pytest -q", "exit_code": 1, "status": "failed"})
+    with LiveView(bridge, "t1", stream=out):
+        pass
+    assert out.getvalue() == "  check `pytest -q`: failed\n"
+
+
+def test_events_not_worth_showing_live_are_left_out():
+    assert describe({"kind": "workspace.ready", "data": {}}) is None
+    line = describe({"kind": "worker.progress", "data": {"line": "an old event"}})
+    assert line == "  an old event"
+
+
+def test_tasks_run_shows_progress_on_stderr_and_keeps_stdout_for_the_result(
+    docker_images, cli, repo
+):
+    mock = {"write": {"a.txt": "x"}, "script": "echo step-one-done"}
+    res = cli(
+        "tasks",
+        "run",
+        "--repo",
+        str(repo),
+        "--objective",
+        "live",
+        "--worker",
+        "mock",
+        "--metadata-json",
+        json.dumps({"mock": mock}),
+    )
+    assert res.code == 0, res.stderr
+    assert "step-one-done" in res.stderr and "worker mock started" in res.stderr
+    assert res.stdout.startswith("task ") and "step-one-done" not in res.stdout
+    quiet = cli(
+        "tasks",
+        "run",
+        "--repo",
+        str(repo),
+        "--objective",
+        "live",
+        "--worker",
+        "mock",
+        "--metadata-json",
+        json.dumps({"mock": mock}),
+        "--json",
+    )
+    assert quiet.code == 0 and quiet.stderr == ""
+    json.loads(quiet.stdout)
