@@ -25,6 +25,7 @@ from bench.mcp import bench_mcp
 from bench.objects_cache import bench_objects_cache, make_history
 from bench.store_scale import bench_store
 from bench.task import bench_library, bench_one_task
+from bench.workers import bench_workers, print_workers
 
 TARGETS = {
     "task_vs_floor_ratio": 1.25,
@@ -113,6 +114,9 @@ def main() -> int:
             large = make_history(root / "history", 300 if q else 5000, 200 if q else 2000)
         results["objects_cache"] = bench_objects_cache(large, root)
         results["gateway"] = bench_gateway(50 if q else 500)
+        results["real_workers"] = bench_workers(
+            root, make_repo(root / "workers-repo", 20, 0.1), 1 if q else 5
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run(
@@ -174,6 +178,7 @@ def main() -> int:
         f"{store['logs_page_200']['p99_ms']:.2f} ms, list all {store['list_all_median_ms']:.0f} ms"
     )
     print(f"MCP worker_status median {mcp['status_median_ms']:.1f} ms")
+    print_workers(results["real_workers"])
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")
     return 0

@@ -1,0 +1,86 @@
+"""What the real-worker tests share: the scripted model server as the upstream of every model
+route (the real key is a test variable the gateway adds on the host), the worker's image built
+once, and the checks every worker must pass (key nowhere, no request but the model route)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import BASE_IMAGE, write_spec
+from support.model_server import ModelServer
+
+KEY = "sk-real-" + os.urandom(12).hex()
+KEY_VARS = {
+    "anthropic": "WB_TEST_ANTHROPIC_KEY",
+    "openai": "WB_TEST_OPENAI_KEY",
+    "zai": "WB_TEST_ZAI_KEY",
+}
+AUTH = {"anthropic": "x-api-key", "openai": "bearer", "zai": "bearer"}
+
+
+@pytest.fixture
+def model_server():
+    server = ModelServer(key=KEY).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_env(home: Path, model_server: ModelServer) -> dict[str, str]:
+    """config.yaml whose model routes all lead to the scripted server; the key variables set."""
+    lines = ["gateway:", "  routes:"]
+    for route, var in KEY_VARS.items():
+        lines += [
+            f"    {route}:",
+            f"      upstream: {model_server.url}",
+            f"      auth: {AUTH[route]}",
+            f"      key_env: {var}",
+        ]
+    (home / "config.yaml").write_text("\n".join(lines) + "\n")
+    return {var: KEY for var in KEY_VARS.values()}
+
+
+def ensure_worker_image(config, name: str) -> str:
+    """The worker's image, built when absent (the test session's first real-worker test)."""
+    from bridge.sandbox import DockerSandbox
+    from bridge.sandbox.images import build_images
+
+    sandbox = DockerSandbox()
+    tag = config.image_for(name)
+    if not sandbox.image_present(tag):
+        build_images(config, sandbox, [name], BASE_IMAGE, on_line=lambda _: None)
+    return tag
+
+
+def run_task(cli, workdir: Path, spec: dict, env: dict, *extra: str, timeout: float = 600) -> dict:
+    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
+    res = cli("tasks", "run", "--spec", str(path), "--json", *extra, env=env, timeout=timeout)
+    assert res.stdout.strip(), res.stderr
+    return res.json()
+
+
+def events(cli, task_id: str, env: dict, kind: str | None = None) -> list[dict]:
+    res = cli("tasks", "logs", task_id, "--json", env=env)
+    assert res.code == 0, res.stderr
+    found = res.json()["events"]
+    return [e for e in found if kind is None or e["kind"] == kind]
+
+
+def assert_key_nowhere(home: Path, key: str = KEY) -> None:
+    """The real key is in no file of the state root: store, artifacts, the CLI's home, inputs."""
+    proc = subprocess.run(
+        ["grep", "-r", "-l", "-a", "-F", key, str(home)], capture_output=True, text=True
+    )
+    assert proc.returncode == 1, f"the key was found in: {proc.stdout}"
+
+
+def assert_only_model_route(cli, task_id: str, env: dict, server: ModelServer) -> None:
+    """The CLI made no request but its model route: nothing refused by the gateway, nothing
+    unexpected at the server."""
+    refused = events(cli, task_id, env, "network.refused")
+    assert refused == [], json.dumps(refused)[:2000]
+    assert server.unexpected() == [], [r.path for r in server.unexpected()]
