@@ -88,7 +88,11 @@ class RouteConfig(BaseModel):
     ``upstream``, with the real key (from the host variable ``key_env``) added on the way out."""
 
     model_config = ConfigDict(extra="forbid")
-    upstream: str = Field(description="Base URL, e.g. https://api.anthropic.com.")
+    upstream: str | None = Field(
+        None,
+        description="Base URL, e.g. https://api.anthropic.com (required for a new route; a "
+        "built-in route keeps its own unless given).",
+    )
     auth: str = Field(
         "bearer",
         description="How the key is sent: `bearer` (Authorization: Bearer), `x-api-key`, or "

@@ -340,6 +340,27 @@ def test_gateway_routes_come_from_config_with_their_key_variable(home):
     assert (gateway["connect_ports"], gateway["http_ports"]) == ([443], [80])
 
 
+def test_config_changes_only_what_it_names_of_a_built_in_route_and_a_new_one_needs_upstream(home):
+    from bridge.errors import InvalidSpec
+    from bridge.gateway.policy import all_routes, check_routes
+
+    (home / "config.yaml").write_text(
+        "gateway:\n  routes:\n    anthropic:\n      key_env: MY_ANTHROPIC_KEY\n"
+        "    bare:\n      key_env: X\n"
+    )
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    anthropic = all_routes(config)["anthropic"]
+    assert (anthropic.upstream, anthropic.auth, anthropic.key_env) == (
+        "https://api.anthropic.com",
+        "x-api-key",
+        "MY_ANTHROPIC_KEY",
+    )
+    with pytest.raises(InvalidSpec, match="gateway.routes.bare needs an upstream"):
+        check_routes(config, ["bare"], env={"X": "1"})
+    with pytest.raises(InvalidSpec, match="MY_ANTHROPIC_KEY"):
+        check_routes(config, ["anthropic"], env={})
+
+
 # -- what a hostile sandbox tries ---------------------------------------------------------------
 
 

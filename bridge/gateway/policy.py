@@ -61,7 +61,15 @@ class Route:
 
 
 def all_routes(config: Config) -> dict[str, RouteConfig]:
-    return {**BUILTIN_ROUTES, **config.gateway.routes}
+    """The built-in routes with config's on top: for a built-in route, the keys config sets
+    replace its own (``{anthropic: {key_env: MY_KEY}}`` changes only the variable)."""
+    routes = dict(BUILTIN_ROUTES)
+    for name, route in config.gateway.routes.items():
+        base = routes.get(name)
+        if base is not None:
+            route = base.model_copy(update=route.model_dump(exclude_unset=True))
+        routes[name] = route
+    return routes
 
 
 def check_routes(config: Config, names: list[str], env: Mapping[str, str] | None = None) -> None:
@@ -75,6 +83,8 @@ def check_routes(config: Config, names: list[str], env: Mapping[str, str] | None
                 "(add one under gateway.routes in config.yaml)."
             )
         route = known[name]
+        if not route.upstream:
+            raise InvalidSpec(f"gateway.routes.{name} needs an upstream (the provider's base URL).")
         if not _ROUTE_NAME.match(name):
             raise InvalidSpec(
                 f"Gateway route name '{name}' must be lowercase letters, digits, - or _."
@@ -96,7 +106,7 @@ def resolve_routes(config: Config, names: list[str]) -> dict[str, Route]:
     return {
         name: Route(
             name,
-            known[name].upstream.rstrip("/"),
+            (known[name].upstream or "").rstrip("/"),
             known[name].auth,
             known[name].key_env,
             os.environ.get(known[name].key_env or "") or None,
