@@ -93,10 +93,10 @@ class RouteConfig(BaseModel):
         description="Base URL, e.g. https://api.anthropic.com (required for a new route; a "
         "built-in route keeps its own unless given).",
     )
-    auth: str = Field(
-        "bearer",
-        description="How the key is sent: `bearer` (Authorization: Bearer), `x-api-key`, or "
-        "`header:<Name>` for another header.",
+    auth: str | None = Field(
+        None,
+        description="How the key is sent: `bearer` (Authorization: Bearer, the default for a "
+        "new route), `x-api-key`, or `header:<Name>` for another header.",
     )
     key_env: str | None = Field(
         None, description="Name of the host environment variable that holds the key."

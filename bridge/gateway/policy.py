@@ -66,9 +66,8 @@ def all_routes(config: Config) -> dict[str, RouteConfig]:
     routes = dict(BUILTIN_ROUTES)
     for name, route in config.gateway.routes.items():
         base = routes.get(name)
-        if base is not None:
-            route = base.model_copy(update=route.model_dump(exclude_unset=True))
-        routes[name] = route
+        given = {k: v for k, v in route.model_dump().items() if v is not None}
+        routes[name] = (base or RouteConfig(auth="bearer")).model_copy(update=given)
     return routes
 
 
@@ -89,7 +88,8 @@ def check_routes(config: Config, names: list[str], env: Mapping[str, str] | None
             raise InvalidSpec(
                 f"Gateway route name '{name}' must be lowercase letters, digits, - or _."
             )
-        if route.auth not in ("bearer", "x-api-key") and not route.auth.startswith("header:"):
+        auth = route.auth or "bearer"
+        if auth not in ("bearer", "x-api-key") and not auth.startswith("header:"):
             raise InvalidSpec(
                 f"gateway.routes.{name}.auth '{route.auth}' must be bearer, x-api-key or "
                 "header:<Name>."
@@ -107,7 +107,7 @@ def resolve_routes(config: Config, names: list[str]) -> dict[str, Route]:
         name: Route(
             name,
             (known[name].upstream or "").rstrip("/"),
-            known[name].auth,
+            known[name].auth or "bearer",
             known[name].key_env,
             os.environ.get(known[name].key_env or "") or None,
         )
