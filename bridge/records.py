@@ -215,8 +215,9 @@ class WorkerInfo(BaseModel):
     @model_serializer(mode="wrap")
     def _without_empty_reason(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
-        if data.get("reason") is None:
-            data.pop("reason", None)
+        for key in ("reason", "cli_version"):  # shown only when there is one
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     def document(self) -> dict[str, Any]:

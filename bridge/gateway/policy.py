@@ -26,6 +26,11 @@ BUILTIN_ROUTES: dict[str, RouteConfig] = {
     "openai": RouteConfig(
         upstream="https://api.openai.com", auth="bearer", key_env="OPENAI_API_KEY"
     ),
+    # A Claude subscription: the long-lived token of `claude setup-token`, added on the host as
+    # a bearer token; the sandbox's Claude Code holds only a placeholder (see docs/workers.md).
+    "claude-subscription": RouteConfig(
+        upstream="https://api.anthropic.com", auth="bearer", key_env="CLAUDE_CODE_OAUTH_TOKEN"
+    ),
     # Z.ai's Anthropic-compatible endpoint (what zcode-glm, Claude Code on GLM, speaks).
     "zai": RouteConfig(
         upstream="https://api.z.ai/api/anthropic", auth="bearer", key_env="ZCODE_AUTH_TOKEN"

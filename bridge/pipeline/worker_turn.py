@@ -57,7 +57,10 @@ def run_worker_turn(
 
     def exited(info: ExitInfo) -> None:
         over = watch.message("The worker")
-        summary = reader.summary if reader.summary is not None else (reader.last_line or "")
+        summary = next(
+            (s for s in (reader.summary, reader.failure, reader.last_message) if s is not None),
+            reader.last_line or "",  # a plain CLI's last line is its final word
+        )
         done = WorkerExit(
             turn=turn.number,
             exit_code=info.exit_code,
@@ -121,7 +124,7 @@ def _container_spec(
     mounts = [
         Mount(ws.worktree, "/workspace", read_only=turn.read_only),
         Mount(ws.gitfile, "/workspace/.git", read_only=True),
-        Mount(ws.private_gitdir, CONTAINER_GITDIR, read_only=False),
+        Mount(ws.private_gitdir, CONTAINER_GITDIR, read_only=turn.read_only),
         *(
             Mount(store, target, read_only=True)
             for store, target in zip(stores, container_alternates(len(stores)), strict=True)
@@ -221,6 +224,7 @@ class _ProgressReader:
         self.session_id = handle.record.session_id
         self.last_line: str | None = None  # raw, the summary of last resort
         self.last_progress: str | None = None  # parsed, for error messages
+        self.last_message: str | None = None  # the last thing the worker said
         self.count = handle.ctx.store.count_events(handle.task_id, "worker.progress")
         self.skip = 0  # progress events at the start already recorded (an adopted container)
 
@@ -245,6 +249,8 @@ class _ProgressReader:
     def _emit(self, progress: Progress, always: bool = False) -> None:
         if progress.text.strip():
             self.last_progress = progress.text
+            if progress.kind == "message":
+                self.last_message = progress.text
         if self.skip > 0 and not always:
             self.skip -= 1
             return
