@@ -69,3 +69,30 @@ def test_a_linked_worker_whose_route_has_no_key_is_installed_but_not_healthy(hom
     [info] = [w for w in bridge.list_workers() if w.name == "claude-like"]
     assert info.healthy is True and info.reason is None
     bridge.close()
+
+
+def test_a_built_in_cli_is_healthy_only_with_its_key_and_shows_its_version(
+    cli, home, repo, docker_images
+):
+    from support.real_workers import ensure_worker_image
+
+    ensure_worker_image(docker_images, "codex")
+    (home / "config.yaml").write_text(
+        "gateway:\n  routes:\n    openai: {key_env: WB_TEST_NO_SUCH_KEY}\n"
+    )
+    env = {"WB_TEST_NO_SUCH_KEY": ""}
+    listed = {w["name"]: w for w in cli("workers", "list", "--json", env=env).json()["workers"]}
+    codex = listed["codex"]
+    assert codex["installed"] is True and codex["healthy"] is False
+    assert codex["cli_version"] == "0.171.0"
+    assert "WB_TEST_NO_SUCH_KEY" in codex["reason"]
+    doctor = cli("doctor", "--json", env=env)
+    warning = next(c for c in doctor.json()["checks"] if c["check"] == "worker:codex")
+    assert warning["severity"] == "warning" and "WB_TEST_NO_SUCH_KEY" in warning["detail"]
+    refused = cli(
+        "tasks", "create", "--repo", str(repo), "--objective", "x", "--worker", "codex", env=env
+    )
+    assert refused.code == 2 and "WB_TEST_NO_SUCH_KEY" in refused.stderr
+    keyed = {"WB_TEST_NO_SUCH_KEY": "sk-test"}
+    listed = {w["name"]: w for w in cli("workers", "list", "--json", env=keyed).json()["workers"]}
+    assert listed["codex"]["healthy"] is True and "reason" not in listed["codex"]
