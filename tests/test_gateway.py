@@ -106,6 +106,17 @@ def test_a_route_gets_the_real_key_and_the_sandboxs_credential_is_dropped(workdi
     assert not (gw.folder / ROUTES_SOCKET).exists() and not (gw.folder / PROXY_SOCKET).exists()
 
 
+def test_a_key_refused_on_a_route_is_final_for_the_sandbox(workdir, upstream):
+    gw = gateway(workdir / "gw", upstream, Events())
+    try:
+        answer = request(gw.folder / ROUTES_SOCKET, http("POST", "/test/v1/refuse", b"{}"))
+    finally:
+        gw.stop()
+    assert status_of(answer) == 401
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.count(b"x-should-retry") == 1 and b"x-should-retry: false" in head
+
+
 def test_a_streamed_answer_reaches_the_sandbox_chunk_by_chunk(workdir, upstream):
     events = Events()
     gw = gateway(workdir / "gw", upstream, events)

@@ -41,6 +41,15 @@ class Outgoing:
     count_tokens: bool = False
 
 
+def _final(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A key refused on a route is the host's key: no retry from the sandbox can fix it, and
+    each one would send the real key out again. `x-should-retry: false` (honoured by the
+    Anthropic and OpenAI SDKs, so by Claude Code, which otherwise retries a 401 ten times over
+    three minutes) tells the CLI so."""
+    kept = [(k, v) for k, v in headers if k.lower() != b"x-should-retry"]
+    return [*kept, (b"x-should-retry", b"false")]
+
+
 async def stream(
     session: aiohttp.ClientSession,
     exchange: Exchange,
@@ -70,6 +79,8 @@ async def stream(
         ) as response:
             status = response.status
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP_BACK]
+            if "route" in out.where and status in (401, 403):
+                headers = _final(headers)
             await _give(exchange, h11.Response(status_code=status, headers=headers))
             streaming = "text/event-stream" in response.headers.get("content-type", "")
             kept = bytearray()

@@ -75,6 +75,10 @@ class Upstream:
             await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 60)
             await response.write(b"data: last\n\n")
             return response
+        if path.endswith("/refuse"):  # a provider refusing the key, inviting a retry
+            return web.json_response(
+                {"error": "invalid key"}, status=401, headers={"x-should-retry": "true"}
+            )
         if path.endswith("/slow"):
             await asyncio.sleep(5)
         if path.endswith("/big"):
