@@ -13,10 +13,19 @@ from bridge.workers.base import (
     Worker,
     WorkerLaunch,
 )
+from bridge.workers.claude_code import ClaudeCodeWorker, ZcodeGlmWorker
+from bridge.workers.codex import CodexWorker
 from bridge.workers.linked import LinkedCliWorker
 from bridge.workers.mock import MockWorker, check_mock_metadata
+from bridge.workers.opencode import OpencodeWorker
 
-BUILTIN: dict[str, type[Worker]] = {"mock": MockWorker}
+BUILTIN: dict[str, type[Worker]] = {
+    "mock": MockWorker,
+    "codex": CodexWorker,
+    "opencode": OpencodeWorker,
+    "claude-code": ClaudeCodeWorker,
+    "zcode-glm": ZcodeGlmWorker,
+}
 
 
 def all_workers(config: Config) -> dict[str, Worker]:
