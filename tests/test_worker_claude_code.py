@@ -202,6 +202,31 @@ def test_zcode_glm_is_claude_code_on_the_zai_route_with_glm_models(
     assert_only_model_route(cli, result["task_id"], claude, model_server)
 
 
+def test_a_claude_subscription_token_stays_on_the_host(
+    cli,
+    repo,
+    workdir,
+    home,
+    claude,
+    model_server,  # noqa: F811
+):
+    """The claude-subscription route: Claude Code inside holds a placeholder subscription token
+    (so it speaks the subscription's protocol); the gateway adds the host's real one."""
+    config = home / "config.yaml"
+    config.write_text(
+        config.read_text() + "worker_settings:\n  claude-code: {route: claude-subscription}\n"
+    )
+    objective = "Add a file.\n@write sub.txt: hello from a subscription\n@say Wrote sub.txt."
+    result = run_task(cli, workdir, _spec(repo, objective), claude)
+    assert result["status"] == "succeeded", result["error"]
+    seen = model_server.api_requests("anthropic")
+    assert seen and all(r.headers["authorization"] == f"Bearer {KEY}" for r in seen)
+    assert "x-api-key" not in seen[0].headers
+    assert "oauth" in seen[0].headers.get("anthropic-beta", "")  # the subscription's protocol
+    assert_key_nowhere(home)
+    assert_only_model_route(cli, result["task_id"], claude, model_server)
+
+
 # -- without the engine: the command line and the failure sentences ---------------------------
 
 

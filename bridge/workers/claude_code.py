@@ -25,6 +25,7 @@ from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLa
 from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain
 
 WORKSPACE = "/workspace/"
+SUBSCRIPTION_ROUTE = "claude-subscription"  # a Claude Pro/Max token (`claude setup-token`)
 # Claude Code's calls home (telemetry, error reports, the update check, feature flags): off.
 QUIET = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -62,7 +63,7 @@ class ClaudeCodeWorker(CliWorker):
             argv += ["--resume", turn.session_id]
         env = {
             "ANTHROPIC_BASE_URL": self.route_url(config),
-            self.key_var: PLACEHOLDER_KEY,
+            self.sandbox_key_var(config): PLACEHOLDER_KEY,
             "IS_SANDBOX": "1",  # lets --dangerously-skip-permissions run as root too
             **QUIET,
             **self.model_env(self.model(turn.metadata, config)),
@@ -72,6 +73,14 @@ class ClaudeCodeWorker(CliWorker):
             env=env,
             files={"prompt.txt": turn.resumed_prompt if turn.session_id else turn.prompt},
         )
+
+    def sandbox_key_var(self, config: Config) -> str:
+        """Where the sandbox's placeholder goes. On the `claude-subscription` route Claude Code
+        must believe it holds a subscription token, so it speaks that protocol (bearer and the
+        OAuth beta); the real token is the host's, added by the gateway."""
+        if self.route(config) == SUBSCRIPTION_ROUTE:
+            return "CLAUDE_CODE_OAUTH_TOKEN"
+        return self.key_var
 
     def model_env(self, model: str | None) -> dict[str, str]:
         return {"ANTHROPIC_MODEL": model} if model else {}

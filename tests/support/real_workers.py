@@ -18,8 +18,14 @@ KEY_VARS = {
     "anthropic": "WB_TEST_ANTHROPIC_KEY",
     "openai": "WB_TEST_OPENAI_KEY",
     "zai": "WB_TEST_ZAI_KEY",
+    "claude-subscription": "WB_TEST_CLAUDE_TOKEN",
 }
-AUTH = {"anthropic": "x-api-key", "openai": "bearer", "zai": "bearer"}
+AUTH = {
+    "anthropic": "x-api-key",
+    "openai": "bearer",
+    "zai": "bearer",
+    "claude-subscription": "bearer",
+}
 
 
 @pytest.fixture
