@@ -61,12 +61,17 @@ def _bare_run(worker, config, repo: Path, scratch: Path, server: ModelServer) ->
     for i, (rel, content) in enumerate(sorted(launch.home_files.items())):
         source = inputs / f"home-{i}"
         source.write_text(fix(content))
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)  # the CLI's to write in
         mounts += ["-v", f"{source}:{HOME_DIR}/{rel}:ro"]
     subprocess.run(["chown", "-R", "10001:10001", str(workspace), str(home)], check=True)
     env: list[str] = []
     for name, value in {"HOME": HOME_DIR, **launch.env}.items():
         env += ["-e", f"{name}={fix(value)}"]
+    # The same CPU and memory limits a task's container gets (the defaults), so the figure is
+    # what the bridge adds, not what a quota takes away.
+    limits = config.limits
     cmd = ["docker", "run", "--rm", "--network", "host", "--user", "10001:10001"]
+    cmd += ["--cpus", str(limits.cpus), "--memory", f"{limits.memory_mb}m"]
     cmd += ["--label", "io.worker-bridge.bench=1", "-w", "/workspace", *mounts, *env]
     cmd += [worker.image(config), *launch.command]
     t0 = time.perf_counter()

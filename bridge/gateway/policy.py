@@ -67,11 +67,15 @@ class Route:
 
 def all_routes(config: Config) -> dict[str, RouteConfig]:
     """The built-in routes with config's on top: for a built-in route, the keys config sets
-    replace its own (``{anthropic: {key_env: MY_KEY}}`` changes only the variable)."""
+    replace its own (``{anthropic: {key_env: MY_KEY}}`` changes only the variable); a built-in
+    route given another upstream keeps nothing of its own (its key must not go there unless
+    config names the variable again)."""
     routes = dict(BUILTIN_ROUTES)
     for name, route in config.gateway.routes.items():
         base = routes.get(name)
         given = {k: v for k, v in route.model_dump().items() if v is not None}
+        if base is not None and given.get("upstream", base.upstream) != base.upstream:
+            base = None  # pointed elsewhere: the built-in key must not go along
         routes[name] = (base or RouteConfig(auth="bearer")).model_copy(update=given)
     return routes
 

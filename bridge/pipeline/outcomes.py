@@ -61,7 +61,9 @@ def judge_worker(
                 + "); raise the limit or narrow the task.",
             ),
         )
-    if exit_info.failure:  # the CLI said why (a refused key, a rate limit...): that is the error
+    # The CLI said why it failed (a refused key, a rate limit...): that is the error. It only
+    # explains a failed exit; any line of output could claim it, so it never fails a clean one.
+    if exit_info.failure and exit_info.exit_code != 0:
         return Outcome(
             Status.FAILED,
             error(

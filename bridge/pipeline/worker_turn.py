@@ -5,6 +5,7 @@ recorded before the container is removed (so a crash loses nothing)."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -183,12 +184,17 @@ def _home_files(
         source.parent.mkdir(exist_ok=True)
         source.write_text(content, encoding="utf-8")
         source.chmod(0o644)
-        _make_dirs(home, parts[:-1], owner)
+        _make_dirs(home, parts[:-1], owner, parts[-1])
         mounts.append(Mount(source, f"{HOME_DIR}/{rel}", read_only=True))
     return mounts
 
 
-def _make_dirs(home: Path, parts: tuple[str, ...], owner: tuple[int, int] | None) -> None:
+def _make_dirs(
+    home: Path, parts: tuple[str, ...], owner: tuple[int, int] | None, leaf: str
+) -> None:
+    """Make ``parts`` inside ``home`` (no link followed), and clear the way for the mount of
+    ``leaf`` in the last: a link an earlier turn planted there is removed (the engine would
+    follow it), anything else but a file is refused."""
     fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in parts:
@@ -208,6 +214,18 @@ def _make_dirs(home: Path, parts: tuple[str, ...], owner: tuple[int, int] | None
                 ) from exc
             os.close(fd)
             fd = child
+        try:
+            st = os.stat(leaf, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            os.unlink(leaf, dir_fd=fd)
+        elif not stat.S_ISREG(st.st_mode):
+            raise BridgeError(
+                f"The worker's home holds '{leaf}' where the CLI's config file belongs, and it "
+                "is not a file; delegate a new task.",
+                kind="worker_exit",
+            )
     finally:
         os.close(fd)
 
@@ -225,6 +243,7 @@ class _ProgressReader:
         self.last_line: str | None = None  # raw, the summary of last resort
         self.last_progress: str | None = None  # parsed, for error messages
         self.last_message: str | None = None  # the last thing the worker said
+        self.bad_session_noted = False
         self.count = handle.ctx.store.count_events(handle.task_id, "worker.progress")
         self.skip = 0  # progress events at the start already recorded (an adopted container)
 
@@ -239,12 +258,22 @@ class _ProgressReader:
                 if parsed.failure is not None:
                     self.failure = parsed.failure
                 if parsed.session_id and parsed.session_id != self.session_id:
-                    self.session_id = parsed.session_id[:200]
-                    self.handle.update(session_id=self.session_id)
+                    self._session(parsed.session_id)
                 for progress in parsed.progress:
                     self._emit(progress)
         except Exception as exc:  # a broken log stream must not break the run
             self._emit(Progress("error", f"[output stream ended: {exc}]"), always=True)
+
+    def _session(self, session_id: str) -> None:
+        """Record the CLI's session id, if it has the CLI's own shape (see session_ok)."""
+        if self.worker.session_ok(session_id):
+            self.session_id = session_id
+            self.handle.update(session_id=session_id)
+        elif not self.bad_session_noted:
+            self.bad_session_noted = True
+            self._emit(
+                Progress("error", "[worker-bridge: a session id of unexpected shape was ignored]")
+            )
 
     def _emit(self, progress: Progress, always: bool = False) -> None:
         if progress.text.strip():
@@ -261,8 +290,10 @@ class _ProgressReader:
         if self.count == limit + 1 and not always:
             note = f"[worker-bridge: output beyond {limit} events is not recorded]"
             progress = Progress("message", note)
+        # Redacted whole, then cut (a secret across the cut would show one of its ends).
+        redact = self.handle.redactor.redact
         data = progress.document()
-        data["text"] = clip(progress.text)
+        data["text"] = clip(redact(progress.text))
         if data["name"] is not None:
-            data["name"] = clip(str(data["name"]), 200)
+            data["name"] = clip(redact(str(data["name"])), 200)
         self.handle.emit("worker.progress", data)

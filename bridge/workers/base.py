@@ -3,6 +3,7 @@ output stream turns into progress events, a final summary, a session id and a fa
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -88,6 +89,15 @@ class Worker(ABC):
     # a CLI with a native session resumes it on follow-up and repair turns; without one,
     # each turn gets the objective and the follow-up together
     resumes_sessions: bool = False
+    # What the CLI's session ids look like. The id comes from the worker's own output and goes
+    # onto the next turn's command line, so anything else (a forged `--flag`, a secret, escape
+    # codes) is not taken.
+    session_pattern: str = r"[A-Za-z0-9_-]{1,128}"
+
+    def session_ok(self, session_id: str) -> bool:
+        return re.fullmatch(self.session_pattern, session_id) is not None and not (
+            session_id.startswith("-")
+        )
 
     @abstractmethod
     def image(self, config: Config) -> str: ...

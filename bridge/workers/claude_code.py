@@ -22,7 +22,7 @@ from typing import Any
 
 from bridge.config import Config
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
-from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain
+from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 
 WORKSPACE = "/workspace/"
 SUBSCRIPTION_ROUTE = "claude-subscription"  # a Claude Pro/Max token (`claude setup-token`)
@@ -42,6 +42,7 @@ class ClaudeCodeWorker(CliWorker):
     name = "claude-code"
     image_name = "claude-code"
     default_route = "anthropic"
+    session_pattern = UUID_PATTERN  # Claude Code's session ids
     key_var = "ANTHROPIC_API_KEY"  # inside the sandbox it holds only the placeholder
 
     def __init__(self) -> None:

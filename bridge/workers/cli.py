@@ -14,6 +14,7 @@ from bridge.workers.base import ParsedLine, Worker
 ROUTES_URL = "http://127.0.0.1:7800"  # the gateway's model routes, inside the sandbox
 # What the sandbox holds instead of a credential: the gateway drops it and adds the real key.
 PLACEHOLDER_KEY = "worker-bridge-placeholder"
+UUID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
 class CliWorker(Worker):

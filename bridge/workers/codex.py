@@ -21,7 +21,7 @@ from typing import Any
 
 from bridge.config import Config
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
-from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain
+from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 
 WORKSPACE = "/workspace/"
 KEY_VAR = "OPENAI_API_KEY"  # inside the sandbox it holds only the placeholder
@@ -38,6 +38,8 @@ class CodexWorker(CliWorker):
     name = "codex"
     image_name = "codex"
     default_route = "openai"
+    # Codex's thread ids (a resume id of another shape silently starts a new thread)
+    session_pattern = UUID_PATTERN
     # A slug Codex knows: its model metadata is what makes it offer the apply_patch tool (an
     # unknown slug gets fallback metadata, a warning, and no apply_patch).
     default_model = "gpt-5.5"

@@ -51,6 +51,7 @@ class OpencodeWorker(CliWorker):
     name = "opencode"
     image_name = "opencode"
     default_route = "openai"
+    session_pattern = r"ses_[A-Za-z0-9]{1,64}"  # OpenCode's session ids
     # accepts `max_tokens`, which OpenCode always sends (OpenAI's reasoning models refuse it
     # on Chat Completions)
     default_model = "gpt-4.1"
