@@ -1,4 +1,4 @@
-"""The real worker CLIs through worker-bridge, against the scripted model server (tests/support)
+"""The real worker CLIs through worker-bridge, against the scripted model server (bridge/smoke)
 answering at once: per worker, the time from the task's start to the CLI's first model request,
 and the whole task's time over the CLI's own run (the same command line, environment and config
 files in a bare `docker run` on the host's network, talking to the server directly), alternated
@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import median
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from support.model_server import ModelServer  # noqa: E402
+from bridge.smoke.model_server import ModelServer
 
 KEY = "sk-bench-" + os.urandom(8).hex()
 OBJECTIVE = "Create the greeting file.\n@write hello.txt: hello from the bench\n@say Done."

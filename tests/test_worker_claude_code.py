@@ -1,7 +1,7 @@
 """The `claude-code` and `zcode-glm` workers for real: the Claude Code binary in its built
 image, run by the engine on a task, reaching the scripted model server only through the task's
 gateway (the real key is added on the host). The model's plan is written in each task's text
-(see support/model_server.py)."""
+(see bridge/smoke/model_server.py)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _spec(repo, objective: str, worker: str = "claude-code", **extra) -> dict:
 
 
 def _user_texts(request) -> list[str]:
-    from support.models.anthropic import API
+    from bridge.smoke.apis.anthropic import API
 
     return API.conversation(request.body or {}).user_texts
 

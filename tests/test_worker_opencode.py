@@ -1,7 +1,7 @@
 """The `opencode` worker for real: the OpenCode binary in its built image, run by the engine on
 a task, reaching the scripted model server (Chat Completions) only through the task's gateway
 (the real key is added on the host). The model's plan is written in each task's text (see
-support/model_server.py)."""
+bridge/smoke/model_server.py)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _spec(repo, objective: str, **extra) -> dict:
 
 
 def _user_texts(request) -> list[str]:
-    from support.models.chat import API
+    from bridge.smoke.apis.chat import API
 
     return API.conversation(request.body or {}).user_texts
 

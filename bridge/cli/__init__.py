@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--all", action="store_true", help="every image: base, verify, mock and each worker CLI"
     )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="then run one task in each worker image built (each CLI against a scripted model)",
+    )
     p.set_defaults(func=c.cmd_images_build)
 
     p = sub.add_parser("doctor", help="check that tasks can run here")

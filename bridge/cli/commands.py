@@ -310,6 +310,16 @@ def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         on_line=lambda line: print(line, flush=True),
     )
     print("built: " + ", ".join(tags))
+    if not args.smoke:
+        return 0
+    from bridge.smoke import run_smoke, smoke_workers
+
+    built = [tag.split("/", 1)[1].split(":", 1)[0] for tag in tags]
+    results = run_smoke(bridge.config, smoke_workers(built), on_line=lambda line: print(line))
+    failed = [r.worker for r in results if not r.ok]
+    if failed:
+        print(f"worker-bridge: the smoke task failed for {', '.join(failed)}.", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import BASE_IMAGE, write_spec
-from support.model_server import ModelServer
+
+from bridge.smoke.model_server import ModelServer
 
 KEY = "sk-real-" + os.urandom(12).hex()
 KEY_VARS = {

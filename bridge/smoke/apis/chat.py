@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from aiohttp import web
-from support.model_server import Conversation, Final, Write, open_sse, sse
+
+from bridge.smoke.model_server import Conversation, Final, Write, open_sse, sse
 
 WORKSPACE = "/workspace"
 

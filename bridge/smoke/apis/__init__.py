@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from aiohttp import web
-from support.models import anthropic, chat, responses
+
+from bridge.smoke.apis import anthropic, chat, responses
 
 
 class Api(Protocol):

@@ -1,6 +1,8 @@
-"""A scripted model server the real-worker tests start on the host's loopback: it speaks the
-Anthropic Messages, OpenAI Responses and Chat Completions streaming APIs (one module each under
-support/models/), chooses what to answer from the conversation it is sent, and logs every request.
+"""A scripted model server on the host's loopback, for the real-worker tests, the benchmarks and
+`images build --smoke`: it speaks the Anthropic Messages, OpenAI Responses and Chat Completions
+streaming APIs (one module each under bridge/smoke/apis/), chooses what to answer from the
+conversation it is sent, and logs every request. No provider is reachable from the tests or a CI
+runner; this lets the real CLI binaries run end to end anyway.
 
 What the model does is written into the task's own text as directives, one per line:
 
@@ -138,7 +140,7 @@ class ModelServer:
         return self
 
     async def _start(self) -> None:
-        from support.models import API_ROUTES
+        from bridge.smoke.apis import API_ROUTES
 
         app = web.Application(client_max_size=64 * 2**20)
         for api in API_ROUTES:

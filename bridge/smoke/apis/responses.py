@@ -9,7 +9,8 @@ import itertools
 from typing import Any
 
 from aiohttp import web
-from support.model_server import Conversation, Final, Write, open_sse, sse
+
+from bridge.smoke.model_server import Conversation, Final, Write, open_sse, sse
 
 _ids = itertools.count(1)
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
