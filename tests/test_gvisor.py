@@ -83,3 +83,42 @@ def test_a_runtime_that_cannot_run_the_task_is_refused_before_anything_runs(
     assert needle in result.error.message
     assert sandbox.started == []  # nothing ran, under any runtime
     bridge.close()
+
+
+def test_a_real_cli_works_resumes_and_verifies_under_gvisor(cli, repo, workdir, home, runsc):
+    """Codex, the real binary, in gVisor: its model route through the gateway's socket, its
+    session resumed on a follow-up from its home, and the verification, all under runsc."""
+    from support.real_workers import KEY as REAL_KEY
+    from support.real_workers import KEY_VARS, ensure_worker_image, run_task
+
+    from bridge.config import load_config
+    from bridge.smoke.model_server import ModelServer
+
+    ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), "codex")
+    server = ModelServer(key=REAL_KEY).start()
+    try:
+        (home / "config.yaml").write_text(
+            "runtime: runsc\ngateway:\n  routes:\n    openai:\n"
+            f"      upstream: {server.url}\n      key_env: {KEY_VARS['openai']}\n"
+        )
+        env = {KEY_VARS["openai"]: REAL_KEY}
+        objective = (
+            "Write it.\n@write gv.txt: from gvisor\n@follow-write gv.txt: again from gvisor\n"
+            "@say Done."
+        )
+        spec = {
+            "objective": objective,
+            "worker": "codex",
+            "workspace": {"repository": str(repo)},
+            "verification": {"commands": ["grep -q gvisor gv.txt"]},
+        }
+        result = run_task(cli, workdir, spec, env)
+        assert result["status"] == "succeeded", result["error"]
+        assert result["verification"]["ok"] is True and result["session_id"]
+        follow = cli("tasks", "follow-up", result["task_id"], "More.", "--wait", "--json", env=env)
+        after = follow.json()
+        assert after["status"] == "succeeded", after["error"]
+        assert after["session_id"] == result["session_id"]
+        assert git(repo, "show", f"{after['branch']}:gv.txt").strip() == "again from gvisor"
+    finally:
+        server.stop()
