@@ -284,18 +284,20 @@ def test_waiting_tasks_start_by_priority_when_capacity_frees(
 ):
     env = {"WORKER_BRIDGE_MAX_CONCURRENCY": "1"}
     repos = [make_repo(workdir, f"repo{i}") for i in range(3)]
-    long_id = create(cli, workdir, repos[0], {"sleep": 5}, env)
+    # Both others are created before the long task starts: on a loaded machine a CLI call
+    # can take seconds, and the long task must still hold the only slot when they queue.
+    low = create(cli, workdir, repos[1], {"sleep": 1}, env, priority=10)
+    high = create(cli, workdir, repos[2], {"sleep": 1}, env, priority=90)
+    long_id = create(cli, workdir, repos[0], {"sleep": 8}, env)
     start_detached(cli, long_id, env)
     wait_until(lambda: started_events(bridge, long_id), 30, "the long task's worker to start")
 
-    low = create(cli, workdir, repos[1], {"sleep": 1}, env, priority=10)
-    high = create(cli, workdir, repos[2], {"sleep": 1}, env, priority=90)
     start_detached(cli, low, env)
     start_detached(cli, high, env)
-    assert status(bridge, low) == "queued" and status(bridge, high) == "queued"
     assert status(bridge, long_id) not in TERMINAL, (
         "setup: the long task must still hold the only slot when both are queued"
     )
+    assert status(bridge, low) == "queued" and status(bridge, high) == "queued"
 
     results = wait_terminal(bridge, [long_id, low, high], deadline_s=60)
     for task_id, result in results.items():

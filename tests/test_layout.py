@@ -19,8 +19,10 @@ OWNERS = {
     "yaml": "config.py",
     "pydantic_settings": "config.py",
     "tenacity": "sandbox/",
-    "aiohttp": "gateway/",
+    # the gateway, and the scripted model server that smoke tests and the tests serve
+    "aiohttp": ("gateway/", "smoke/"),
     "h11": "gateway/",
+    "uvicorn": "mcp_http.py",
 }
 
 

@@ -40,8 +40,9 @@ def describe(event: dict[str, Any]) -> str | None:
         return f"repair turn {data.get('repair')}: `{data.get('command', '')}` failed"
     if kind == "network.refused":
         return f"  network refused: {data.get('host', '')} ({data.get('reason', '')})"
-    if kind == "task.status":
-        return f"status: {data.get('to')}"
+    # Status changes are not lines of their own: the terminal's status line shows them, the
+    # result says how it ended, and a task refused before its worker starts (a missing image,
+    # no engine) explains itself in the one error line alone.
     return None
 
 
