@@ -25,7 +25,7 @@ from pathlib import Path
 from bridge.errors import EngineUnavailable, ImageMissing
 from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo
 
-_MOCK_WORKER = Path(__file__).resolve().parents[2] / "images" / "mock" / "mock-worker"
+_MOCK_WORKER = Path(__file__).resolve().parents[1] / "images" / "mock" / "mock-worker"
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """Build the worker-bridge images from images/<name>/Dockerfile with docker-py.
 
+The image contexts are package data (bridge/images, which the repository's top-level `images`
+links to), so an installed wheel builds them too.
+
 `base` builds FROM the configured base image (a build argument, so it works with a local
 debootstrap import where no registry is reachable); every other image builds FROM `base`.
 Builds go through the `Sandbox` protocol, so this module knows no engine.
@@ -16,13 +19,16 @@ from pathlib import Path
 from bridge.config import Config
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.sandbox.protocol import Sandbox
+from bridge.version import __version__
 
+SOURCE_URL = "https://github.com/worker-bridge/worker-bridge"  # the OCI source label
 DEFAULT_TARGETS = ("base", "verify", "mock")
 
 
 def images_dir() -> Path:
+    """The image contexts: WORKER_BRIDGE_IMAGES_DIR, else the package's own (bridge/images)."""
     override = os.environ.get("WORKER_BRIDGE_IMAGES_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "images"
+    return Path(override) if override else Path(__file__).resolve().parents[1] / "images"
 
 
 def available_targets() -> list[str]:
@@ -76,7 +82,12 @@ def build_images(
             tag,
             _context(name, config.extra_ca_file),
             buildargs={"BASE_IMAGE": parent},
-            labels={"io.worker-bridge.image": name},
+            labels={
+                "io.worker-bridge.image": name,
+                "org.opencontainers.image.title": f"worker-bridge {name}",
+                "org.opencontainers.image.version": __version__,
+                "org.opencontainers.image.source": SOURCE_URL,
+            },
             on_line=on_line,
         )
         built.append(tag)
