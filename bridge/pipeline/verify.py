@@ -11,6 +11,7 @@ as not run.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,28 @@ from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
 PYTHON_HOOK = Path(__file__).resolve().parents[1] / "sandbox" / "python"
 CONTAINER_PYTHON_HOOK = "/var/lib/worker-bridge/python"
+
+
+def python_hook(home: Path) -> Path:
+    """The hook's folder under the state root, which is what verification containers mount:
+    the engine resolves a bind mount's source on its own host, where the installed package's
+    path need not exist (a bridge in its own container shares only the state root). Written
+    atomically, and only when its content changed, so concurrent runners never see half a file."""
+    folder = home / "python"
+    target = folder / "sitecustomize.py"
+    data = (PYTHON_HOOK / "sitecustomize.py").read_bytes()
+    try:
+        if target.read_bytes() == data:
+            return folder
+    except OSError:
+        pass
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o755)  # read by the sandbox uid whatever the umask
+    partial = folder / f".sitecustomize.py.{os.getpid()}.{threading.get_ident()}"
+    partial.write_bytes(data)
+    partial.chmod(0o644)
+    os.replace(partial, target)
+    return folder
 
 
 @dataclass
@@ -228,7 +251,7 @@ def _run_command(
         labels=ctx.labels(handle.task_id, "verify", turn=label, command=str(index)),
         mounts=[
             Mount(workspace, "/workspace", read_only=False),
-            Mount(PYTHON_HOOK, CONTAINER_PYTHON_HOOK, read_only=True),
+            Mount(python_hook(ctx.home), CONTAINER_PYTHON_HOOK, read_only=True),
         ],
         env={
             "HOME": "/home/worker",

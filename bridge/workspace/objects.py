@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bridge.workspace.git import Git
+from bridge.workspace.git import Git, common_git_dir
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.rawgit import repo_id
 
@@ -56,6 +56,7 @@ def _make_store(repo: Path, root: Path, base: str) -> None:
     tmp = root / f".tmp-{base}-{os.getpid()}-{os.urandom(3).hex()}"
     try:
         (tmp / "pack").mkdir(parents=True)
+        (tmp / "objects").mkdir()
         revs = f"{base}\n" + (f"^{parent}\n" if parent else "")
         git.run(
             "pack-objects",
@@ -64,7 +65,16 @@ def _make_store(repo: Path, root: Path, base: str) -> None:
             "-q",
             str(tmp / "pack" / "pack"),
             input=revs.encode(),
+            # git writes the pack in its object directory, then renames it into place, which
+            # fails across filesystems (the repository on another disk, or another bind mount
+            # of the bridge's container): an empty one under the state root, with the
+            # repository's objects as its alternate, keeps the rename on one filesystem.
+            env={
+                "GIT_OBJECT_DIRECTORY": str(tmp / "objects"),
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(common_git_dir(repo) / "objects"),
+            },
         )
+        shutil.rmtree(tmp / "objects")
         if parent:
             (tmp / "parent").write_text(parent + "\n")
         for entry in (tmp, tmp / "pack", *(tmp / "pack").iterdir()):
