@@ -7,6 +7,7 @@ import shutil
 from typing import Any
 
 from bridge.errors import BridgeError
+from bridge.sandbox.host_paths import deployment_checks
 from bridge.sandbox.runtimes import runtime_check
 from bridge.service import WorkerBridge
 from bridge.workers import all_workers
@@ -50,6 +51,8 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
             )
         if config.runtime:
             add("runtime", *runtime_check(config.runtime, bridge.sandbox.runtimes()))
+        for name, ok, detail in deployment_checks(config.home):  # only in a container
+            add(name, ok, detail)
     # A worker that cannot reach its model (a route's key missing) is a warning: the others run.
     for name, worker in sorted(all_workers(config).items()):
         problem = worker.health(config)

@@ -1,5 +1,6 @@
-"""The stdio MCP server (`worker-bridge-mcp`, also `worker-bridge mcp`): the contract's tools over
-the same WorkerBridge facade as the CLI. All `mcp` imports live in this module.
+"""The MCP server (`worker-bridge-mcp`, also `worker-bridge mcp`): the contract's tools over the
+same WorkerBridge facade as the CLI, on stdio or (with --http, see bridge/mcp_http.py) over
+streamable HTTP. All `mcp` imports live in this module.
 
 Every blocking call (SQLite, git, Docker) runs in a worker thread, so no tool blocks the event
 loop; `worker_delegate(wait=true)` polls the store asynchronously while the task runs in a
@@ -9,6 +10,7 @@ can act on; stdout carries protocol messages only, logs go to stderr and a file.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable
@@ -19,8 +21,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
+from bridge import mcp_http
 from bridge.errors import BridgeError
 from bridge.models import TERMINAL
+from bridge.sandbox.host_paths import require_state_root
 from bridge.service import WorkerBridge
 from bridge.version import __version__
 
@@ -309,8 +313,21 @@ def _setup_logging(bridge: WorkerBridge) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="worker-bridge-mcp",
+        description="Serve worker-bridge's MCP tools on stdio, or streamable HTTP with --http.",
+    )
+    mcp_http.add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
+    """Serve on stdio, or on HTTP when args.http is set (also `worker-bridge mcp`). Bad transport
+    flags or a missing token are refused before anything starts."""
     try:
-        bridge = WorkerBridge()
+        http = mcp_http.resolve_options(args)
+        bridge = bridge or WorkerBridge()
+        require_state_root(bridge.config.home)  # in a container: shared with the host?
     except BridgeError as exc:
         print(f"worker-bridge-mcp: {exc.message}", file=sys.stderr)
         return exc.exit_code
@@ -320,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         bridge.recover()
     except BridgeError as exc:
         log.warning("recovery skipped: %s", exc.message)
-    build_server(bridge).run("stdio")
+    server = build_server(bridge)
+    if http is not None:
+        return mcp_http.serve(server, http)
+    server.run("stdio")
     return 0
 
 

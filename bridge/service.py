@@ -20,6 +20,7 @@ from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
 from bridge.records import AcceptResult, TaskResult, WorkerInfo
 from bridge.sandbox import Sandbox
+from bridge.sandbox.host_paths import require_repository
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
@@ -89,6 +90,7 @@ class WorkerBridge:
         check_network(self.config, parsed, worker.routes(parsed.metadata, self.config))
         repo = repository_root(parsed.workspace.repository)
         check_disjoint(self.config.home, repo)
+        require_repository(repo)  # in a container: at the same path as on the host?
         base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
         limits = self.config.limits.model_dump()
         limits.update(parsed.limits.model_dump(exclude_none=True))

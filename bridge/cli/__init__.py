@@ -12,6 +12,8 @@ import sys
 from bridge.cli import commands as c
 from bridge.cli.render import SafeStream
 from bridge.errors import BridgeError
+from bridge.mcp_http import add_arguments as add_mcp_transport_arguments
+from bridge.sandbox.host_paths import require_state_root
 from bridge.service import WorkerBridge
 
 
@@ -146,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check that tasks can run here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=c.cmd_doctor)
-    p = sub.add_parser("mcp", help="run the MCP server on stdio")
+    p = sub.add_parser("mcp", help="run the MCP server (stdio, or streamable HTTP with --http)")
+    add_mcp_transport_arguments(p)
     p.set_defaults(func=c.cmd_mcp)
     return parser
 
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     bridge = None
     try:
         bridge = WorkerBridge()
-        if args.group in ("tasks", "workspaces"):
+        if args.group in ("tasks", "workspaces", "jobs"):
+            require_state_root(bridge.config.home)  # in a container: shared with the host?
             bridge.recover()  # any command resolves tasks whose runner died
         return args.func(bridge, args)
     except BridgeError as exc:

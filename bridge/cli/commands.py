@@ -344,6 +344,6 @@ def cmd_doctor(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.mcp_server import main as mcp_main
+    from bridge.mcp_server import run as run_mcp_server
 
-    return mcp_main([])
+    return run_mcp_server(args, bridge)

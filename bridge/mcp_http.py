@@ -1,0 +1,279 @@
+"""MCP over streamable HTTP (`worker-bridge-mcp --http HOST:PORT`): the SDK's streamable HTTP app
+behind a bearer-token gate, served with uvicorn.
+
+The tools are the stdio server's (bridge/mcp_server.py builds them); this module only adds what a
+network listener needs. Every request must carry `Authorization: Bearer <token>` except
+`GET /healthz`, which the container healthcheck calls. Tokens are compared in constant time and
+never logged; a refusal is logged with the client, the path and why (missing, malformed, wrong).
+
+The token comes from `--token-file PATH`, else `$WORKER_BRIDGE_MCP_TOKEN_FILE` (a compose secret),
+else `$WORKER_BRIDGE_MCP_TOKEN`; it is removed from the environment once read, so the task
+runners and tools this server starts do not inherit it. Without a token the server refuses to
+start, unless it is bound to a loopback address and given `--no-token`.
+
+No `mcp` import here (that stays in mcp_server.py): the SDK app comes from the server object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import stat
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge.errors import ConfigError
+from bridge.version import __version__
+
+log = logging.getLogger("worker_bridge.mcp.http")
+
+TOKEN_ENV = "WORKER_BRIDGE_MCP_TOKEN"
+TOKEN_FILE_ENV = "WORKER_BRIDGE_MCP_TOKEN_FILE"
+MCP_PATH = "/mcp"
+HEALTH_PATH = "/healthz"
+SHUTDOWN_GRACE_S = 5
+MIN_TOKEN_CHARS = 16
+
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")  # what fits in a header value unquoted
+_GIVE_TOKEN = (
+    f"give a bearer token with --token-file PATH, ${TOKEN_FILE_ENV} or ${TOKEN_ENV} "
+    "(e.g. from `openssl rand -hex 32`)"
+)
+_HOW_TO_GIVE = f"{_GIVE_TOKEN}, or pass --no-token on a loopback address"
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The transport flags, shared by `worker-bridge-mcp` and `worker-bridge mcp`."""
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help=f"serve streamable HTTP at http://HOST:PORT{MCP_PATH} instead of stdio "
+        f"(health check: GET {HEALTH_PATH})",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help=f"file holding the bearer token clients must send (default: ${TOKEN_FILE_ENV}, "
+        f"else the token itself in ${TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without a token; allowed only on loopback (127.0.0.1, ::1, localhost)",
+    )
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    host: str
+    port: int
+    token: str | None = field(repr=False)  # never in a repr, so never in a log line
+    token_source: str
+    warnings: tuple[str, ...] = ()
+
+
+def resolve_options(
+    args: argparse.Namespace, env: MutableMapping[str, str] = os.environ
+) -> HttpOptions | None:
+    """The validated HTTP settings, or None for stdio. Raises ConfigError (exit 2) with one
+    sentence for a bad address, an unusable token file, or a missing token."""
+    bind = getattr(args, "http", None)
+    token_file = getattr(args, "token_file", None)
+    no_token = bool(getattr(args, "no_token", False))
+    if bind is None:
+        if token_file or no_token:
+            raise ConfigError("--token-file and --no-token apply only with --http HOST:PORT.")
+        return None
+    host, port = parse_bind(bind)
+    env_token = env.pop(TOKEN_ENV, None)  # read once; child processes must not inherit it
+    file_path = token_file or env.get(TOKEN_FILE_ENV) or None
+    if no_token:
+        if file_path or env_token is not None:
+            raise ConfigError(
+                "--no-token was given but so was a token; drop one of them "
+                f"(--token-file, ${TOKEN_FILE_ENV}, ${TOKEN_ENV})."
+            )
+        if not is_loopback(host):
+            raise ConfigError(
+                f"--no-token is allowed only on a loopback address (127.0.0.1, ::1, localhost), "
+                f"not {host}; {_GIVE_TOKEN}."
+            )
+        return HttpOptions(host, port, None, "none (--no-token)")
+    if file_path:
+        source = "--token-file" if token_file else f"${TOKEN_FILE_ENV}"
+        token, warnings = read_token_file(Path(file_path), source)
+        return HttpOptions(host, port, token, f"{source} {file_path}", warnings)
+    if env_token is not None:
+        token = env_token.strip()
+        if not token:
+            raise ConfigError(f"${TOKEN_ENV} is set but empty; {_HOW_TO_GIVE}.")
+        return HttpOptions(host, port, check_token(token, f"${TOKEN_ENV}"), f"${TOKEN_ENV}")
+    raise ConfigError(f"--http needs a bearer token: {_HOW_TO_GIVE}.")
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """`HOST:PORT` with HOST an IP address ([::1] for IPv6) or a hostname, PORT 1-65535."""
+    usage = f"--http wants HOST:PORT such as 127.0.0.1:8765 or 0.0.0.0:8765, not {text!r}."
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(usage)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not _is_ip(host) or ":" not in host:
+            raise ConfigError(usage)
+    elif not (_is_ip(host) and ":" not in host) and not _HOSTNAME.match(host):
+        raise ConfigError(usage)  # a bare IPv6 address needs brackets: [::1]:8765
+    return host, int(port_text)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    return _is_ip(host) and ipaddress.ip_address(host).is_loopback
+
+
+def read_token_file(path: Path, source: str) -> tuple[str, tuple[str, ...]]:
+    """The token in a one-line file. Missing, unreadable or empty is an error; a file others can
+    read is a warning (compose secrets are often mounted 0444), not a refusal."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8") if stat.S_ISREG(mode) else None
+    except FileNotFoundError:
+        raise ConfigError(f"The token file {path} ({source}) does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"The token file {path} ({source}) cannot be read: {exc}.") from None
+    if text is None:
+        raise ConfigError(f"The token file {path} ({source}) is not a regular file.")
+    token = text.strip()
+    if not token:
+        raise ConfigError(f"The token file {path} ({source}) is empty; write the token into it.")
+    warnings = []
+    if mode & 0o077:
+        warnings.append(
+            f"the token file {path} is readable by group or others (mode "
+            f"{stat.S_IMODE(mode):04o}); `chmod 600 {path}` keeps it to its owner"
+        )
+    return check_token(token, f"the token file {path}"), tuple(warnings)
+
+
+def check_token(token: str, where: str) -> str:
+    if not _TOKEN_CHARS.match(token):
+        raise ConfigError(
+            f"The token in {where} must be one word of printable ASCII (no spaces or line "
+            "breaks), as it travels in an HTTP header."
+        )
+    return token
+
+
+class BearerGate:
+    """ASGI wrapper around the SDK app: answers GET /healthz itself and lets anything else
+    through only with the right bearer token. Lifespan events pass straight through, so the
+    SDK's session manager starts and stops with the server."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self._token = token.encode() if token is not None else None
+        self._health = json.dumps({"ok": True, "version": __version__}).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            return await self.app(scope, receive, send)
+        if kind == "http" and scope["path"] == HEALTH_PATH and scope["method"] == "GET":
+            return await _respond(send, 200, self._health)
+        refusal = self._refusal(scope)
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        client = scope.get("client")
+        who = f"{client[0]}:{client[1]}" if client else "an unknown client"
+        method = scope.get("method", kind.upper())
+        log.warning("refused %s %s from %s: %s", method, scope.get("path"), who, refusal)
+        if kind != "http":  # a websocket: nothing is served there, close before accepting
+            return await send({"type": "websocket.close", "code": 1008})
+        challenge = 'Bearer realm="worker-bridge"'
+        if not refusal.startswith("missing"):
+            challenge += ', error="invalid_token"'
+        body = {
+            "error": "unauthorized",
+            "message": "send the header 'Authorization: Bearer <token>' with the token this "
+            "server was started with",
+        }
+        await _respond(send, 401, json.dumps(body).encode(), [(b"www-authenticate", challenge)])
+
+    def _refusal(self, scope: Scope) -> str | None:
+        """Why the request is refused (words for the log, never the token), or None."""
+        if self._token is None:
+            return None
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if header is None:
+            return "missing bearer token"
+        scheme, _, presented = header.strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not presented.strip():
+            return "malformed Authorization header (not 'Bearer <token>')"
+        if not hmac.compare_digest(presented.strip(), self._token):
+            return "wrong bearer token"
+        return None
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, str]] | None = None
+) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(name, value.encode()) for name, value in headers or []]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve(server: Any, options: HttpOptions) -> int:
+    """Serve the MCP server object (the SDK's MCPServer) until SIGINT/SIGTERM."""
+    import uvicorn
+
+    for warning in options.warnings:
+        log.warning("%s", warning)
+    if options.token is None:
+        log.warning("serving WITHOUT a bearer token (--no-token): any local process can use it")
+    elif len(options.token) < MIN_TOKEN_CHARS:
+        log.warning("the bearer token is short; use at least %d random characters", MIN_TOKEN_CHARS)
+    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=options.host)
+    shown = f"[{options.host}]" if ":" in options.host else options.host
+    log.info(
+        "serving MCP over streamable HTTP at http://%s:%d%s (health: %s), token from %s",
+        shown,
+        options.port,
+        MCP_PATH,
+        HEALTH_PATH,
+        options.token_source,
+    )
+    config = uvicorn.Config(
+        BearerGate(app, options.token),
+        host=options.host,
+        port=options.port,
+        log_config=None,  # uvicorn's loggers propagate to ours: stderr and logs/mcp-server.log
+        access_log=False,  # refusals are logged by the gate; polling would flood the log
+        server_header=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
+    uvicorn.Server(config).run()
+    return 0
