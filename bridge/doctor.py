@@ -49,8 +49,20 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
                 if present
                 else f"{ref} is missing; run `worker-bridge images build {name}`.",
             )
+        registered = bridge.sandbox.runtimes()
         if config.runtime:
-            add("runtime", *runtime_check(config.runtime, bridge.sandbox.runtimes()))
+            add("runtime", *runtime_check(config.runtime, registered))
+        elif "runsc" in registered:  # not in use: say whether it could be
+            usable, why = runtime_check("runsc", registered)
+            add(
+                "runtime",
+                usable,
+                "gVisor (runsc) is registered and usable; `runtime: runsc` in config.yaml "
+                "runs tasks in it"
+                if usable
+                else why,
+                "warning",
+            )
         for name, ok, detail in deployment_checks(config.home):  # only in a container
             add(name, ok, detail)
     # A worker that cannot reach its model (a route's key missing) is a warning: the others run.
