@@ -45,16 +45,8 @@ class ClaudeCodeWorker(CliWorker):
     session_pattern = UUID_PATTERN  # Claude Code's session ids
     key_var = "ANTHROPIC_API_KEY"  # inside the sandbox it holds only the placeholder
 
-    def __init__(self) -> None:
-        # The host variable with the route's real key, named when the provider refuses it;
-        # learnt in launch, since parse_line has no config.
-        self.key_env = self.key_var
-
     def launch(self, turn: Turn, config: Config) -> WorkerLaunch:
-        from bridge.gateway.policy import all_routes
-
-        route = all_routes(config).get(self.route(config))
-        self.key_env = (route.key_env if route else None) or self.key_var
+        self.learn_key_env(config)
         argv = ["claude", "-p", "--output-format", "stream-json", "--verbose"]
         if turn.read_only:
             argv += ["--permission-mode", "plan"]

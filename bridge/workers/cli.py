@@ -46,6 +46,18 @@ class CliWorker(Worker):
         chosen = metadata.get("model")
         return str(chosen) if chosen else (self.settings(config).model or self.default_model)
 
+    # The host variable with the route's real key, named when the provider refuses it. Learnt
+    # by `learn_key_env` in launch (parse_line gets no config; the pipeline calls launch on the
+    # same worker before it reads the turn's output, an adopted container included).
+    key_env: str = "the key variable of the worker's gateway route"
+
+    def learn_key_env(self, config: Config) -> None:
+        from bridge.gateway.policy import all_routes
+
+        route = all_routes(config).get(self.route(config))
+        if route is not None and route.key_env:
+            self.key_env = route.key_env
+
     def routes(self, metadata: dict[str, Any], config: Config) -> list[str]:
         return [self.route(config)]
 

@@ -44,16 +44,8 @@ class CodexWorker(CliWorker):
     # unknown slug gets fallback metadata, a warning, and no apply_patch).
     default_model = "gpt-5.5"
 
-    def __init__(self) -> None:
-        # The host variable with the route's real key, named when the provider refuses it;
-        # learnt in launch, since parse_line has no config.
-        self.key_env = KEY_VAR
-
     def launch(self, turn: Turn, config: Config) -> WorkerLaunch:
-        from bridge.gateway.policy import all_routes
-
-        route = all_routes(config).get(self.route(config))
-        self.key_env = (route.key_env if route else None) or KEY_VAR
+        self.learn_key_env(config)
         flags = ["--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
         model = self.model(turn.metadata, config)
         if model:

@@ -56,15 +56,8 @@ class OpencodeWorker(CliWorker):
     # on Chat Completions)
     default_model = "gpt-4.1"
 
-    # The variable that holds the route's key, for the message when the provider refuses it:
-    # set by launch(), which the pipeline calls before it reads the turn's output.
-    key_env: str | None = None
-
     def launch(self, turn: Turn, config: Config) -> WorkerLaunch:
-        from bridge.gateway.policy import all_routes
-
-        route = all_routes(config).get(self.route(config))
-        self.key_env = route.key_env if route else None
+        self.learn_key_env(config)
         model = self.model(turn.metadata, config) or self.default_model
         settings: dict[str, Any] = {
             "model": f"{PROVIDER}/{model}",
@@ -141,7 +134,7 @@ class OpencodeWorker(CliWorker):
         status = data.get("statusCode")
         body = str(data.get("responseBody") or "")
         if name == "ProviderAuthError" or status in (401, 403) or "invalid_api_key" in body:
-            where = self.key_env or "the key variable of the worker's gateway route"
+            where = self.key_env
             return (
                 f"The model provider refused the key (authentication failed); check {where} "
                 "on the host."
