@@ -167,6 +167,11 @@ class Config(BaseModel):
     retention_days: int = Field(14, ge=0, description="Days artifacts of finished tasks are kept.")
     output_tail_chars: int = Field(4000, ge=100, description="Bound on stored output tails.")
     max_progress_events: int = Field(2000, ge=10, description="worker.progress events per task.")
+    repositories: list[Path] = Field(
+        default_factory=list,
+        description="Folders tasks may work in (each repository must be inside one); empty: "
+        "any repository this user can read. Set it for a shared service (MCP over HTTP).",
+    )
     workers: dict[str, LinkedWorker] = Field(default_factory=dict, description="Linked workers.")
     worker_settings: dict[str, WorkerSettings] = Field(
         default_factory=dict, description="Route and model of the built-in workers, by name."

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import stat
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ log = logging.getLogger("worker_bridge.mcp.http")
 TOKEN_ENV = "WORKER_BRIDGE_MCP_TOKEN"
 TOKEN_FILE_ENV = "WORKER_BRIDGE_MCP_TOKEN_FILE"
 MCP_PATH = "/mcp"
+REFUSAL_LOG_INTERVAL_S = 10.0  # one refusal line per client address per interval
 HEALTH_PATH = "/healthz"
 SHUTDOWN_GRACE_S = 5
 MIN_TOKEN_CHARS = 16
@@ -116,13 +118,25 @@ def resolve_options(
     if file_path:
         source = "--token-file" if token_file else f"${TOKEN_FILE_ENV}"
         token, warnings = read_token_file(Path(file_path), source)
-        return HttpOptions(host, port, token, f"{source} {file_path}", warnings)
+        return HttpOptions(host, port, _long_enough(token, host), f"{source} {file_path}", warnings)
     if env_token is not None:
         token = env_token.strip()
         if not token:
             raise ConfigError(f"${TOKEN_ENV} is set but empty; {_HOW_TO_GIVE}.")
-        return HttpOptions(host, port, check_token(token, f"${TOKEN_ENV}"), f"${TOKEN_ENV}")
+        token = _long_enough(check_token(token, f"${TOKEN_ENV}"), host)
+        return HttpOptions(host, port, token, f"${TOKEN_ENV}")
     raise ConfigError(f"--http needs a bearer token: {_HOW_TO_GIVE}.")
+
+
+def _long_enough(token: str, host: str) -> str:
+    """Off loopback a short token can be guessed over the network: refused there (a warning
+    on loopback)."""
+    if len(token) < MIN_TOKEN_CHARS and not is_loopback(host):
+        raise ConfigError(
+            f"The bearer token has {len(token)} characters; off loopback it needs at least "
+            f"{MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`)."
+        )
+    return token
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -196,6 +210,7 @@ class BearerGate:
         self.app = app
         self._token = token.encode() if token is not None else None
         self._health = json.dumps({"ok": True, "version": __version__}).encode()
+        self._logged: dict[str, tuple[float, int]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -209,7 +224,9 @@ class BearerGate:
         client = scope.get("client")
         who = f"{client[0]}:{client[1]}" if client else "an unknown client"
         method = scope.get("method", kind.upper())
-        log.warning("refused %s %s from %s: %s", method, scope.get("path"), who, refusal)
+        if self._may_log(f"{client[0] if client else ''} ({refusal})"):
+            path = _printable(str(scope.get("path", "")))
+            log.warning("refused %s %s from %s: %s", _printable(method), path, who, refusal)
         if kind != "http":  # a websocket: nothing is served there, close before accepting
             return await send({"type": "websocket.close", "code": 1008})
         challenge = 'Bearer realm="worker-bridge"'
@@ -221,6 +238,22 @@ class BearerGate:
             "server was started with",
         }
         await _respond(send, 401, json.dumps(body).encode(), [(b"www-authenticate", challenge)])
+
+    def _may_log(self, client: str) -> bool:
+        """One line per client address and kind of refusal per interval, then a count: a
+        client without the token cannot grow the log (and the disk under the state root) at
+        request speed."""
+        now = time.monotonic()
+        last, skipped = self._logged.get(client, (0.0, 0))
+        if now - last < REFUSAL_LOG_INTERVAL_S:
+            self._logged[client] = (last, skipped + 1)
+            return False
+        if skipped:
+            log.warning("refused %d more requests from %s, not logged one by one", skipped, client)
+        if len(self._logged) > 10_000:  # bounded memory too
+            self._logged.clear()
+        self._logged[client] = (now, 0)
+        return True
 
     def _refusal(self, scope: Scope) -> str | None:
         """Why the request is refused (words for the log, never the token), or None."""
@@ -237,6 +270,14 @@ class BearerGate:
         return None
 
 
+def _printable(text: str, limit: int = 200) -> str:
+    """What a client sent, fit for a log line: escapes for anything outside printable ASCII
+    (no forged lines, no terminal escapes), and bounded."""
+    shown = text.encode("ascii", "backslashreplace").decode("ascii")
+    shown = "".join(c if 32 <= ord(c) < 127 else f"\\x{ord(c):02x}" for c in shown)
+    return shown if len(shown) <= limit else shown[:limit] + f"...[{len(shown) - limit} more]"
+
+
 async def _respond(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, str]] | None = None
 ) -> None:
@@ -244,6 +285,23 @@ async def _respond(
     raw += [(name, value.encode()) for name, value in headers or []]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+def _rebinding_guard(host: str) -> Any:
+    """On a loopback address, only requests naming a loopback host (and coming from no foreign
+    web origin) are served: a web page whose name rebinds to 127.0.0.x must not drive the
+    bridge, with or without a token. (The SDK does this itself only for three spellings.)"""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if not is_loopback(host):
+        return None  # reached by name from elsewhere: the token is the protection
+    shown = f"[{host}]" if ":" in host else host
+    hosts = [f"{shown}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[f"http://{h}" for h in hosts],
+    )
 
 
 def serve(server: Any, options: HttpOptions) -> int:
@@ -256,7 +314,11 @@ def serve(server: Any, options: HttpOptions) -> int:
         log.warning("serving WITHOUT a bearer token (--no-token): any local process can use it")
     elif len(options.token) < MIN_TOKEN_CHARS:
         log.warning("the bearer token is short; use at least %d random characters", MIN_TOKEN_CHARS)
-    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=options.host)
+    app = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        host=options.host,
+        transport_security=_rebinding_guard(options.host),
+    )
     shown = f"[{options.host}]" if ":" in options.host else options.host
     log.info(
         "serving MCP over streamable HTTP at http://%s:%d%s (health: %s), token from %s",
@@ -273,6 +335,7 @@ def serve(server: Any, options: HttpOptions) -> int:
         log_config=None,  # uvicorn's loggers propagate to ours: stderr and logs/mcp-server.log
         access_log=False,  # refusals are logged by the gate; polling would flood the log
         server_header=False,
+        proxy_headers=False,  # the peer logged is the real one, not an X-Forwarded-For
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     uvicorn.Server(config).run()

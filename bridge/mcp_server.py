@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.handlers
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
@@ -302,7 +303,12 @@ def _setup_logging(bridge: WorkerBridge) -> None:
     try:
         logs = bridge.config.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(logs / "mcp-server.log"))
+        # Rotated: a long-lived HTTP server must not grow its log without bound.
+        handlers.append(
+            logging.handlers.RotatingFileHandler(
+                logs / "mcp-server.log", maxBytes=10 * 2**20, backupCount=3
+            )
+        )
     except OSError:
         pass
     logging.basicConfig(

@@ -26,7 +26,7 @@ from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import BUILTIN, all_workers, get_worker
 from bridge.workspace.git import Git, repository_root
-from bridge.workspace.worktree import check_disjoint
+from bridge.workspace.worktree import check_allowed, check_disjoint
 
 
 class WorkerBridge:
@@ -90,6 +90,7 @@ class WorkerBridge:
         check_network(self.config, parsed, worker.routes(parsed.metadata, self.config))
         repo = repository_root(parsed.workspace.repository)
         check_disjoint(self.config.home, repo)
+        check_allowed(self.config.repositories, repo)
         require_repository(repo)  # in a container: at the same path as on the host?
         base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
         limits = self.config.limits.model_dump()

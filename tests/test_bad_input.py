@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import git, mock_task, write_spec
+from conftest import git, make_repo, mock_task, write_spec
 
 TASK_ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -319,3 +319,15 @@ def test_a_failing_run_with_json_still_explains_itself_in_one_line_on_stderr(
 
     json.loads(result.stdout)
     the_error_line(result, 1, "failed")
+
+
+def test_a_repository_outside_the_allowed_folders_is_refused_naming_them(cli, repo, workdir):
+    allowed = workdir / "allowed"
+    allowed.mkdir()
+    env = {"WORKER_BRIDGE_REPOSITORIES": json.dumps([str(allowed)])}
+    result = cli(*run_args(repo, command="create"), env=env)
+    line = the_error_line(result, 2, str(repo), str(allowed), "repositories")
+    assert "outside the folders tasks may work in" in line
+    inside = make_repo(allowed, "ok")
+    created = cli(*run_args(inside, command="create"), env=env)
+    assert created.code == 0, created.stderr

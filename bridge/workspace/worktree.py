@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, InvalidSpec
 from bridge.workspace import fs
 from bridge.workspace.git import Git, common_git_dir, validate_branch_name
 from bridge.workspace.locks import repository_lock
@@ -51,6 +51,21 @@ class TaskWorkspace:
     def index(self) -> Path:
         """The worktree's own index: exactly the base checkout, with its stat information."""
         return self.admin / "index"
+
+
+def check_allowed(roots: list[Path], repo: Path) -> None:
+    """InvalidSpec unless ``repo`` (resolved) is inside one of ``roots`` (none: any)."""
+    if not roots:
+        return
+    real = repo.resolve()
+    for root in roots:
+        if real == root.resolve() or root.resolve() in real.parents:
+            return
+    allowed = ", ".join(str(r) for r in roots)
+    raise InvalidSpec(
+        f"Repository {repo} is outside the folders tasks may work in ({allowed}); move it "
+        "there or add its folder to `repositories` in config.yaml."
+    )
 
 
 def check_disjoint(home: Path, repository: Path) -> None:
