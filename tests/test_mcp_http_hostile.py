@@ -53,19 +53,33 @@ def test_no_path_method_or_header_trick_passes_the_gate(tmp_path: Path) -> None:
             f"Bearer {TOKEN[:-1]}",
             f"Basic {TOKEN}",
             f"Bearer {TOKEN} {TOKEN}",
-            "Bearer " + "a" * 60000,
         ):
             answer = httpx2.post(
                 f"{server.url}/mcp", content=INIT, headers={**MCP_HEADERS, "Authorization": value}
             )
             assert answer.status_code == 401, value[:40]
+        # a 60 KB token: past the HTTP parser's header limit, refused before the gate (400), or
+        # the connection closed while it was still being sent
+        try:
+            status = httpx2.post(
+                f"{server.url}/mcp",
+                content=INIT,
+                headers={**MCP_HEADERS, "Authorization": "Bearer " + "a" * 60000},
+            ).status_code
+        except httpx2.TransportError:
+            status = 400
+        assert status in (400, 401, 431)
         # a wrong token first and the right one second: the first header is the one judged
         both = f"Authorization: Bearer nope\r\nAuthorization: Bearer {TOKEN}\r\n"
         req = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{both}Content-Length: 0\r\n\r\n"
         assert b" 401 " in _raw(server.url, req.encode())
         # oversized headers are refused by the HTTP parser and the server stays up
         big = b"POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + b"a" * 2_000_000
-        assert b" 400 " in _raw(server.url, big + b"\r\n\r\n")
+        try:
+            answer = _raw(server.url, big + b"\r\n\r\n")
+        except (ConnectionResetError, BrokenPipeError):
+            answer = b" 400 "  # it answered and closed while the rest was still being sent
+        assert b" 400 " in answer
         assert httpx2.get(f"{server.url}/healthz").status_code == 200
         assert TOKEN not in server.log_text()
 
