@@ -32,6 +32,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bridge.smoke.loopback import LoopbackServer
+
 _DIRECTIVE = re.compile(
     r"^@(write|repair-write|follow-write|say|fail-auth|hang)\b[ \t]*(.*)$", re.M
 )
@@ -122,7 +124,7 @@ def decide(conv: Conversation) -> Action:
 
 
 @dataclass
-class ModelServer:
+class ModelServer(LoopbackServer):
     """The server. ``key`` is the real credential the gateway must add on the host."""
 
     key: str
@@ -130,37 +132,12 @@ class ModelServer:
     requests: list[Seen] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)  # ends @hang requests
 
-    def __post_init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> ModelServer:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    async def _start(self) -> None:
+    def routes(self, app: web.Application) -> None:
         from bridge.smoke.apis import API_ROUTES
 
-        app = web.Application(client_max_size=64 * 2**20)
         for api in API_ROUTES:
             app.router.add_route("POST", api.path, self._handler(api))
         app.router.add_route("*", "/{tail:.*}", self._unexpected)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
-
-    def stop(self) -> None:
-        self.release.set()
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     # -- what the tests look at -------------------------------------------------------------
 

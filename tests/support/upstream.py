@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from bridge.smoke.loopback import LoopbackServer
+
 
 def _digest(value: str | None) -> str | None:
     return hashlib.sha256(value.encode()).hexdigest() if value else None
@@ -26,38 +28,13 @@ class Seen:
 
 
 @dataclass
-class Upstream:
+class Upstream(LoopbackServer):
     port: int = 0
     requests: list[Seen] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)  # ends /held streams
 
-    def __post_init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> Upstream:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=64 * 2**20)
+    def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
-
-    def stop(self) -> None:
-        self.release.set()
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
