@@ -190,3 +190,33 @@ def test_a_repository_hook_cannot_plant_a_session_id_for_the_next_turn(
     ]
     assert any("unexpected shape" in text for text in progress)
     assert not Path(repo / "planted").exists()
+
+
+def test_a_fifo_or_a_linked_folder_where_the_config_goes_is_refused_without_opening_it(tmp_path):
+    from bridge.errors import BridgeError
+    from bridge.pipeline.worker_turn import _home_files
+
+    home, inputs = tmp_path / "home", tmp_path / "inputs"
+    (home / ".codex").mkdir(parents=True)
+    inputs.mkdir()
+    os.mkfifo(home / ".codex" / "config.toml")  # opening it would block the host
+    with pytest.raises(BridgeError, match="not a file"):
+        _home_files(inputs, home, {".codex/config.toml": "x"}, None)
+    os.unlink(home / ".codex" / "config.toml")
+    os.rmdir(home / ".codex")
+    os.symlink("/etc", home / ".codex")  # a folder on the way that leads out of the home
+    with pytest.raises(BridgeError, match="not a folder"):
+        _home_files(inputs, home, {".codex/config.toml": "x"}, None)
+    assert not Path("/etc/config.toml").exists()
+
+
+def test_output_that_is_not_utf8_or_carries_a_secret_in_a_tool_name_stays_safe():
+    from bridge.workers.claude_code import ClaudeCodeWorker
+
+    key = "sk-real-" + "f" * 24
+    reader, stored = _reader(ClaudeCodeWorker(), secrets=[key])
+    tool = {"type": "tool_use", "name": f"Bash{key}", "input": {"command": f"echo {key}"}}
+    line = json.dumps({"type": "assistant", "message": {"content": [tool]}}).encode()
+    reader.consume(iter([b"\xff\xfe not utf-8 \x80\n", line + b"\n"]))
+    dumped = json.dumps(stored["events"])
+    assert key not in dumped and "not utf-8" in dumped
