@@ -40,6 +40,8 @@ class LoopbackServer:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     @property
     def url(self) -> str:
