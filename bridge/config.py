@@ -25,7 +25,7 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigError
-from bridge.models import describe_validation_error
+from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
 
 ENV_PREFIX = "WORKER_BRIDGE_"
@@ -177,6 +177,14 @@ class Config(BaseModel):
         default_factory=dict, description="Route and model of the built-in workers, by name."
     )
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    environments: dict[str, Environment] = Field(
+        default_factory=dict,
+        description="A default `environment` per repository (absolute path -> the spec's "
+        "`environment` document), used when a task's spec names none.",
+    )
+    setup_timeout_s: int = Field(
+        1800, ge=1, description="Deadline of an environment's setup (all its commands)."
+    )
 
     @property
     def store_path(self) -> Path:

@@ -15,6 +15,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── EngineUnavailable            (ConnectionError) the Docker engine cannot be reached -> exit 1
     ├── ImageMissing                 (LookupError)   an image a task needs is not built  -> exit 1
     ├── GitError                                     a git command failed unexpectedly
+    ├── EnvironmentFailed                            the project's environment could not be made
     └── SandboxError                                 the engine refused or failed a container op
 
 Third-party errors (docker-py, sqlite, subprocess) are translated at the edge that calls them,
@@ -93,3 +94,9 @@ class GitError(BridgeError):
 
 class SandboxError(BridgeError):
     kind = "sandbox"
+
+
+class EnvironmentFailed(BridgeError):
+    """The task's environment could not be made ready: its image, build, setup or cache."""
+
+    kind = "environment"

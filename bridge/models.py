@@ -50,6 +50,34 @@ class Network(_Strict):
     domains: list[str] = Field(default_factory=list)
 
 
+class Environment(_Strict):
+    """The project's toolchain for the worker and for verification (see docs/environments.md)."""
+
+    image: str | None = Field(None, min_length=1, description="An image in this engine.")
+    devcontainer: bool | str = Field(
+        False, description="Read the repository's devcontainer.json (true) or this path to one."
+    )
+    setup: list[str] = Field(
+        default_factory=list, description="Shell commands run once, in their own phase, cached."
+    )
+    setup_network: list[str] = Field(
+        default_factory=list, description="Host names the setup may reach (through the gateway)."
+    )
+    cache_key_files: list[str] | None = Field(
+        None, description="Files whose content keys the cache; default: manifests and lockfiles."
+    )
+    setup_timeout_seconds: int | None = Field(
+        None, ge=1, description="Deadline of the whole setup; default from config."
+    )
+
+    @field_validator("setup")
+    @classmethod
+    def _commands_not_blank(cls, value: list[str]) -> list[str]:
+        if any(not command.strip() for command in value):
+            raise ValueError("a setup command must not be blank")
+        return value
+
+
 Permission = Literal["read_only", "workspace_write", "full_access"]
 TaskType = Literal["chore", "feature", "hotfix", "refactor"]
 
@@ -64,6 +92,9 @@ class TaskSpec(_Strict):
     permission: Permission = "workspace_write"
     limits: Limits = Field(default_factory=Limits)
     network: Network = Field(default_factory=Network)
+    environment: Environment | None = Field(
+        None, description="The project's environment; absent: config's default for the repository."
+    )
     priority: int = Field(50, ge=0, le=100)
     idempotency_key: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

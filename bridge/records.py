@@ -45,6 +45,10 @@ class VerificationDoc(_Doc):
     ok: bool | None = None
     image: str | None = None
     commands: list[CommandResult] = Field(default_factory=list)
+    # The project environment verification ran in (None: the generic image): its source, image,
+    # cache key, `setup` (none | cached | ran | ran_for_snapshot) and the dependency files the
+    # worker changed (setup then ran again for the snapshot).
+    environment: dict[str, Any] | None = None
 
 
 class ChangedFile(_Doc):

@@ -24,7 +24,7 @@ from bridge.sandbox.host_paths import require_repository
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
-from bridge.workers import BUILTIN, all_workers, get_worker
+from bridge.workers import BUILTIN, Worker, all_workers, get_worker
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import check_allowed, check_disjoint
 
@@ -93,6 +93,7 @@ class WorkerBridge:
         check_allowed(self.config.repositories, repo)
         require_repository(repo)  # in a container: at the same path as on the host?
         base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
+        self._check_environment(parsed, repo, base_commit, worker)
         limits = self.config.limits.model_dump()
         limits.update(parsed.limits.model_dump(exclude_none=True))
         effective = self.config.model_dump(mode="json")
@@ -114,6 +115,27 @@ class WorkerBridge:
             {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit},
         )
         return self.get_task(task_id)
+
+    def _check_environment(
+        self, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
+    ) -> None:
+        """At creation: the environment's definition (and devcontainer.json) reads, its worker
+        can run in one, and a named image is in the engine (InvalidSpec naming what is not)."""
+        from bridge.environments.definition import resolve_definition
+
+        definition = resolve_definition(self.config, spec, repo, base_commit)
+        if definition is None:
+            return
+        if worker.probe is None:
+            raise InvalidSpec(
+                f"The {worker.name} worker cannot run inside a project environment; drop "
+                "`environment` or choose a built-in worker."
+            )
+        if definition.image and not self.sandbox.image_present(definition.image):
+            raise InvalidSpec(
+                f"Environment image {definition.image} is not present in this engine; build "
+                "it, or `docker load` it from a saved file (worker-bridge never pulls images)."
+            )
 
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
         """Run a task in this thread until it reaches a terminal status (or resume one whose

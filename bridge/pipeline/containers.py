@@ -40,13 +40,15 @@ def run_container(
     on_start: Callable[[str, bool], None] | None = None,
     on_exit: Callable[[ExitInfo], None] | None = None,
     watchdog: Callable[[str, threading.Event], None] | None = None,
+    timeout: float | None = None,
 ) -> ContainerRun:
     """Run one container to its end. ``adopt``: take over a running or exited container with
     the same labels (a runner died while it ran) instead of starting a new one; its readers
     then read its output from the start (the worker's skips what was already recorded). ``on_exit``
     runs before the container is removed, so what it records survives a crash. ``watchdog``
     runs in a thread beside the wait until the container ends (it may kill the container when
-    a limit is passed)."""
+    a limit is passed). ``timeout`` bounds the wait below the task's deadline (a phase's own
+    deadline); past it the container is killed and its exit says `timed_out`."""
     sandbox = handle.ctx.sandbox
     existing = sandbox.containers(spec.labels) if adopt else []
     found = next((c for c in existing if c.state in ("running", "exited")), None)
@@ -86,7 +88,8 @@ def run_container(
             )
         for thread in threads:
             thread.start()
-        info = sandbox.wait(container_id, timeout=max(handle.remaining(), 0.01))
+        wait = handle.remaining() if timeout is None else min(timeout, handle.remaining())
+        info = sandbox.wait(container_id, timeout=max(wait, 0.01))
         ended.set()
         until = time.monotonic() + READER_GRACE_S
         for thread in threads:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from bridge.gateway.server import Gateway
 
 CONTAINER_GATEWAY = "/run/worker-bridge"
-RELAY = "/usr/local/bin/wb-relay"
+RELAY = "/opt/worker-bridge/bin/wb-relay"  # in every worker image's bundle (environments/bundle.py)
 ROUTES_URL = "http://127.0.0.1:7800"
 PROXY_URL = "http://127.0.0.1:7801"
 
@@ -30,11 +30,25 @@ def needs_gateway(handle: PhaseHandle, routes: list[str]) -> bool:
 
 @contextmanager
 def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | None]:
-    """The task's gateway while the block runs (None when the task needs none); its usage is
+    """The worker's gateway while the block runs (None when the task needs none); its usage is
     added to the task's when it stops."""
     if not needs_gateway(handle, routes):
         yield None
         return
+    network = handle.spec.network
+    allowlist = (
+        [d.lower().rstrip(".") for d in network.domains] if network.mode == "allowlist" else None
+    )
+    with open_gateway(handle, routes, allowlist, handle.task_id) as gateway:
+        yield gateway
+
+
+@contextmanager
+def open_gateway(
+    handle: PhaseHandle, routes: list[str], allowlist: list[str] | None, name: str
+) -> Iterator[Gateway]:
+    """A gateway with these model ``routes`` and proxy ``allowlist`` (None: the proxy refuses
+    everything), in `<home>/gateways/<name>`, while the block runs."""
     from bridge.gateway.server import Gateway
 
     ctx = handle.ctx
@@ -42,13 +56,9 @@ def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | N
     for route in resolved.values():
         if route.key:
             handle.redactor.add_secret(route.key)  # should it ever show up, it is masked
-    network = handle.spec.network
-    allowlist = (
-        [d.lower().rstrip(".") for d in network.domains] if network.mode == "allowlist" else None
-    )
     _, owner = ctx.sandbox_identity()
     gateway = Gateway(
-        ctx.home / "gateways" / handle.task_id,
+        ctx.home / "gateways" / name,
         resolved,
         allowlist,
         ctx.config.gateway,
@@ -66,9 +76,11 @@ def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | N
 
 
 def with_gateway(
-    spec: ContainerSpec, handle: PhaseHandle, gateway: Gateway | None
+    spec: ContainerSpec, handle: PhaseHandle, gateway: Gateway | None, *, no_proxy: bool = True
 ) -> ContainerSpec:
-    """The worker's container spec, fitted with the gateway (unchanged when there is none)."""
+    """A container spec fitted with the gateway (unchanged when there is none). ``no_proxy``
+    off: requests to localhost go through the proxy too (a setup's registry may be a name
+    of the host's loopback, which only the gateway can reach)."""
     if gateway is None:
         return spec
     env = dict(spec.env)
@@ -79,7 +91,8 @@ def with_gateway(
     # what a worker tries to reach besides its routes is logged (`network.refused`), not lost.
     for key in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
         env[key] = PROXY_URL
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    if no_proxy:
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     return replace(
         spec,
         command=[RELAY, *spec.command],

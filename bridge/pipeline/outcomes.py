@@ -109,3 +109,12 @@ def verification_failed(bad: CommandResult) -> ErrorInfo:
         "verification_failed",
         f"Verification command `{bad.command}` exited with status {bad.exit_code}.",
     )
+
+
+def repair_message(bad: CommandResult) -> str:
+    """What a repair turn tells the worker: the failed command and the end of its output."""
+    return (
+        f"Verification failed: `{bad.command}` exited with status {bad.exit_code}.\n"
+        f"stdout (end):\n{bad.stdout_tail}\nstderr (end):\n{bad.stderr_tail}\n"
+        "Fix the cause so that the command succeeds."
+    )

@@ -1,12 +1,11 @@
 """Runs one task from claim to terminal status, or resumes one whose runner died.
 
-Every phase is persisted before it starts (`phase`: allocating, worker, collecting, verifying),
-so a new runner can pick up where a dead one stopped; every way out of `run` resolves the task
-to a terminal status, unless a compare-and-set shows someone else already did (a cancel). The
-runner runs with the configuration recorded for the task, whichever process it is in. Each
-phase lives in its own module and receives the same `PhaseHandle`; failed verification with
-budget left becomes a repair turn of the loop in `_turns`.
-"""
+Every phase is persisted before it starts (`phase`: allocating, environment, worker, collecting,
+verifying), so a new runner can pick up where a dead one stopped; every way out of `run` ends
+the task in a terminal status, unless a compare-and-set shows someone else did (a cancel). The
+runner runs with the configuration recorded for the task, whichever process it is in. Each phase
+has its own module and the same `PhaseHandle`; a failed verification with budget left becomes a
+repair turn of the loop in `_turns`."""
 
 from __future__ import annotations
 
@@ -16,16 +15,19 @@ import traceback
 from functools import cached_property
 from pathlib import Path
 
+from bridge.environments.setup import SetupTimedOut
 from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
 from bridge.pipeline.context import Context
+from bridge.pipeline.environment import TaskEnvironment
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.pipeline.outcomes import (
     Outcome,
     error,
     judge_worker,
+    repair_message,
     timeout_error,
     verification_failed,
 )
@@ -98,7 +100,7 @@ class TaskRunner:
         self.follow_ups = list(record.follow_ups)
         self.snapshot = record.snapshot_commit  # the latest turn's, the start of the next
         self.repairs = self._repairs_taken()
-        return PhaseHandle(
+        handle = PhaseHandle(
             task_id=self.task_id,
             record=record,
             ctx=self.ctx,
@@ -108,6 +110,8 @@ class TaskRunner:
             hooks=self.hooks,
             timings=dict(record.timings),
         )
+        self.env = TaskEnvironment(handle, lambda: self.worker)
+        return handle
 
     def _outcome(self, handle: PhaseHandle) -> Outcome | None:
         """The outcome to finish with (None: someone else ended the task), after cleaning up.
@@ -117,6 +121,10 @@ class TaskRunner:
             outcome = self._run_claimed(handle)
         except Superseded:
             pass
+        except SetupTimedOut:
+            outcome = Outcome(
+                Status.TIMED_OUT, timeout_error(handle.limits, "the environment's setup ran")
+            )
         except BridgeError as exc:
             outcome = Outcome(Status.FAILED, error(exc.kind, exc.message))
         except Exception as exc:  # the unexpected still ends in a terminal status
@@ -198,7 +206,7 @@ class TaskRunner:
             if not usable:
                 raise SandboxError(why)
         require_image(sandbox, self.worker.image(self.ctx.config), self.worker.build_target)
-        if self.record.spec.verification.commands:
+        if self.record.spec.verification.commands and self.env.definition is None:
             image = self._verify_image()
             ours = image == self.ctx.config.verify_image_ref
             require_image(sandbox, image, "verify" if ours else None)
@@ -263,6 +271,9 @@ class TaskRunner:
         baseline: dict[str, Stat] | None = None
         if phase == "allocating":
             prepare_workspace(handle, ws, sweep=resuming is not None)
+            phase = "worker" if self.env.definition is None else "environment"
+        if phase == "environment":
+            self.env.enter(ws)
             phase = "worker"
         if phase == "worker" and resuming != "worker":
             # A worker about to start in this process: what it touches is told by stat.
@@ -278,7 +289,8 @@ class TaskRunner:
         if phase == "worker":
             handle.enter_phase("worker")
             t0 = time.monotonic()
-            exit_info = run_worker_turn(handle, ws, self.worker, turn, resume=resuming == "worker")
+            resume, env = resuming == "worker", self.env.ready()
+            exit_info = run_worker_turn(handle, ws, self.worker, turn, resume=resume, env=env)
             handle.timed("worker_s", t0)
             handle.ensure_active()
             phase = "collecting"
@@ -331,15 +343,16 @@ class TaskRunner:
         self.ctx.sandbox.remove_by_labels(
             {"io.worker-bridge.task": self.task_id, "io.worker-bridge.role": "verify"}
         )
-        image = self._verify_image()
-        handle.emit("verification.started", {"commands": commands, "image": image})
         t0 = time.monotonic()
-        checkout = self._checkout or VerifyCheckout(
-            handle, ws, self.record.base_commit or "", turn.number
-        )
+        env, env_doc = self.env.for_verification(snapshot)
+        image = env.image if env is not None else self._verify_image()
+        handle.emit("verification.started", {"commands": commands, "image": image})
+        base = self.record.base_commit or ""
+        checkout = self._checkout or VerifyCheckout(handle, ws, base, turn.number)
         outcome = run_verification(
-            handle, checkout, snapshot, changes, commands, image, turn.number
+            handle, checkout, snapshot, changes, commands, image, turn.number, env
         )
+        outcome.environment = env_doc
         handle.ensure_active()
         handle.timed("verify_s", t0)
         handle.emit("verification.completed", {"ok": outcome.ok})
@@ -379,11 +392,7 @@ class TaskRunner:
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
         """Record a repair turn (the worker is told what failed) and return it."""
         self.repairs += 1
-        message = (
-            f"Verification failed: `{bad.command}` exited with status {bad.exit_code}.\n"
-            f"stdout (end):\n{bad.stdout_tail}\nstderr (end):\n{bad.stderr_tail}\n"
-            "Fix the cause so that the command succeeds."
-        )
+        message = repair_message(bad)
         follow_ups = [*self.follow_ups, message]
         handle.emit(
             "verification.auto_repair",

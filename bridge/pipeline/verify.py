@@ -16,7 +16,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from bridge.environments.cache import materialize
 from bridge.pipeline.containers import Reader, run_container
 from bridge.pipeline.handle import PhaseHandle
 from bridge.pipeline.watch import DiskWatch
@@ -26,6 +28,12 @@ from bridge.sandbox.output import Tail
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
+
+if TYPE_CHECKING:
+    from bridge.environments.setup import Ready
+
+if TYPE_CHECKING:
+    from bridge.environments.setup import Ready
 
 PYTHON_HOOK = Path(__file__).resolve().parents[1] / "sandbox" / "python"
 CONTAINER_PYTHON_HOOK = "/var/lib/worker-bridge/python"
@@ -59,9 +67,12 @@ class VerificationOutcome:
     image: str
     commands: list[CommandResult] = field(default_factory=list)
     timed_out: bool = False
+    environment: dict | None = None
 
     def document(self) -> VerificationDoc:
-        return VerificationDoc(ok=self.ok, image=self.image, commands=self.commands)
+        return VerificationDoc(
+            ok=self.ok, image=self.image, commands=self.commands, environment=self.environment
+        )
 
     @property
     def first_failure(self) -> CommandResult | None:
@@ -78,6 +89,7 @@ class VerifyCheckout:
 
     def __init__(self, handle: PhaseHandle, ws: TaskWorkspace, base: str, turn: int) -> None:
         self.handle, self.ws, self.base = handle, ws, base
+        self.outputs: Path | None = None  # an environment's cached files, added at finish
         self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
@@ -122,6 +134,8 @@ class VerifyCheckout:
                 self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
             )
             self._chown(written)
+        if self.outputs is not None:  # after the chown: the cache's files stay the host's
+            materialize(self.outputs, self.path, self.handle.ctx.sandbox_identity()[1])
 
     def discard(self) -> None:
         """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees)."""
@@ -138,14 +152,17 @@ def run_verification(
     commands: list[str],
     image: str,
     turn: int,
+    env: Ready | None = None,
 ) -> VerificationOutcome:
     """Bring the checkout to the snapshot, run the commands (the first on it, each later one
-    on a fresh checkout of the snapshot), and remove them."""
+    on a fresh checkout of the snapshot), and remove them. With an environment, each checkout
+    also gets the setup's cached files, and the commands run in its image."""
     if not commands:
         return VerificationOutcome(ok=None, image=image)
     try:
+        checkout.outputs = env.outputs if env is not None else None
         checkout.finish(snapshot, changes)
-        fresh = FreshCheckouts(handle, snapshot, checkout.scratch, first=checkout.path)
+        fresh = FreshCheckouts(handle, snapshot, checkout.scratch, first=checkout.path, env=env)
         return run_commands(handle, fresh, commands, image, str(turn))
     finally:
         checkout.discard()
@@ -157,9 +174,15 @@ class FreshCheckouts:
     Command N+1's checkout is written while command N runs."""
 
     def __init__(
-        self, handle: PhaseHandle, tree: str, scratch: Path, first: Path | None = None
+        self,
+        handle: PhaseHandle,
+        tree: str,
+        scratch: Path,
+        first: Path | None = None,
+        env: Ready | None = None,
     ) -> None:
         self.handle, self.tree, self.scratch, self.first = handle, tree, scratch, first
+        self.env = env
         self._ready: dict[int, threading.Thread] = {}
         self._errors: dict[int, BaseException] = {}
 
@@ -177,6 +200,8 @@ class FreshCheckouts:
             _, owner = self.handle.ctx.sandbox_identity()
             if owner is not None:
                 chown_tree(dest, *owner)
+            if self.env is not None and self.env.outputs is not None:
+                materialize(self.env.outputs, dest, owner)  # after the chown, as above
         except BaseException as exc:  # raised in the caller's thread by get()
             self._errors[index] = exc
 
@@ -226,7 +251,9 @@ def run_commands(
                 workspace = checkouts.get(index)
                 if index + 1 < len(commands):
                     checkouts.prepare(index + 1)
-                result = _run_command(handle, workspace, command, image, label, index)
+                result = _run_command(
+                    handle, workspace, command, image, label, index, checkouts.env
+                )
                 checkouts.done(index)
                 outcome.timed_out = result.status == "timed_out"
             outcome.commands.append(result)
@@ -238,7 +265,13 @@ def run_commands(
 
 
 def _run_command(
-    handle: PhaseHandle, workspace: Path, command: str, image: str, label: str, index: int
+    handle: PhaseHandle,
+    workspace: Path,
+    command: str,
+    image: str,
+    label: str,
+    index: int,
+    env: Ready | None = None,
 ) -> CommandResult:
     ctx, limits = handle.ctx, handle.limits
     user, _ = ctx.sandbox_identity()
@@ -254,6 +287,8 @@ def _run_command(
             Mount(python_hook(ctx.home), CONTAINER_PYTHON_HOOK, read_only=True),
         ],
         env={
+            # A project's environment: its variables, its own PATH (no worker CLI on it).
+            **(env.verify_env if env is not None else {}),
             "HOME": "/home/worker",
             # The repository's files never shadow an installed module (see sitecustomize.py).
             "PYTHONSAFEPATH": "1",
@@ -261,6 +296,7 @@ def _run_command(
             "PYTHONPATH": CONTAINER_PYTHON_HOOK,
             "PYTHONDONTWRITEBYTECODE": "1",
         },
+        entrypoint=[] if env is not None else None,
         memory_mb=limits.memory_mb,
         cpus=limits.cpus,
         pids=limits.pids,

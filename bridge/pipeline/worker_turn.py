@@ -8,7 +8,9 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
+from bridge.environments.bundle import BUNDLE
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.pipeline.containers import Reader, run_container
 from bridge.pipeline.handle import PhaseHandle
@@ -22,13 +24,23 @@ from bridge.workers.base import Progress
 from bridge.workspace.objects import base_stores, container_alternates
 from bridge.workspace.worktree import CONTAINER_GITDIR, TaskWorkspace
 
+if TYPE_CHECKING:
+    from bridge.environments.setup import Ready
+
 MAX_LINE = 2000  # characters of one progress event's text
 
 
 def run_worker_turn(
-    handle: PhaseHandle, ws: TaskWorkspace, worker: Worker, turn: Turn, *, resume: bool
+    handle: PhaseHandle,
+    ws: TaskWorkspace,
+    worker: Worker,
+    turn: Turn,
+    *,
+    resume: bool,
+    env: Ready | None = None,
 ) -> WorkerExit:
-    """Run (or, when resuming, adopt or skip) the worker container of ``turn``."""
+    """Run (or, when resuming, adopt or skip) the worker container of ``turn`` (in the
+    project's environment when ``env`` is given)."""
     recorded = handle.record.worker_exit
     if resume and recorded is not None and recorded.turn == turn.number:
         return recorded
@@ -38,7 +50,7 @@ def run_worker_turn(
             "none (the CLI failed before it started one); delegate a new task instead.",
             kind="worker_exit",
         )
-    spec = _container_spec(handle, ws, worker, turn)
+    spec = _container_spec(handle, ws, worker, turn, env)
     reader = _ProgressReader(handle, worker)
 
     def started(container_id: str, adopted: bool) -> None:
@@ -106,7 +118,7 @@ def clip(text: str, limit: int = MAX_LINE) -> str:
 
 
 def _container_spec(
-    handle: PhaseHandle, ws: TaskWorkspace, worker: Worker, turn: Turn
+    handle: PhaseHandle, ws: TaskWorkspace, worker: Worker, turn: Turn, env: Ready | None
 ) -> ContainerSpec:
     ctx, limits = handle.ctx, handle.limits
     launch = worker.launch(turn, ctx.config)
@@ -134,17 +146,20 @@ def _container_spec(
         Mount(home, HOME_DIR, read_only=False),
         *_home_files(inputs, home, launch.home_files, owner),
     ]
-    env = {"HOME": HOME_DIR, **launch.env}
+    variables = {**(env.worker_env if env is not None else {}), "HOME": HOME_DIR, **launch.env}
+    if env is not None:  # the worker image's bundle: its CLI and the relay, read-only
+        mounts.append(Mount(env.bundle, BUNDLE, read_only=True))
     if ctx.config.extra_ca_file:
         mounts.append(Mount(ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
-        env["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
+        variables["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
     return ContainerSpec(
-        image=worker.image(ctx.config),
+        image=env.image if env is not None else worker.image(ctx.config),
         command=launch.command,
         user=user,
         labels=ctx.labels(handle.task_id, "worker", turn=str(turn.number)),
         mounts=mounts,
-        env=env,
+        env=variables,
+        entrypoint=[] if env is not None else None,
         memory_mb=limits.memory_mb,
         cpus=limits.cpus,
         pids=limits.pids,

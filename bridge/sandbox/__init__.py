@@ -6,7 +6,15 @@ quick to load."""
 from typing import Any
 
 from bridge.sandbox.protocol import Sandbox, require_image
-from bridge.sandbox.spec import LABEL, ContainerInfo, ContainerSpec, ExitInfo, Mount, home_id
+from bridge.sandbox.spec import (
+    LABEL,
+    ContainerInfo,
+    ContainerSpec,
+    ExitInfo,
+    ImageInfo,
+    Mount,
+    home_id,
+)
 
 __all__ = [
     "LABEL",
@@ -15,6 +23,7 @@ __all__ = [
     "DockerSandbox",
     "ExitInfo",
     "FakeSandbox",
+    "ImageInfo",
     "Mount",
     "Sandbox",
     "home_id",

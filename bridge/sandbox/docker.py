@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -19,7 +20,7 @@ import requests.exceptions
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from bridge.errors import BridgeError, EngineUnavailable, ImageMissing, SandboxError
-from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo
+from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo, ImageInfo
 
 _STATES: dict[str, ContainerState] = {
     "created": "created",
@@ -64,6 +65,42 @@ def _seconds(start: str | None, end: str | None) -> float | None:
         return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00")
 
     return round(max((parse(end) - parse(start)).total_seconds(), 0.0), 3)
+
+
+def _image_info(attrs: dict) -> ImageInfo:
+    config = attrs.get("Config") or {}
+    env = {}
+    for item in config.get("Env") or ():
+        name, _, value = item.partition("=")
+        env[name] = value
+    return ImageInfo(
+        id=str(attrs["Id"]),
+        labels=dict(config.get("Labels") or {}),
+        env=env,
+        tags=tuple(attrs.get("RepoTags") or ()),
+        size=int(attrs.get("Size") or 0),
+        created=str(attrs.get("Created") or ""),
+    )
+
+
+class _ChunkReader:
+    """A file-like reader over an iterator of byte chunks (a streamed tar archive)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        if size < 0:
+            data, self._buffer = self._buffer, b""
+        else:
+            data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
 
 
 class DockerSandbox:
@@ -111,6 +148,90 @@ class DockerSandbox:
             raise _engine_down(exc) from exc
         return dict((image.attrs.get("Config") or {}).get("Labels") or {})
 
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        try:
+            attrs = _retry(self.client.api.inspect_image)(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                return None
+            raise SandboxError(f"Could not inspect image {ref}: {exc.explanation}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+        return _image_info(attrs)
+
+    def images(self, labels: dict[str, str]) -> list[ImageInfo]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        try:
+            found = _retry(self.client.api.images)(filters=filters)
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+        return [
+            ImageInfo(
+                id=item["Id"],
+                labels=dict(item.get("Labels") or {}),
+                env={},
+                tags=tuple(t for t in item.get("RepoTags") or () if t != "<none>:<none>"),
+                size=int(item.get("Size") or 0),
+                created=str(item.get("Created") or ""),
+            )
+            for item in found
+        ]
+
+    def remove_image(self, ref: str) -> None:
+        try:
+            _retry(self.client.api.remove_image)(ref, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code not in (404, 409):  # 409: a container still uses it
+                raise SandboxError(f"Could not remove image {ref}: {exc.explanation}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+
+    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
+        repository, _, version = tag.rpartition(":")
+        try:
+            result = self.client.api.commit(
+                container_id,
+                repository=repository or tag,
+                tag=version if repository else None,
+                conf={"Labels": labels},
+                pause=True,
+            )
+        except docker.errors.APIError as exc:
+            raise SandboxError(
+                f"Could not keep the result of container {container_id[:12]}: {exc.explanation}"
+            ) from exc
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+        return str(result["Id"])
+
+    def export_path(self, image: str, path: str, dest: Path) -> None:
+        import tarfile
+
+        try:
+            container = self.client.api.create_container(image, ["true"], network_disabled=True)
+        except docker.errors.ImageNotFound as exc:
+            raise ImageMissing(f"Image {image} is not present; build it first.") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"Could not read {path} from {image}: {exc.explanation}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise _engine_down(exc) from exc
+        try:
+            stream, _ = self.client.api.get_archive(container["Id"], path)
+            reader = _ChunkReader(stream)
+            with tarfile.open(fileobj=reader, mode="r|") as archive:
+                # Our own image's folder; the filter still keeps every member inside dest.
+                archive.extractall(dest, filter="tar")
+        except docker.errors.NotFound as exc:
+            raise SandboxError(f"Image {image} has no {path}; rebuild it.") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"Could not read {path} from {image}: {exc.explanation}") from exc
+        finally:
+            self.remove(container["Id"])
+
     def build_image(
         self,
         tag: str,
@@ -119,6 +240,8 @@ class DockerSandbox:
         buildargs: dict[str, str],
         labels: dict[str, str],
         on_line: Callable[[str], None],
+        dockerfile: str = "Dockerfile",
+        target: str | None = None,
     ) -> None:
         import io
 
@@ -133,6 +256,8 @@ class DockerSandbox:
                 forcerm=True,
                 decode=True,
                 labels=labels,
+                dockerfile=dockerfile,
+                target=target,
             )
             for item in stream:
                 if "error" in item:
@@ -168,7 +293,8 @@ class DockerSandbox:
                 network_mode="none",
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
-                read_only=True,
+                read_only=spec.read_only_root,
+                **({} if spec.entrypoint is None else {"entrypoint": spec.entrypoint or [""]}),
                 tmpfs={path: f"rw,nosuid,nodev,mode=1777,{tmpfs_size}" for path in spec.tmpfs},
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",

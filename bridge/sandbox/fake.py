@@ -10,6 +10,7 @@ and limits bookkeeping can be tested in milliseconds. Docker tests cover what on
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import signal
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.errors import EngineUnavailable, ImageMissing
-from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo
+from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo, ImageInfo
 
 _MOCK_WORKER = Path(__file__).resolve().parents[1] / "images" / "mock" / "mock-worker"
 
@@ -110,11 +111,36 @@ class FakeSandbox:
     def image_labels(self, ref: str) -> dict[str, str] | None:
         return {} if self.image_present(ref) else None
 
-    def build_image(self, tag, context, *, buildargs, labels, on_line) -> None:  # noqa: ANN001
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        if not self.image_present(ref):
+            return None
+        digest = hashlib.sha256(ref.encode()).hexdigest()
+        return ImageInfo(id=f"sha256:{digest}", labels={}, env={}, tags=(ref,))
+
+    def images(self, labels: dict[str, str]) -> list[ImageInfo]:
+        self._check()
+        return []
+
+    def remove_image(self, ref: str) -> None:
+        self._check()
+        self.missing_images.add(ref)
+
+    def build_image(  # noqa: ANN001
+        self, tag, context, *, buildargs, labels, on_line, dockerfile="Dockerfile", target=None
+    ) -> None:
         self._check()
         self.built.append(tag)
         self.missing_images.discard(tag)
         on_line(f"(fake) built {tag}")
+
+    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
+        self._check()
+        self.missing_images.discard(tag)
+        return f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}"
+
+    def export_path(self, image: str, path: str, dest: Path) -> None:
+        self._check()
+        (dest / Path(path).name / "bin").mkdir(parents=True, exist_ok=True)
 
     # -- containers -------------------------------------------------------------------------
 

@@ -8,10 +8,11 @@ cluster backend would be a third implementation: the pipeline, service and worke
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from bridge.errors import ImageMissing
-from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ExitInfo
+from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ExitInfo, ImageInfo
 
 
 @runtime_checkable
@@ -31,6 +32,18 @@ class Sandbox(Protocol):
         """The image's labels, or None when it is not present."""
         ...
 
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        """The image's id, labels and environment, or None when it is not present."""
+        ...
+
+    def images(self, labels: dict[str, str]) -> list[ImageInfo]:
+        """Images carrying all ``labels`` (their environments are not filled in)."""
+        ...
+
+    def remove_image(self, ref: str) -> None:
+        """Remove an image (or one tag of it); one already gone is not an error."""
+        ...
+
     def build_image(
         self,
         tag: str,
@@ -39,8 +52,18 @@ class Sandbox(Protocol):
         buildargs: dict[str, str],
         labels: dict[str, str],
         on_line: Callable[[str], None],
+        dockerfile: str = "Dockerfile",
+        target: str | None = None,
     ) -> None:
         """Build ``tag`` from a tar build context; BridgeError naming the failing step."""
+        ...
+
+    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
+        """Keep a stopped container's root filesystem as image ``tag``; its id."""
+        ...
+
+    def export_path(self, image: str, path: str, dest: Path) -> None:
+        """Copy the folder ``path`` of ``image`` to ``dest`` on this host (as its last name)."""
         ...
 
     def start(self, spec: ContainerSpec) -> str:

@@ -44,6 +44,22 @@ class ContainerSpec:
     runtime: str | None = None
     tmpfs: tuple[str, ...] = ("/tmp", "/home/worker")
     log_max_mb: int = 16  # what the engine keeps of the container's output, at most
+    # A project's own image: its entrypoint is not ours to run (None keeps the image's), and
+    # the setup phase writes its root filesystem (committed afterwards as the cached result).
+    entrypoint: list[str] | None = None
+    read_only_root: bool = True
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the pipeline reads of an image: its id, labels and the environment it sets."""
+
+    id: str
+    labels: dict[str, str]
+    env: dict[str, str]
+    tags: tuple[str, ...] = ()
+    size: int = 0
+    created: str = ""
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,9 @@ class Worker(ABC):
     # onto the next turn's command line, so anything else (a forged `--flag`, a secret, escape
     # codes) is not taken.
     session_pattern: str = r"[A-Za-z0-9_-]{1,128}"
+    # A command that shows the worker's CLI runs inside a project's environment image (with
+    # the worker image's bundle mounted at /opt/worker-bridge); None: it cannot run in one.
+    probe: tuple[str, ...] | None = None
 
     def session_ok(self, session_id: str) -> bool:
         return re.fullmatch(self.session_pattern, session_id) is not None and not (

@@ -41,6 +41,7 @@ _ABOUT = ("file_path", "notebook_path", "path", "pattern", "url", "query", "desc
 class ClaudeCodeWorker(CliWorker):
     name = "claude-code"
     image_name = "claude-code"
+    probe = ("claude", "--version")
     default_route = "anthropic"
     session_pattern = UUID_PATTERN  # Claude Code's session ids
     key_var = "ANTHROPIC_API_KEY"  # inside the sandbox it holds only the placeholder

@@ -37,6 +37,7 @@ _STATUS = re.compile(r"unexpected status (\d{3}[A-Za-z ]*)")
 class CodexWorker(CliWorker):
     name = "codex"
     image_name = "codex"
+    probe = ("codex", "--version")
     default_route = "openai"
     # Codex's thread ids (a resume id of another shape silently starts a new thread)
     session_pattern = UUID_PATTERN

@@ -34,6 +34,7 @@ def check_mock_metadata(metadata: dict) -> None:
 class MockWorker(Worker):
     name = "mock"
     capabilities = ("write", "delete", "script", "follow_up")
+    probe = ("python3", "--version")  # mock-worker is a python3 script
 
     def image(self, config: Config) -> str:
         return config.image_for("mock")

@@ -1,0 +1,253 @@
+"""The cache of setup results. An entry is the image the setup's commands left (committed after
+each command) and the ignored files they made inside the repository (`node_modules`, `.venv`),
+kept under `<home>/environments/<key>/`, keyed by what the setup depends on (see `setup_key`).
+
+An entry is made in a folder of its own and renamed into place whole, under the key's lock, so
+a reader sees a complete entry or none; it is checked before each use (its record, its image's
+id, a digest of its files) and one that fails the check is removed and made again, never
+trusted. Cached files are the host's (root-owned and read-only when the bridge runs as root):
+they are hard-linked into a task's worktree and verification checkouts, which the sandbox user
+can add to and unlink from but never write through to the cache.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bridge.workspace.fs import remove_tree, walk_all
+
+KEY_VERSION = 1
+ENTRY_FILE = "entry.json"
+OUTPUTS = "outputs"
+
+
+def setup_key(
+    image_id: str,
+    commands: tuple[str, ...],
+    container_env: dict[str, str],
+    setup_network: tuple[str, ...],
+    files: dict[str, str],
+) -> str:
+    """The cache key: the environment image's id, the setup commands, the environment they run
+    with and may reach, and the content (git blob ids) of the dependency files."""
+    document = {
+        "v": KEY_VERSION,
+        "image": image_id,
+        "setup": list(commands),
+        "env": dict(sorted(container_env.items())),
+        "network": sorted(setup_network),
+        "files": dict(sorted(files.items())),
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def cache_root(home: Path) -> Path:
+    return home / "environments"
+
+
+def image_tag(key: str, suffix: str = "") -> str:
+    return f"worker-bridge-env:{key[:32]}{suffix}"
+
+
+@dataclass
+class Entry:
+    key: str
+    folder: Path
+    record: dict
+
+    @property
+    def image(self) -> str:
+        return str(self.record["image"])
+
+    @property
+    def image_id(self) -> str:
+        return str(self.record["image_id"])
+
+    @property
+    def outputs(self) -> Path:
+        return self.folder / OUTPUTS
+
+    def touch(self) -> None:
+        """Mark the entry used now (prune removes the least recently used first)."""
+        try:
+            os.utime(self.folder / ENTRY_FILE)
+        except OSError:
+            pass
+
+    @property
+    def last_used(self) -> float:
+        try:
+            return (self.folder / ENTRY_FILE).stat().st_mtime
+        except OSError:
+            return 0.0
+
+
+def load_entry(folder: Path) -> Entry | None:
+    """The entry in ``folder`` if its record reads back whole (not yet checked against the
+    engine or its files: see `check_entry`)."""
+    try:
+        record = json.loads((folder / ENTRY_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not all(
+        isinstance(record.get(k), str) for k in ("key", "image", "image_id", "digest")
+    ):
+        return None
+    return Entry(str(record["key"]), folder, record)
+
+
+def check_entry(entry: Entry, image_id: Callable[[str], str | None]) -> str | None:
+    """Why ``entry`` cannot be trusted (one phrase), or None when it is whole."""
+    if entry.key != entry.folder.name:
+        return "its record names another key"
+    found = image_id(entry.image)
+    if found is None:
+        return f"its image {entry.image} is gone"
+    if found != entry.image_id:
+        return f"its image {entry.image} is not the one it made"
+    if not entry.outputs.is_dir():
+        return "its files are gone"
+    digest, _, _ = tree_digest(entry.outputs)
+    if digest != entry.record["digest"]:
+        return "its files changed since it was made"
+    return None
+
+
+def tree_digest(root: Path) -> tuple[str, int, int]:
+    """A digest of a tree's names, types, modes, sizes and link targets (never following a
+    link), with its file count and bytes."""
+    h = hashlib.sha256()
+    files = size = 0
+    for rel, st in walk_all(root):
+        kind = stat.S_IFMT(st.st_mode)
+        extra = os.readlink(root / rel) if stat.S_ISLNK(st.st_mode) else ""
+        h.update(
+            f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{st.st_size}\0{extra}\n".encode(
+                "utf-8", "surrogateescape"
+            )
+        )
+        if not stat.S_ISDIR(st.st_mode):
+            files += 1
+            size += st.st_size
+    return h.hexdigest(), files, size
+
+
+@contextmanager
+def key_lock(home: Path, key: str, *, wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold the key's lock (one setup per key at a time, all processes together); ``wait`` is
+    called while another holds it (it may raise to give up: a cancel, a deadline)."""
+    root = cache_root(home)
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / f".{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                wait()
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+def seal(outputs: Path) -> None:
+    """Make the cached files read-only for everyone (and never setuid): hard links share the
+    inode, so this is what keeps a task from writing through a link into the cache."""
+    for rel, st in walk_all(outputs):
+        if stat.S_ISREG(st.st_mode):
+            os.chmod(outputs / rel, stat.S_IMODE(st.st_mode) & 0o555)
+
+
+def materialize(outputs: Path, dest: Path, owner: tuple[int, int] | None) -> int:
+    """Put the cached files into ``dest`` (a worktree or checkout no container is using): each
+    folder made (the sandbox user's), each file hard-linked (copied when the bridge is not
+    root: the sandbox user would own the cache's files and could write through a link), each
+    link copied as a link. What ``dest`` already holds wins (a tracked file is the snapshot's).
+    Returns the number of entries added."""
+    added = 0
+    skipped: list[str] = []
+    for rel, st in walk_all(outputs):
+        if any(rel == s or rel.startswith(s + "/") for s in skipped):
+            continue
+        target = dest / rel
+        try:
+            existing = os.lstat(target)
+        except FileNotFoundError:
+            existing = None
+        if stat.S_ISDIR(st.st_mode):
+            if existing is None:
+                os.mkdir(target, 0o755)
+                if owner is not None:
+                    os.chown(target, *owner, follow_symlinks=False)
+                added += 1
+            elif not stat.S_ISDIR(existing.st_mode):
+                skipped.append(rel)
+            continue
+        if existing is not None:
+            continue
+        source = outputs / rel
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(source), target)
+            if owner is not None:
+                os.chown(target, *owner, follow_symlinks=False)
+        elif stat.S_ISREG(st.st_mode):
+            if owner is not None:
+                os.link(source, target, follow_symlinks=False)
+            else:
+                shutil.copy2(source, target, follow_symlinks=False)
+        else:
+            continue  # FIFOs, sockets, devices are never cached (see capture)
+        added += 1
+    return added
+
+
+def entries(home: Path) -> list[Entry | Path]:
+    """Every entry under the state root (a folder whose record does not read: its Path)."""
+    root = cache_root(home)
+    found: list[Entry | Path] = []
+    if not root.is_dir():
+        return found
+    for folder in sorted(root.iterdir()):
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue
+        found.append(load_entry(folder) or folder)
+    return found
+
+
+def remove_entry(folder: Path, image: str | None, remove_image: Callable[[str], None]) -> None:
+    """Remove an entry: its folder first (so no one trusts it any more), then its image."""
+    graveyard = folder.with_name(f".removing-{folder.name}-{os.urandom(4).hex()}")
+    try:
+        os.rename(folder, graveyard)
+    except FileNotFoundError:
+        return
+    remove_tree(graveyard)
+    if image:
+        remove_image(image)
+
+
+def sweep_partials(home: Path, older_than_s: float = 3600.0) -> None:
+    """Remove the half-made entries and removals a dead process left."""
+    root = cache_root(home)
+    if not root.is_dir():
+        return
+    now = time.time()
+    for folder in root.iterdir():
+        if folder.name.startswith((".partial-", ".removing-")):
+            try:
+                if now - folder.lstat().st_mtime > older_than_s:
+                    remove_tree(folder)
+            except OSError:
+                pass

@@ -1,0 +1,59 @@
+"""The environment phase, between allocating and the worker: the task's project environment
+made ready (bridge/environments: its image, the worker's bundle, the setup's result from the
+cache or a setup run) and the setup's ignored files put into the new worktree. Verification asks
+again for the snapshot: when the worker changed a dependency file, setup runs for it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import cached_property
+
+from bridge.environments.cache import materialize
+from bridge.environments.definition import EnvDefinition
+from bridge.environments.setup import Ready, definition_for, for_snapshot, prepare_environment
+from bridge.pipeline.handle import PhaseHandle
+from bridge.workers import Worker
+from bridge.workspace.worktree import TaskWorkspace
+
+
+class TaskEnvironment:
+    """One runner's view of its task's environment (None everywhere: the generic images)."""
+
+    def __init__(self, handle: PhaseHandle, worker: Callable[[], Worker]) -> None:
+        self.handle, self.worker = handle, worker  # the worker, resolved on first use
+        self._ready: Ready | None = None
+
+    @cached_property
+    def definition(self) -> EnvDefinition | None:
+        """Resolved as at creation (same base commit, recorded spec and configuration)."""
+        return definition_for(self.handle)
+
+    def ready(self) -> Ready | None:
+        """The environment for the base commit (asked of the cache once per runner)."""
+        if self.definition is None:
+            return None
+        if self._ready is None:
+            t0 = time.monotonic()
+            self._ready = prepare_environment(self.handle, self.worker(), self.definition)
+            self.handle.timed("environment_s", t0)
+        return self._ready
+
+    def enter(self, ws: TaskWorkspace) -> None:
+        """The phase itself: ready, and the setup's files (node_modules, .venv...) in the
+        worktree before the worker starts (what the worktree already holds wins)."""
+        self.handle.enter_phase("environment")
+        ready = self.ready()
+        if ready is not None and ready.outputs is not None:
+            materialize(ready.outputs, ws.worktree, self.handle.ctx.sandbox_identity()[1])
+
+    def for_verification(self, snapshot: str) -> tuple[Ready | None, dict | None]:
+        """The environment to verify ``snapshot`` in, and what the result says of it."""
+        ready = self.ready()
+        if ready is None:
+            return None, None
+        ready, changed = for_snapshot(self.handle, ready, snapshot)
+        document = {**ready.document(), "changed_files": changed}
+        if changed:
+            document["setup"] = "ran_for_snapshot"
+        return ready, document
