@@ -6,8 +6,9 @@ permissions in OPENCODE_PERMISSION. The repository's own OpenCode config (openco
 .opencode/) is not loaded: it could point the CLI elsewhere, and a .opencode/ folder makes
 OpenCode write a .gitignore into it and fetch its plugin package from npm; its AGENTS.md is
 still given to the model. The image keeps OpenCode's config dir (with the plugin package it
-would otherwise download) under /opt/opencode (XDG_CONFIG_HOME): the per-task home starts
-empty.
+would otherwise download) in the bundle, under /opt/worker-bridge/opencode/config: the per-task
+home starts empty. The launch sets XDG_CONFIG_HOME to it itself, because the image's ENV stays
+behind when the bundle is mounted into a project's own image.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain
 
 PROVIDER = "worker-bridge"
 WORKSPACE = "/workspace/"
+# OpenCode's config dir is $XDG_CONFIG_HOME/opencode, in the bundle (images/opencode/Dockerfile).
+CONFIG_HOME = "/opt/worker-bridge/opencode/config"
 # OpenCode's own background traffic: models.dev catalogue, self-update, built-in plugins from
 # npm, language servers, session sharing. Nothing of it can work (or should) in the sandbox.
 QUIET_ENV = {
@@ -93,6 +96,7 @@ class OpencodeWorker(CliWorker):
             command=["sh", "-c", script, "opencode", *args],
             env={
                 **QUIET_ENV,
+                "XDG_CONFIG_HOME": CONFIG_HOME,
                 "OPENCODE_CONFIG_CONTENT": json.dumps(settings),
                 "OPENCODE_PERMISSION": json.dumps(permission),
             },
