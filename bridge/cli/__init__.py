@@ -112,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=c.cmd_workspaces_prune)
 
+    envs = sub.add_parser("environments", help="show and reclaim project environment caches")
+    esub = envs.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = esub.add_parser("list", help="the setup caches, most recently used first")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_environments_list)
+    p = esub.add_parser("prune", help="reclaim unused setup caches (dry run by default)")
+    p.add_argument("--apply", action="store_true", help="remove, rather than list")
+    p.add_argument(
+        "--all", action="store_true", help="every cache entry and built environment image"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=c.cmd_environments_prune)
+
     workers = sub.add_parser("workers", help="list and link workers")
     wsub = workers.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = wsub.add_parser("list")

@@ -271,6 +271,42 @@ def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    from bridge.environments.manage import list_environments
+
+    found = list_environments(bridge.context())
+    if args.json:
+        out_json(found)
+        return 0
+    if not found:
+        print("no environment caches")
+    for item in found:
+        if item["state"] != "ready":
+            print(f"{item['key'][:16]}  unreadable ({item['folder']})")
+            continue
+        size = f"{(item['bytes'] or 0) / 2**20:.1f} MiB, {item['files']} files"
+        print(f"{item['key'][:16]}  {item['image']}  {size}  last used {item['last_used']}")
+        print(f"    {item['source']} for {item['repository']}: {' && '.join(item['setup'] or [])}")
+    return 0
+
+
+def cmd_environments_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    from bridge.environments.manage import prune_environments
+
+    report = prune_environments(bridge.context(), apply=args.apply, everything=args.all)
+    if args.json:
+        out_json(report)
+        return 0
+    verb = "removed" if args.apply else "would remove"
+    for action in report["actions"]:
+        print(f"{verb} {action['kind']} {action['target']}: {action['reason']}")
+    if not report["actions"]:
+        print("nothing to prune")
+    elif not args.apply:
+        print(f"{len(report['actions'])} item(s); run again with --apply to remove them")
+    return 0
+
+
 def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     workers = [w.document() for w in bridge.list_workers()]
     if args.json:

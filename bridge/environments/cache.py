@@ -215,7 +215,11 @@ def materialize(outputs: Path, dest: Path, owner: tuple[int, int] | None) -> int
 
 def entries(home: Path) -> list[Entry | Path]:
     """Every entry under the state root (a folder whose record does not read: its Path)."""
-    root = cache_root(home)
+    return entries_in(cache_root(home))
+
+
+def entries_in(root: Path) -> list[Entry | Path]:
+    """Every entry in ``root`` (a folder whose record does not read: its Path)."""
     found: list[Entry | Path] = []
     if not root.is_dir():
         return found

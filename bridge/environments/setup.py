@@ -254,7 +254,10 @@ def _run_setup(
         output = OutputEvents(handle)
         allowlist = list(definition.setup_network) or None
         name = f"{handle.task_id}-setup"
-        gateway_cm = open_gateway(handle, [], allowlist, name) if allowlist else nullcontext()
+        # The setup's user (root, or the bridge's own: see _setup_spec) owns the sockets.
+        gateway_cm = (
+            open_gateway(handle, [], allowlist, name, owner=None) if allowlist else nullcontext()
+        )
         with gateway_cm as gateway:
             for index, command in enumerate(commands):
                 left = deadline - time.monotonic()

@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from functools import cached_property
 
-from bridge.environments.cache import materialize
+from bridge.environments.cache import Entry, entries_in, materialize, remove_entry
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.setup import Ready, definition_for, for_snapshot, prepare_environment
 from bridge.pipeline.handle import PhaseHandle
 from bridge.workers import Worker
+from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import TaskWorkspace
 
 
@@ -57,3 +58,14 @@ class TaskEnvironment:
         if changed:
             document["setup"] = "ran_for_snapshot"
         return ready, document
+
+    def discard(self) -> None:
+        """Remove the task's private setups (for its snapshots): their files and images."""
+        root = self.handle.ctx.task_dir(self.handle.task_id) / "environments"
+        if not root.is_dir():
+            return
+        for item in entries_in(root):
+            image = item.image if isinstance(item, Entry) else None
+            folder = item.folder if isinstance(item, Entry) else item
+            remove_entry(folder, image, self.handle.ctx.sandbox.remove_image)
+        remove_tree(root)

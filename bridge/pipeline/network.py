@@ -45,10 +45,16 @@ def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | N
 
 @contextmanager
 def open_gateway(
-    handle: PhaseHandle, routes: list[str], allowlist: list[str] | None, name: str
+    handle: PhaseHandle,
+    routes: list[str],
+    allowlist: list[str] | None,
+    name: str,
+    *,
+    owner: tuple[int, int] | None | bool = True,
 ) -> Iterator[Gateway]:
     """A gateway with these model ``routes`` and proxy ``allowlist`` (None: the proxy refuses
-    everything), in `<home>/gateways/<name>`, while the block runs."""
+    everything), in `<home>/gateways/<name>`, while the block runs; its sockets belong to
+    ``owner`` (True: the sandbox identity; None: the bridge's own user)."""
     from bridge.gateway.server import Gateway
 
     ctx = handle.ctx
@@ -56,7 +62,8 @@ def open_gateway(
     for route in resolved.values():
         if route.key:
             handle.redactor.add_secret(route.key)  # should it ever show up, it is masked
-    _, owner = ctx.sandbox_identity()
+    if owner is True:
+        _, owner = ctx.sandbox_identity()
     gateway = Gateway(
         ctx.home / "gateways" / name,
         resolved,

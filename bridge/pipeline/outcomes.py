@@ -10,6 +10,7 @@ from typing import Any
 from bridge.config import LimitDefaults
 from bridge.models import Status, TaskSpec
 from bridge.records import CommandResult, ErrorInfo, WorkerExit
+from bridge.store import Store
 from bridge.workspace.changes import Change, protected_violations
 
 
@@ -118,3 +119,17 @@ def repair_message(bad: CommandResult) -> str:
         f"stdout (end):\n{bad.stdout_tail}\nstderr (end):\n{bad.stderr_tail}\n"
         "Fix the cause so that the command succeeds."
     )
+
+
+def repairs_taken(store: Store, task_id: str) -> int:
+    """Repair turns since the task's last explicit turn (from the log, so a runner that resumes
+    a task after a crash does not get a fresh budget)."""
+    events = store.query(
+        "SELECT kind FROM events WHERE task_id = ? AND kind IN"
+        " ('task.follow_up', 'verification.auto_repair') ORDER BY event_id",
+        (task_id,),
+    )
+    taken = 0
+    for event in events:
+        taken = 0 if event["kind"] == "task.follow_up" else taken + 1
+    return taken

@@ -28,6 +28,7 @@ from bridge.pipeline.outcomes import (
     error,
     judge_worker,
     repair_message,
+    repairs_taken,
     timeout_error,
     verification_failed,
 )
@@ -99,7 +100,7 @@ class TaskRunner:
         self.ctx = self.base_ctx.with_config(record.config)
         self.follow_ups = list(record.follow_ups)
         self.snapshot = record.snapshot_commit  # the latest turn's, the start of the next
-        self.repairs = self._repairs_taken()
+        self.repairs = repairs_taken(self.store, self.task_id)
         handle = PhaseHandle(
             task_id=self.task_id,
             record=record,
@@ -145,6 +146,7 @@ class TaskRunner:
             try:
                 self.ctx.sandbox.remove_by_labels({"io.worker-bridge.task": self.task_id})
                 self.store.update_task(self.task_id, container_id=None)
+                self.env.discard()  # the setups made for its snapshots
             except BridgeError:
                 pass  # the engine is gone: a container may live on, so keep it on record
         if self._checkout is not None:
@@ -369,19 +371,6 @@ class TaskRunner:
         return Outcome(Status.SUCCEEDED, fields={"verification": doc}), None
 
     # -- repair -----------------------------------------------------------------------------
-
-    def _repairs_taken(self) -> int:
-        """Repair turns since the task's last explicit turn (from the log, so a runner that
-        resumes a task after a crash does not get a fresh budget)."""
-        events = self.store.query(
-            "SELECT kind FROM events WHERE task_id = ? AND kind IN"
-            " ('task.follow_up', 'verification.auto_repair') ORDER BY event_id",
-            (self.task_id,),
-        )
-        taken = 0
-        for event in events:
-            taken = 0 if event["kind"] == "task.follow_up" else taken + 1
-        return taken
 
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""

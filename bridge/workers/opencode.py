@@ -53,6 +53,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class OpencodeWorker(CliWorker):
     name = "opencode"
     image_name = "opencode"
+    probe = ("opencode", "--version")
     default_route = "openai"
     session_pattern = r"ses_[A-Za-z0-9]{1,64}"  # OpenCode's session ids
     # accepts `max_tokens`, which OpenCode always sends (OpenAI's reasoning models refuse it

@@ -1,0 +1,112 @@
+"""`worker-bridge environments list|prune`: the setup caches of this state root, and reclaiming
+them. Prune removes (dry run unless applied) entries not used for `retention_days`, then, while
+free disk under the state root is below the reserve, the least recently used ones; `--all`
+removes every entry and the images built from devcontainer Dockerfiles. Images of this state
+root's environments that no entry names any more (a crash between the two) go too. An entry is
+removed folder first, so no task trusts it while its image goes."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bridge.environments.cache import Entry, cache_root, entries, remove_entry, sweep_partials
+from bridge.pipeline.context import Context
+from bridge.sandbox import LABEL, home_id
+from bridge.workspace.disk import reserve_bytes
+
+DAY = 86400.0
+
+
+def list_environments(ctx: Context) -> list[dict[str, Any]]:
+    """One document per cache entry, most recently used first (unreadable ones included)."""
+    found = []
+    for item in entries(ctx.home):
+        if isinstance(item, Path):
+            found.append({"key": item.name, "state": "unreadable", "folder": str(item)})
+            continue
+        found.append(_document(item))
+    found.sort(key=lambda d: d.get("last_used") or "", reverse=True)
+    return found
+
+
+def _document(entry: Entry) -> dict[str, Any]:
+    record = entry.record
+    return {
+        "key": entry.key,
+        "state": "ready",
+        "image": entry.image,
+        "repository": record.get("repository"),
+        "source": record.get("source"),
+        "setup": record.get("setup"),
+        "key_files": record.get("key_files"),
+        "files": record.get("files"),
+        "bytes": record.get("bytes"),
+        "created_at": record.get("created_at"),
+        "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.last_used)),
+        "folder": str(entry.folder),
+    }
+
+
+def prune_environments(ctx: Context, *, apply: bool = False, everything: bool = False) -> dict:
+    """What prune removes (and removes it when ``apply``), with the reason for each."""
+    actions: list[dict[str, Any]] = []
+    now = time.time()
+    keep_s = ctx.config.retention_days * DAY
+    live: list[Entry] = []
+    for item in entries(ctx.home):
+        if isinstance(item, Path):
+            actions.append(_action("entry", item, None, "its record is unreadable"))
+        elif everything:
+            actions.append(_action("entry", item.folder, item, "--all"))
+        elif now - item.last_used > keep_s:
+            days = int((now - item.last_used) // DAY)
+            actions.append(_action("entry", item.folder, item, f"unused for {days} days"))
+        else:
+            live.append(item)
+    free = shutil.disk_usage(ctx.home if ctx.home.exists() else ctx.home.parent).free
+    freed = sum(a["bytes"] for a in actions)
+    reserve = reserve_bytes(ctx.home, ctx.config.disk_reserve_gb)
+    for item in sorted(live, key=lambda e: e.last_used):
+        if free + freed >= reserve:
+            break
+        actions.append(_action("entry", item.folder, item, "free disk is below the reserve"))
+        freed += actions[-1]["bytes"]
+    named = {a["image"] for a in actions if a["image"]} | {e.image for e in live}
+    for image in ctx.sandbox.images(
+        {f"{LABEL}.home": home_id(ctx.home), f"{LABEL}.role": "environment"}
+    ):
+        tags = [t for t in image.tags if t.startswith("worker-bridge-env")]
+        built = any(t.startswith("worker-bridge-env-build:") for t in tags)
+        if any(t in named for t in tags) or (built and not everything):
+            continue
+        why = "--all" if built else "no cache entry names it"
+        actions.append(
+            {
+                "kind": "image",
+                "target": tags[0] if tags else image.id,
+                "image": None,
+                "bytes": image.size,
+                "reason": why,
+            }
+        )
+    if apply:
+        for action in actions:
+            if action["kind"] == "entry":
+                remove_entry(Path(action["target"]), action["image"], ctx.sandbox.remove_image)
+            else:
+                ctx.sandbox.remove_image(action["target"])
+        sweep_partials(ctx.home)
+    return {"applied": apply, "actions": actions, "root": str(cache_root(ctx.home))}
+
+
+def _action(kind: str, folder: Path, entry: Entry | None, reason: str) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "target": str(folder),
+        "image": entry.image if entry else None,
+        "bytes": int(entry.record.get("bytes") or 0) if entry else 0,
+        "reason": reason,
+    }

@@ -1,0 +1,470 @@
+"""Project environments through the real engine, on throwaway repositories whose dependencies come
+from a package index the tests serve themselves (never a public registry): setup in its own phase
+through the gateway, the cache and what keys it, the worker and verification inside the project's
+image, and a worker trying to ship its own dependencies into verification."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import git, mock_task, write_spec
+from support.env_images import busybox_image, node_image
+from support.projects import bump_dependency, node_project, python_project
+from support.registries import PackageServer
+
+pytestmark = pytest.mark.usefixtures("docker_images")
+
+NPM_CI = "npm ci --no-audit --no-fund"
+KEY = "sk-env-" + os.urandom(12).hex()
+
+
+@pytest.fixture(scope="module")
+def env_image():
+    from conftest import BASE_IMAGE
+
+    from bridge.sandbox import DockerSandbox
+
+    return node_image(DockerSandbox(), BASE_IMAGE)
+
+
+@pytest.fixture
+def server():
+    with PackageServer() as running:
+        yield running
+
+
+@pytest.fixture
+def env(home, server):
+    """config.yaml letting the gateway reach the package server on loopback; a route key in
+    the CLI's environment (which no setup may see)."""
+    (home / "config.yaml").write_text(
+        "gateway:\n"
+        "  routes:\n"
+        "    test:\n"
+        f"      upstream: {server.url}\n"
+        "      key_env: WB_TEST_ROUTE_KEY\n"
+        "  trusted_ranges: ['127.0.0.0/8']\n"
+        f"  http_ports: [{server.port}]\n"
+    )
+    return {"WB_TEST_ROUTE_KEY": KEY}
+
+
+def run(cli, workdir: Path, spec: dict, env: dict) -> dict:
+    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
+    res = cli("tasks", "run", "--spec", str(path), "--json", env=env, timeout=400)
+    assert res.stdout.strip(), res.stderr
+    return res.json()
+
+
+def create(cli, workdir: Path, spec: dict, env: dict):
+    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
+    return cli("tasks", "create", "--spec", str(path), "--json", env=env)
+
+
+def events(cli, task_id: str, env: dict) -> list[dict]:
+    out = cli("tasks", "logs", task_id, "--json", env=env).stdout
+    return json.loads(out)["events"]
+
+
+def kinds(log: list[dict], prefix: str = "environment.") -> list[str]:
+    return [e["kind"] for e in log if e["kind"].startswith(prefix)]
+
+
+def node_env(image: str, **extra) -> dict:
+    return {"image": image, "setup": [NPM_CI], "setup_network": ["localhost"], **extra}
+
+
+def node_spec(repo: Path, image: str | None, mock: dict | None = None, **extra) -> dict:
+    spec = mock_task(repo, mock or {"write": {"note.txt": "hi\n"}}, verify=["npm test"], **extra)
+    if image is not None:
+        spec["environment"] = node_env(image)
+    return spec
+
+
+def tarball_requests(server: PackageServer) -> list[str]:
+    return [r for r in server.requests if r.endswith(".tgz")]
+
+
+# -- the Node project ---------------------------------------------------------------------------
+
+
+def test_a_node_project_verifies_in_its_environment_once_set_up(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
+
+    first = run(cli, workdir, node_spec(repo, env_image, mock), env)
+    assert first["status"] == "succeeded", first["error"]
+    verification = first["verification"]
+    assert verification["ok"] is True
+    assert "ok: wb-left-pad 1.0.0" in verification["commands"][0]["stdout_tail"]
+    assert verification["environment"]["setup"] == "ran"
+    # The worker ran the project's tests inside its container, with the dependencies set up.
+    result = git(repo, "show", f"{first['branch']}:result.txt")
+    assert "ok: wb-left-pad 1.0.0" in result and "status 0" in result
+    log = events(cli, first["task_id"], env)
+    setup = [e["data"] for e in log if e["kind"] == "environment.setup"]
+    assert [s["status"] for s in setup] == ["started", "command", "completed"]
+    assert setup[1]["command"] == NPM_CI and setup[1]["exit_code"] == 0
+    assert any(e["kind"] == "environment.output" for e in log)
+    assert any(e["kind"] == "network.request" for e in log)  # the setup's, through the gateway
+    assert "setup_s" in first["timings"] and "environment_s" in first["timings"]
+    fetched = tarball_requests(server)
+    assert len(fetched) == 1
+
+    # The second task on the same base runs no setup: the cache is used, nothing is fetched.
+    second = run(cli, workdir, node_spec(repo, env_image), env)
+    assert second["status"] == "succeeded", second["error"]
+    assert second["verification"]["environment"]["setup"] == "cached"
+    log = events(cli, second["task_id"], env)
+    assert "environment.cached" in kinds(log) and "environment.setup" not in kinds(log)
+    assert tarball_requests(server) == fetched
+
+    # Without the environment, the generic verify image has no node: verification says so.
+    plain = run(cli, workdir, node_spec(repo, None), env)
+    assert plain["status"] == "failed"
+    assert plain["error"]["kind"] == "verification_failed"
+    assert "npm: not found" in plain["verification"]["commands"][0]["stderr_tail"]
+
+    # A changed lockfile on the base is a new key: setup runs again and fetches the new version.
+    bump_dependency(repo, server, "1.1.0", write=True)
+    third = run(cli, workdir, node_spec(repo, env_image), env)
+    assert third["status"] == "succeeded", third["error"]
+    assert third["verification"]["environment"]["setup"] == "ran"
+    assert "ok: wb-left-pad 1.1.0" in third["verification"]["commands"][0]["stdout_tail"]
+    assert any("1.1.0.tgz" in r for r in tarball_requests(server))
+
+    listed = json.loads(cli("environments", "list", "--json", env=env).stdout)
+    assert len(listed) == 2 and all(item["state"] == "ready" for item in listed)
+    assert all(item["key_files"] == ["package-lock.json", "package.json"] for item in listed)
+
+
+def test_a_python_project_with_a_dependency_the_verify_image_lacks(
+    cli, workdir, env, server, env_image
+):
+    repo = python_project(workdir / "py", server)
+    index = f"{server.url}/simple"
+    install = (
+        f"pip install --break-system-packages --no-cache-dir --index-url {index} "
+        "--trusted-host localhost -r requirements.txt"
+    )
+    spec = mock_task(repo, {"write": {"note.txt": "hi\n"}}, verify=["python3 -m pytest -q"])
+    plain = run(cli, workdir, spec, env)
+    assert plain["status"] == "failed"
+    tail = plain["verification"]["commands"][0]["stdout_tail"]
+    assert "No module named 'wbdep'" in tail
+
+    # Installed outside the repository (the system's site-packages): kept in the setup's image.
+    spec["environment"] = {"image": env_image, "setup": [install], "setup_network": ["localhost"]}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["ok"] is True
+    assert result["verification"]["environment"]["key"]
+    assert "1 passed" in result["verification"]["commands"][0]["stdout_tail"]
+
+
+# -- a hostile worker ---------------------------------------------------------------------------
+
+
+def test_a_worker_that_changes_the_manifest_gets_setup_run_for_its_snapshot(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    bumped = bump_dependency(repo, server, "2.0.0")  # published, not committed
+    result = run(cli, workdir, node_spec(repo, env_image, {"write": bumped}), env)
+    assert result["status"] == "succeeded", result["error"]
+    environment = result["verification"]["environment"]
+    assert environment["setup"] == "ran_for_snapshot"
+    assert environment["changed_files"] == ["package-lock.json", "package.json"]
+    assert "ok: wb-left-pad 2.0.0" in result["verification"]["commands"][0]["stdout_tail"]
+    log = events(cli, result["task_id"], env)
+    reasons = [
+        e["data"]["reason"]
+        for e in log
+        if e["kind"] == "environment.setup" and e["data"]["status"] == "started"
+    ]
+    assert len(reasons) == 2 and "the worker changed package-lock.json" in reasons[1]
+    # What the worker's files made is the task's own: not in the shared cache, and gone after.
+    listed = json.loads(cli("environments", "list", "--json", env=env).stdout)
+    assert len(listed) == 1
+    assert not (workdir / "home" / "tasks" / result["task_id"] / "environments").exists()
+    from bridge.sandbox import DockerSandbox
+
+    tags = [t for i in DockerSandbox().images({}) for t in i.tags if result["task_id"] in t]
+    assert tags == []
+
+
+def test_node_modules_the_worker_fakes_never_reach_verification_nor_the_cache(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    fake = "module.exports = () => 'FAKE'; module.exports.VERSION = 'fake';\n"
+    script = (
+        # Writing through to the cache's file is refused (it is the host's, read-only) ...
+        "if echo tampered >> node_modules/wb-left-pad/index.js; then echo WROTE > wrote.txt; fi;"
+        # ... replacing it in the worktree works, and so does a whole fake package.
+        "rm -rf node_modules/wb-left-pad && mkdir -p node_modules/wb-left-pad"
+        f' && printf %s "{fake}" > node_modules/wb-left-pad/index.js'
+        " && mkdir -p node_modules/evil && echo 'x' > node_modules/evil/index.js"
+        " && npm test > result.txt 2>&1; echo status $? >> result.txt"
+    )
+    result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    assert result["status"] == "succeeded", result["error"]
+    branch = result["branch"]
+    assert "status 1" in git(repo, "show", f"{branch}:result.txt")  # the fake broke its run
+    assert git(repo, "show", f"{branch}:wrote.txt", check=False) == ""
+    assert not any(c["path"].startswith("node_modules") for c in result["changed_files"])
+    # Verification ran on the snapshot plus the cached setup output, not the worker's files.
+    assert "ok: wb-left-pad 1.0.0" in result["verification"]["commands"][0]["stdout_tail"]
+    # The cache entry is whole: the next task trusts it (no corrupt entry, no setup run).
+    again = run(cli, workdir, node_spec(repo, env_image), env)
+    log = kinds(events(cli, again["task_id"], env))
+    assert "environment.cached" in log and "environment.cache_corrupt" not in log
+    assert again["verification"]["ok"] is True
+
+
+# -- devcontainer.json ----------------------------------------------------------------------
+
+
+def test_a_devcontainer_with_an_image_and_a_post_create_command_is_honoured(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    (repo / ".devcontainer").mkdir()
+    (repo / ".devcontainer" / "devcontainer.json").write_text(
+        "{\n  // the project's own environment\n"
+        f'  "image": "{env_image}",\n'
+        '  "containerEnv": {"WB_DEMO": "from-devcontainer"},\n'
+        f'  "postCreateCommand": ["sh", "-c", "{NPM_CI} && touch .created"],\n'
+        '  "customizations": {"vscode": {"extensions": ["x.y"]}},\n'
+        "}\n"
+    )
+    (repo / ".gitignore").write_text("node_modules/\n.created\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "devcontainer")
+    spec = node_spec(repo, None)
+    spec["verification"]["commands"] = [
+        'npm test && test -f .created && test "$WB_DEMO" = from-devcontainer'
+    ]
+    spec["environment"] = {"devcontainer": True, "setup_network": ["localhost"]}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["environment"]["source"] == (
+        "devcontainer .devcontainer/devcontainer.json"
+    )
+
+
+def test_a_devcontainer_dockerfile_is_built_from_the_base_commit(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    (repo / ".devcontainer").mkdir()
+    (repo / ".devcontainer" / "Dockerfile").write_text(
+        f'FROM {env_image}\nARG GREETING\nRUN echo "$GREETING" > /etc/wb-built\n'
+    )
+    (repo / ".devcontainer" / "devcontainer.json").write_text(
+        json.dumps({"build": {"dockerfile": "Dockerfile", "args": {"GREETING": "built"}}})
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "devcontainer build")
+    spec = mock_task(repo, {"write": {"note.txt": "x\n"}}, verify=["grep -qx built /etc/wb-built"])
+    spec["environment"] = {"devcontainer": True}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["environment"]["setup"] == "none"
+    assert result["verification"]["environment"]["image"].startswith("worker-bridge-env-build:")
+    log = kinds(events(cli, result["task_id"], env))
+    assert "environment.build" in log and "environment.built" in log
+
+
+# -- the setup's network and credentials ------------------------------------------------------
+
+
+def test_setup_reaches_only_its_setup_network_and_holds_no_credential(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    probe = (
+        "python3 - <<'EOF'\n"
+        "import json, os, socket, urllib.request\n"
+        "out = {'env': dict(os.environ)}\n"
+        "def get(url):\n"
+        "    try:\n"
+        "        return urllib.request.urlopen(url, timeout=20).status\n"
+        "    except Exception as exc:\n"
+        "        return str(exc)\n"
+        f"out['listed'] = get('{server.url}/wb-left-pad')\n"
+        "out['unlisted'] = get('http://example.com/')\n"
+        "try:\n"
+        "    socket.create_connection(('93.184.216.34', 80), timeout=5); out['direct'] = 'open'\n"
+        "except OSError as exc:\n"
+        "    out['direct'] = exc.__class__.__name__\n"
+        "open('.probe.json', 'w').write(json.dumps(out))\n"
+        "EOF"
+    )
+    (repo / ".gitignore").write_text("node_modules/\n.probe.json\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "ignore the probe")
+    spec = node_spec(repo, env_image, {"script": "cat .probe.json"}, network={"mode": "none"})
+    spec["environment"]["setup"] = [probe]
+    spec["metadata"]["mock"]["routes"] = ["test"]  # the worker has a keyed route; setup none
+    result = run(cli, workdir, spec, env)
+    assert result["task_id"], result
+    entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
+    out = json.loads((entry / "outputs" / ".probe.json").read_text())
+    assert out["listed"] == 200
+    assert "403" in out["unlisted"]
+    assert (
+        out["direct"] in ("OSError", "ConnectionRefusedError", "TimeoutError")
+        or "Errno" in out["direct"]
+    )
+    assert not any(KEY in str(v) for v in out["env"].values())
+    assert not any(k.startswith("WB_ROUTE") for k in out["env"])
+    log = events(cli, result["task_id"], env)
+    refused = [e["data"] for e in log if e["kind"] == "network.refused"]
+    assert any(r.get("host") == "example.com" for r in refused)
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def test_bad_environments_are_refused_at_creation_naming_what_is_wrong(
+    cli, workdir, env, repo, env_image
+):
+    def refused(environment) -> str:
+        spec = mock_task(repo, {}, verify=["true"])
+        spec["environment"] = environment
+        res = create(cli, workdir, spec, env)
+        assert res.code == 2, res.stdout + res.stderr
+        return res.stderr
+
+    assert "Unknown key 'environment.foo'" in refused({"image": env_image, "foo": 1})
+    missing = refused({"image": "wb-no-such-image:1"})
+    assert "wb-no-such-image:1 is not present" in missing and "docker load" in missing
+    assert "devcontainer.json" in refused({"devcontainer": True})
+    assert "names no image" in refused({"setup": ["true"]})
+    assert "setup_network" in refused({"image": env_image, "setup_network": ["http://x/"]})
+    assert "cache_key_files" in refused({"image": env_image, "cache_key_files": ["nope.lock"]})
+    (repo / ".devcontainer.json").write_text(json.dumps({"image": env_image, "features": {}}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "features")
+    assert "`features`" in refused({"devcontainer": True})
+    both = mock_task(repo, {}, verify=["true"])
+    both["verification"]["image"] = env_image
+    both["environment"] = {"image": env_image}
+    res = create(cli, workdir, both, env)
+    assert res.code == 2 and "verification.image" in res.stderr
+    assert json.loads(cli("tasks", "list", "--json", env=env).stdout)["tasks"] == []
+
+
+def _no_leftovers(workdir: Path, task_id: str) -> None:
+    from bridge.sandbox import DockerSandbox, home_id
+
+    home = workdir / "home"
+    sandbox = DockerSandbox()
+    assert sandbox.containers({"io.worker-bridge.home": home_id(home)}) == []
+    root = home / "environments"
+    assert (
+        not root.exists() or [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []
+    )
+    kept = sandbox.images(
+        {"io.worker-bridge.home": home_id(home), "io.worker-bridge.role": "environment"}
+    )
+    assert [i.tags for i in kept if any(t.startswith("worker-bridge-env:") for t in i.tags)] == []
+    assert not list((home / "tasks" / task_id).glob("setup-*"))
+
+
+def test_a_failing_setup_ends_the_task_with_its_tail_and_leaves_nothing(
+    cli, workdir, env, repo, env_image
+):
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+    spec["environment"] = {"image": env_image, "setup": ["touch /made", "echo broken >&2; exit 3"]}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "environment"
+    message = result["error"]["message"]
+    assert "`echo broken >&2; exit 3` exited with status 3" in message and "broken" in message
+    _no_leftovers(workdir, result["task_id"])
+
+
+def test_a_setup_past_its_deadline_is_stopped(cli, workdir, env, repo, env_image):
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+    spec["environment"] = {"image": env_image, "setup": ["sleep 60"], "setup_timeout_seconds": 2}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "environment"
+    assert "did not finish within 2 s" in result["error"]["message"]
+    _no_leftovers(workdir, result["task_id"])
+
+
+def test_a_dockerfile_that_fails_to_build_names_its_step(cli, workdir, env, repo, env_image):
+    (repo / ".devcontainer").mkdir()
+    (repo / ".devcontainer" / "Dockerfile").write_text(f"FROM {env_image}\nRUN exit 7\n")
+    (repo / ".devcontainer" / "devcontainer.json").write_text(
+        '{"build": {"dockerfile": "Dockerfile"}}'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "broken build")
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+    spec["environment"] = {"devcontainer": True}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "environment"
+    assert "RUN exit 7" in result["error"]["message"]
+    _no_leftovers(workdir, result["task_id"])
+
+
+def test_an_image_without_glibc_is_refused_with_that_reason(cli, workdir, env, repo):
+    from conftest import BASE_IMAGE
+
+    from bridge.sandbox import DockerSandbox
+
+    image = busybox_image(DockerSandbox(), BASE_IMAGE)
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+    spec["environment"] = {"image": image}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "environment"
+    assert "no glibc" in result["error"]["message"]
+
+
+def test_a_corrupt_cache_entry_is_rebuilt_not_trusted(cli, workdir, env, server, env_image):
+    repo = node_project(workdir / "node", server)
+    first = run(cli, workdir, node_spec(repo, env_image), env)
+    assert first["status"] == "succeeded", first["error"]
+    entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
+    planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
+    planted.chmod(0o644)
+    planted.write_text("module.exports = () => 'POISONED';\n")
+    second = run(cli, workdir, node_spec(repo, env_image), env)
+    assert second["status"] == "succeeded", second["error"]
+    log = events(cli, second["task_id"], env)
+    corrupt = [e["data"] for e in log if e["kind"] == "environment.cache_corrupt"]
+    assert corrupt and "changed" in corrupt[0]["reason"]
+    assert second["verification"]["environment"]["setup"] == "ran"
+    assert "ok: wb-left-pad 1.0.0" in second["verification"]["commands"][0]["stdout_tail"]
+    # An unreadable record is not trusted either.
+    (entry / "entry.json").write_text("{not json")
+    third = run(cli, workdir, node_spec(repo, env_image), env)
+    assert third["verification"]["environment"]["setup"] == "ran"
+
+
+def test_environments_prune_reclaims_entries_and_their_images(cli, workdir, env, server, env_image):
+    repo = node_project(workdir / "node", server)
+    assert run(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
+    listed = json.loads(cli("environments", "list", "--json", env=env).stdout)
+    image = listed[0]["image"]
+    dry = json.loads(cli("environments", "prune", "--json", env=env).stdout)
+    assert dry["actions"] == []  # just used, and the disk has room
+    dry = json.loads(cli("environments", "prune", "--all", "--json", env=env).stdout)
+    assert [a["kind"] for a in dry["actions"]] == ["entry"] and not dry["applied"]
+    done = cli("environments", "prune", "--all", "--apply", env=env)
+    assert done.code == 0 and "removed entry" in done.stdout
+    assert json.loads(cli("environments", "list", "--json", env=env).stdout) == []
+    from bridge.sandbox import DockerSandbox
+
+    assert DockerSandbox().inspect_image(image) is None
