@@ -1,0 +1,83 @@
+"""The real CLIs inside a project's own image: each worker's bundle (its native binary and the
+relay) mounted read-only into a plain Debian image with Node.js and nothing of worker-bridge,
+reaching the scripted model server through the task's gateway; the file it writes is verified
+in the same environment, with the dependencies its setup installed."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import git
+from support.env_images import node_image
+from support.projects import node_project
+from support.real_workers import (  # noqa: F401
+    AUTH,
+    KEY,
+    KEY_VARS,
+    assert_key_nowhere,
+    assert_only_model_route,
+    ensure_worker_image,
+    events,
+    model_server,
+    run_task,
+)
+from support.registries import PackageServer
+
+pytestmark = pytest.mark.usefixtures("docker_images")
+
+
+@pytest.mark.parametrize("worker", ["claude-code", "codex", "opencode"])
+def test_a_real_cli_works_inside_the_project_environment(
+    cli,
+    workdir,
+    home,
+    worker,
+    model_server,  # noqa: F811
+):
+    from conftest import BASE_IMAGE
+
+    from bridge.config import load_config
+    from bridge.sandbox import DockerSandbox
+
+    image = node_image(DockerSandbox(), BASE_IMAGE)
+    ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), worker)
+    with PackageServer() as server:
+        lines = ["gateway:", "  routes:"]
+        for route, var in KEY_VARS.items():
+            lines += [
+                f"    {route}:",
+                f"      upstream: {model_server.url}",
+                f"      auth: {AUTH[route]}",
+                f"      key_env: {var}",
+            ]
+        lines += ["  trusted_ranges: ['127.0.0.0/8']", f"  http_ports: [{server.port}]"]
+        (home / "config.yaml").write_text("\n".join(lines) + "\n")
+        env = {var: KEY for var in KEY_VARS.values()}
+        repo = node_project(workdir / "node", server)
+        spec = {
+            "objective": (
+                "Add a note.\n@write NOTE.md: written inside the project's image\n@say Done."
+            ),
+            "worker": worker,
+            "workspace": {"repository": str(repo)},
+            "verification": {"commands": ["npm test && grep -q 'project' NOTE.md"]},
+            "environment": {
+                "image": image,
+                "setup": ["npm ci --no-audit --no-fund"],
+                "setup_network": ["localhost"],
+            },
+        }
+        result = run_task(cli, workdir, spec, env)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["environment"]["image"].startswith("worker-bridge-env:")
+    assert "ok: wb-left-pad 1.0.0" in result["verification"]["commands"][0]["stdout_tail"]
+    assert git(repo, "show", f"{result['branch']}:NOTE.md").strip() == (
+        "written inside the project's image"
+    )
+    assert result["summary"] == "Done."
+    started = events(cli, result["task_id"], env, "worker.started")
+    assert len(started) == 1
+    assert_key_nowhere(home)
+    # Only the setup's registry requests were proxied; the CLI itself reached only its route.
+    refused = events(cli, result["task_id"], env, "network.refused")
+    assert refused == [], refused
+    assert model_server.unexpected() == []
