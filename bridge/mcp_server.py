@@ -145,6 +145,16 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
                 "'script': 'sh code', 'exit_code': n, 'summary': 'text'}})."
             ),
         ] = None,
+        environment: Annotated[
+            dict[str, Any] | None,
+            _describe(
+                "The project's toolchain, for the worker and for verification: "
+                "{'image': 'an image in this engine', 'setup': ['npm ci'], 'setup_network': "
+                "['registry.npmjs.org']} or {'devcontainer': true} (the repository's "
+                "devcontainer.json). Setup runs once and is cached. Omit it to use the "
+                "configured default for the repository, else the generic images."
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Delegate a scoped coding task to a worker agent running in an isolated container.
 
@@ -164,6 +174,8 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         }
         if type:
             spec["metadata"]["type"] = type
+        if environment is not None:
+            spec["environment"] = environment
         created = await tools.call(bridge.create_task, spec)
         started = await tools.call(bridge.start_detached, created.task_id)
         if wait:

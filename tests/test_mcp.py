@@ -447,6 +447,14 @@ async def test_bad_calls_are_tool_errors_and_the_server_answers_the_next_call(ho
         assert "permission" in text, text
         await assert_healthy(client)
 
+        text = await call_error(
+            client,
+            "worker_delegate",
+            {**base, "repository": str(repo), "environment": {"devcontainer": True}},
+        )
+        assert ".devcontainer/devcontainer.json" in text, text
+        await assert_healthy(client)
+
         # nothing was created by the refused delegations
         assert (await call(client, "worker_status"))["tasks"] == []
 
