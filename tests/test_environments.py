@@ -468,3 +468,24 @@ def test_environments_prune_reclaims_entries_and_their_images(cli, workdir, env,
     from bridge.sandbox import DockerSandbox
 
     assert DockerSandbox().inspect_image(image) is None
+
+
+def test_accept_after_head_moved_reverifies_in_the_environment(
+    cli, workdir, env, server, env_image
+):
+    repo = node_project(workdir / "node", server)
+    result = run(cli, workdir, node_spec(repo, env_image), env)
+    assert result["status"] == "succeeded", result["error"]
+    # The user moves on meanwhile, to a new dependency version: accept re-verifies the merged
+    # tree in the environment, with setup for its (changed) lockfile.
+    bump_dependency(repo, server, "1.2.0", write=True)
+    accepted = cli("tasks", "accept", result["task_id"], "--json", env=env, timeout=300)
+    assert accepted.code == 0, accepted.stdout + accepted.stderr
+    document = accepted.json()
+    assert document["accepted"] is True and document["reverified"] is True
+    log = events(cli, result["task_id"], env)
+    reverifying = [e["data"] for e in log if e["kind"] == "accept.reverifying"]
+    assert reverifying[0]["image"].startswith("worker-bridge-env:")
+    assert [e["data"]["ok"] for e in log if e["kind"] == "accept.reverified"] == [True]
+    assert (repo / "note.txt").read_text() == "hi\n"
+    assert not (workdir / "home" / "tasks" / result["task_id"] / "environments").exists()

@@ -52,6 +52,7 @@ from bridge.workers import Worker
 from bridge.workspace.changes import export_snapshot
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.git import Git
+from bridge.workspace.rawgit import raw_git
 
 TAIL_CHARS = 1500  # of a failing command's output, in the task's error
 
@@ -241,6 +242,8 @@ def _run_setup(
             "network": list(definition.setup_network),
         },
     )
+    # A dead runner's setup containers (this phase is never adopted: it starts again).
+    ctx.sandbox.remove_by_labels({f"{LABEL}.task": handle.task_id, f"{LABEL}.role": "setup"})
     scratch = ctx.task_dir(handle.task_id) / f"setup-{key[:12]}"
     partial = folder.with_name(f".partial-{key}-{os.getpid()}-{os.urandom(3).hex()}")
     remove_tree(scratch)
@@ -394,4 +397,6 @@ def _setup_spec(
 
 
 def _git(handle: PhaseHandle) -> Git:
-    return Git(Path(handle.record.repository))
+    """Git on the attribute-free git dir: the repository's objects, and the trees accept
+    merges there (a re-verification's tree exists only in it)."""
+    return raw_git(handle.ctx.home, Path(handle.record.repository))

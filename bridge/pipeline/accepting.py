@@ -14,8 +14,10 @@ import threading
 import time
 from pathlib import Path
 
+from bridge.errors import EnvironmentFailed
 from bridge.models import Status
 from bridge.pipeline.context import Context
+from bridge.pipeline.environment import TaskEnvironment
 from bridge.pipeline.handle import PhaseHandle
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
@@ -23,6 +25,7 @@ from bridge.pipeline.verify import FreshCheckouts, VerificationOutcome, run_comm
 from bridge.records import AcceptResult, TaskRecord
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
+from bridge.workers import get_worker
 from bridge.workspace.accept import escaping_symlink
 from bridge.workspace.changes import list_changes
 from bridge.workspace.fs import display, remove_tree
@@ -207,18 +210,32 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str) -> VerificationOutcom
 
     threading.Thread(target=beat, name="accept-heartbeat", daemon=True).start()
     scratch = run_ctx.task_dir(record.task_id) / "reverify"
+    env = TaskEnvironment(handle, lambda: get_worker(run_ctx.config, record.spec.worker))
     try:
         remove_tree(scratch)
         scratch.mkdir(parents=True)
+        # The task's environment for the merged tree's dependency files (setup again when
+        # they are not the base's), else the verification image.
+        try:
+            ready, env_doc = env.for_verification(tree)
+        except EnvironmentFailed as exc:
+            raise Refused(
+                f"Refusing to accept: the environment for the current HEAD {tree[:12]} could "
+                f"not be made ready ({exc.message}); nothing was written.",
+                "environment",
+            ) from exc
         image = record.spec.verification.image or run_ctx.config.verify_image_ref
+        image = ready.image if ready is not None else image
         handle.emit("accept.reverifying", {"tree": tree, "image": image})
-        checkouts = FreshCheckouts(handle, tree, scratch)
+        checkouts = FreshCheckouts(handle, tree, scratch, env=ready)
         outcome = run_commands(
             handle, checkouts, record.spec.verification.commands, image, "accept"
         )
+        outcome.environment = env_doc
         handle.emit("accept.reverified", {"ok": outcome.ok})
         return outcome
     finally:
+        env.discard()
         stop.set()
         store.leases.release(record.task_id, owner)
         remove_tree(scratch)
