@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import git, mock_task, write_spec
+from conftest import git, make_repo, mock_task, write_spec
 from support.env_images import busybox_image, node_image
 from support.projects import bump_dependency, node_project, python_project
 from support.registries import PackageServer
@@ -460,6 +460,9 @@ def test_environments_prune_reclaims_entries_and_their_images(cli, workdir, env,
     image = listed[0]["image"]
     dry = json.loads(cli("environments", "prune", "--json", env=env).stdout)
     assert dry["actions"] == []  # just used, and the disk has room
+    tight = {**env, "WORKER_BRIDGE_DISK_RESERVE_GB": "100000"}  # the disk is "full"
+    dry = json.loads(cli("environments", "prune", "--json", env=tight).stdout)
+    assert [a["reason"] for a in dry["actions"]] == ["free disk is below the reserve"]
     dry = json.loads(cli("environments", "prune", "--all", "--json", env=env).stdout)
     assert [a["kind"] for a in dry["actions"]] == ["entry"] and not dry["applied"]
     done = cli("environments", "prune", "--all", "--apply", env=env)
@@ -489,3 +492,21 @@ def test_accept_after_head_moved_reverifies_in_the_environment(
     assert [e["data"]["ok"] for e in log if e["kind"] == "accept.reverified"] == [True]
     assert (repo / "note.txt").read_text() == "hi\n"
     assert not (workdir / "home" / "tasks" / result["task_id"] / "environments").exists()
+
+
+def test_a_repository_default_from_config_applies_when_the_spec_names_none(
+    cli, workdir, env, home, repo, env_image
+):
+    config = (home / "config.yaml").read_text()
+    (home / "config.yaml").write_text(
+        config + f"environments:\n  {json.dumps(str(repo))}:\n    image: {env_image}\n"
+    )
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["node --version"])
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["verification"]["environment"]["source"] == f"image {env_image}"
+    other = make_repo(workdir, "other")  # another repository keeps the generic image
+    plain = run(
+        cli, workdir, mock_task(other, {"write": {"a.txt": "a\n"}}, verify=["node -v"]), env
+    )
+    assert plain["status"] == "failed" and plain["verification"]["environment"] is None

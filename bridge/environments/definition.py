@@ -60,7 +60,7 @@ def spec_environment(config: Config, spec: TaskSpec, repository: Path) -> Enviro
     if spec.environment is not None:
         return spec.environment
     for root, default in config.environments.items():
-        if Path(root).expanduser().absolute() == repository:
+        if Path(root).expanduser().resolve() == repository.resolve():
             return default
     return None
 
