@@ -1,16 +1,12 @@
 """The tests' own package indexes (tests/support/registries.py) and project generators
-(tests/support/projects.py), proven with the real clients: `npm ci` / `npm install` and pip in a
-venv, directly and through a forwarding HTTP proxy that models the gateway.
+(tests/support/projects.py), with the real npm directly and through a forwarding HTTP proxy that
+models the gateway (pip and the real gateway are exercised by tests/test_environments.py).
 
-What these runs establish about the clients (seen with npm 11.19 on node 20.20, pip 23.2):
-- both honour HTTP_PROXY / http_proxy for http:// URLs, with no config of their own (npm needs
-  no `npm_config_proxy`); npm also uses HTTPS_PROXY for http:// URLs, pip does not;
-- neither bypasses the proxy for `localhost` by itself, but both do when NO_PROXY names
-  `localhost` (NO_PROXY=127.0.0.1 does not cover the name), and for npm `npm_config_noproxy`
-  does not undo a NO_PROXY that names it. So a container whose NO_PROXY has `localhost` (the
-  gateway's "127.0.0.1,localhost") reaches a `localhost` registry on its own loopback, not
-  through the gateway.
-"""
+What was seen of the clients when this was written (npm 11.19 on node 20.20, pip 23.2), and why
+a setup container gets no NO_PROXY (bridge/environments/setup.py): both honour HTTP_PROXY for
+http:// URLs with no config of their own, neither bypasses the proxy for `localhost` by itself,
+but both do when NO_PROXY names `localhost`, so with the gateway's usual "127.0.0.1,localhost"
+a `localhost` registry would be looked for on the container's own loopback."""
 
 from __future__ import annotations
 
@@ -24,7 +20,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -260,39 +255,6 @@ def test_npm_ci_and_test(workdir, server):
 
 
 @needs_npm
-def test_npm_goes_through_http_proxy_unless_no_proxy_names_localhost(workdir, server, proxy):
-    repo = node_project(workdir / "node", server)
-    tarball = f"{server.url}/{NODE_DEP}/-/{NODE_DEP}-1.0.0.tgz"
-    registry = {"npm_config_registry": f"{server.url}/"}
-
-    for i, key in enumerate(("HTTP_PROXY", "http_proxy", "HTTPS_PROXY")):
-        _npm_ci(repo, tool_env(workdir / f"home-{i}", **registry, **{key: proxy.url}))
-        assert proxy.requests.count(f"GET {tarball}") == i + 1, key
-
-    # NO_PROXY naming the host, alone or in the gateway's list, makes npm connect directly.
-    for i, no_proxy in enumerate(("localhost", "127.0.0.1,localhost")):
-        env = tool_env(workdir / f"home-np{i}", **registry, HTTP_PROXY=proxy.url, NO_PROXY=no_proxy)
-        server.clear_requests()
-        _npm_ci(repo, env)
-        assert server.requests == [f"/{NODE_DEP}/-/{NODE_DEP}-1.0.0.tgz"]
-    assert proxy.requests.count(f"GET {tarball}") == 3
-    # ... and npm's own noproxy does not override it; an address does not cover the name.
-    env = tool_env(
-        workdir / "home-np2",
-        **registry,
-        HTTP_PROXY=proxy.url,
-        NO_PROXY="localhost",
-        npm_config_noproxy="none.invalid",
-    )
-    _npm_ci(repo, env)
-    assert proxy.requests.count(f"GET {tarball}") == 3
-    _npm_ci(
-        repo, tool_env(workdir / "home-np3", **registry, HTTP_PROXY=proxy.url, NO_PROXY="127.0.0.1")
-    )
-    assert proxy.requests.count(f"GET {tarball}") == 4
-
-
-@needs_npm
 def test_npm_install_resolves_from_the_packument_through_the_proxy(workdir, server, proxy):
     repo = node_project(workdir / "node", server)
     bump_dependency(repo, server, "1.3.0")  # published, so `latest` is 1.3.0
@@ -308,47 +270,9 @@ def test_npm_install_resolves_from_the_packument_through_the_proxy(workdir, serv
 # -- pip, for real ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("registries") / ".venv"
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=180)
-    return path
-
-
 def _pip_install(venv: Path, repo: Path, server: PackageServer, env: dict[str, str]) -> None:
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--force-reinstall"]
     index = ["--index-url", f"{server.url}/simple", "--trusted-host", "localhost"]
     run([*pip, *index, "-r", "requirements.txt"], repo, env)
     check = "import wbdep, calc; assert calc.answer() == 42, calc.answer()"
     run([str(venv / "bin" / "python"), "-c", check], repo, env)
-
-
-def test_pip_installs_from_the_simple_index(workdir, server, venv):
-    repo = python_project(workdir / "py", server)
-    _pip_install(venv, repo, server, tool_env(workdir / "home"))
-    assert "/simple/wbdep/" in server.requests
-    assert "/files/wbdep-1.0-py3-none-any.whl" in server.requests
-
-
-def test_pip_goes_through_http_proxy_unless_no_proxy_names_localhost(workdir, server, proxy, venv):
-    repo = python_project(workdir / "py", server)
-    wheel = f"GET {server.url}/files/wbdep-1.0-py3-none-any.whl"
-    for key in ("HTTP_PROXY", "http_proxy"):
-        _pip_install(venv, repo, server, tool_env(workdir / "home", **{key: proxy.url}))
-        assert f"GET {server.url}/simple/wbdep/" in proxy.requests
-    assert proxy.requests.count(wheel) == 2
-
-    # HTTPS_PROXY is not used for an http:// index; NO_PROXY naming localhost bypasses.
-    for extra in (
-        {"HTTPS_PROXY": proxy.url},
-        {"HTTP_PROXY": proxy.url, "NO_PROXY": "localhost"},
-        {"HTTP_PROXY": proxy.url, "NO_PROXY": "127.0.0.1,localhost"},
-    ):
-        server.clear_requests()
-        _pip_install(venv, repo, server, tool_env(workdir / "home", **extra))
-        assert wheel.removeprefix(f"GET {server.url}") in server.requests
-        assert proxy.requests.count(wheel) == 2, extra
-    _pip_install(
-        venv, repo, server, tool_env(workdir / "home", HTTP_PROXY=proxy.url, NO_PROXY="127.0.0.1")
-    )
-    assert proxy.requests.count(wheel) == 3
