@@ -115,6 +115,11 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     assert "setup_s" in first["timings"] and "environment_s" in first["timings"]
     fetched = tarball_requests(server)
     assert len(fetched) == 1
+    # The setup's image keeps the project image's variables, not its container's (the proxy).
+    from bridge.sandbox import DockerSandbox
+
+    kept = DockerSandbox().inspect_image(verification["environment"]["image"])
+    assert kept is not None and "HTTP_PROXY" not in kept.env and "PATH" in kept.env
 
     # The second task on the same base runs no setup: the cache is used, nothing is fetched.
     second = run(cli, workdir, node_spec(repo, env_image), env)

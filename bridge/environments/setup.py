@@ -201,9 +201,7 @@ def _with_setup(
             reason = f"the cache entry could not be trusted ({why})"
         if not private:
             sweep_partials(ctx.home)
-        entry = _run_setup(
-            handle, definition, image, bundle, commit, folder, tag, key, files, reason
-        )
+        entry = _run_setup(handle, ready, commit, folder, tag, reason)
     ready.image, ready.outputs, ready.setup = entry.image, entry.outputs, "ran"
     return ready
 
@@ -217,18 +215,13 @@ def _image_id_of(handle: PhaseHandle):  # noqa: ANN202
 
 
 def _run_setup(
-    handle: PhaseHandle,
-    definition: EnvDefinition,
-    image: str,
-    bundle: Path,
-    commit: str,
-    folder: Path,
-    tag: str,
-    key: str,
-    files: dict[str, str],
-    reason: str,
+    handle: PhaseHandle, ready: Ready, commit: str, folder: Path, tag: str, reason: str
 ) -> Entry:
+    """Run the setup's commands on a clean checkout of ``commit`` in ``ready``'s image, and
+    keep the result as the entry in ``folder`` (image ``tag``)."""
     ctx = handle.ctx
+    definition, image, bundle = ready.definition, ready.image, ready.bundle
+    key, files, image_env = ready.key or "", ready.files, ready.image_env
     commands = definition.setup
     handle.emit(
         "environment.setup",
@@ -275,7 +268,9 @@ def _run_setup(
 
                 def on_exit(info, started=started, kept=kept):  # noqa: ANN001, ANN202
                     if info.exit_code == 0 and not info.timed_out and started:
-                        kept.append(ctx.sandbox.commit(started[0], tag, _labels(handle, key)))
+                        kept.append(
+                            ctx.sandbox.commit(started[0], tag, _labels(handle, key), image_env)
+                        )
 
                 watch = DiskWatch(handle)
                 run = run_container(

@@ -58,8 +58,11 @@ class Sandbox(Protocol):
         """Build ``tag`` from a tar build context; BridgeError naming the failing step."""
         ...
 
-    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
-        """Keep a stopped container's root filesystem as image ``tag``; its id."""
+    def commit(
+        self, container_id: str, tag: str, labels: dict[str, str], env: dict[str, str]
+    ) -> str:
+        """Keep a stopped container's root filesystem as image ``tag`` with environment
+        variables ``env`` (not the container's); its id."""
         ...
 
     def export_path(self, image: str, path: str, dest: Path) -> None:
