@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.sandbox.spec import home_id
 from bridge.workspace.fs import remove_tree, walk_all
 
 KEY_VERSION = 1
@@ -55,8 +56,10 @@ def cache_root(home: Path) -> Path:
     return home / "environments"
 
 
-def image_tag(key: str, suffix: str = "") -> str:
-    return f"worker-bridge-env:{key[:32]}{suffix}"
+def image_tag(home: Path, key: str, task_id: str | None = None) -> str:
+    """The setup image's tag: the key's, in this state root (another root on the same engine
+    keeps its own), and the task's for a task-private setup."""
+    return f"worker-bridge-env:{key[:32]}-{home_id(home)}" + (f"-{task_id}" if task_id else "")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bridge.environments.bundle import BUNDLE, check_worker_runs, image_path, worker_bundle
@@ -168,10 +168,10 @@ def _with_setup(
     ctx = handle.ctx
     if private:
         root = ctx.task_dir(handle.task_id) / "environments"
-        tag = image_tag(key, f"-{handle.task_id}")
+        tag = image_tag(ctx.home, key, handle.task_id)
     else:
         root = cache_root(ctx.home)
-        tag = image_tag(key)
+        tag = image_tag(ctx.home, key)
     folder = root / key
 
     def waiting() -> None:
@@ -221,7 +221,7 @@ def _run_setup(
     keep the result as the entry in ``folder`` (image ``tag``)."""
     ctx = handle.ctx
     definition, image, bundle = ready.definition, ready.image, ready.bundle
-    key, files, image_env = ready.key or "", ready.files, ready.image_env
+    key, files = ready.key or "", ready.files
     commands = definition.setup
     handle.emit(
         "environment.setup",
@@ -260,7 +260,9 @@ def _run_setup(
                 if left <= 0:
                     raise _setup_timeout(handle, definition, command)
                 spec = _setup_spec(handle, definition, current, bundle, checkout, command, index)
-                spec = with_gateway(spec, handle, gateway, no_proxy=False)
+                spec = _in_command(
+                    with_gateway(spec, handle, gateway, no_proxy=False), definition.container_env
+                )
                 tail = Tail(TAIL_CHARS * 4)
                 output.command = command
                 started: list[str] = []
@@ -268,9 +270,7 @@ def _run_setup(
 
                 def on_exit(info, started=started, kept=kept):  # noqa: ANN001, ANN202
                     if info.exit_code == 0 and not info.timed_out and started:
-                        kept.append(
-                            ctx.sandbox.commit(started[0], tag, _labels(handle, key), image_env)
-                        )
+                        kept.append(ctx.sandbox.commit(started[0], tag, _labels(handle, key)))
 
                 watch = DiskWatch(handle)
                 run = run_container(
@@ -335,6 +335,15 @@ def _run_setup(
         raise
     finally:
         remove_tree(scratch)
+
+
+def _in_command(spec: ContainerSpec, keep: dict[str, str]) -> ContainerSpec:
+    """``spec`` with every variable but ``keep`` set by `env` in its command instead: the
+    committed image must not take the container's own (its proxy, its CA file mount)."""
+    extra = [f"{k}={v}" for k, v in spec.env.items() if k not in keep]
+    if not extra:
+        return spec
+    return replace(spec, env=dict(keep), command=["env", *extra, *spec.command])
 
 
 def _setup_timeout(handle: PhaseHandle, definition: EnvDefinition, command: str) -> BridgeError:

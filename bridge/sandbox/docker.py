@@ -190,17 +190,14 @@ class DockerSandbox:
         except requests.exceptions.RequestException as exc:
             raise _engine_down(exc) from exc
 
-    def commit(
-        self, container_id: str, tag: str, labels: dict[str, str], env: dict[str, str]
-    ) -> str:
+    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
         repository, _, version = tag.rpartition(":")
         try:
             result = self.client.api.commit(
                 container_id,
                 repository=repository or tag,
                 tag=version if repository else None,
-                # The image's own variables, not the container's (its proxy, its CA file).
-                conf={"Labels": labels, "Env": [f"{k}={v}" for k, v in env.items()]},
+                conf={"Labels": labels},
                 pause=True,
             )
         except docker.errors.APIError as exc:

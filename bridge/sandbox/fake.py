@@ -133,9 +133,7 @@ class FakeSandbox:
         self.missing_images.discard(tag)
         on_line(f"(fake) built {tag}")
 
-    def commit(
-        self, container_id: str, tag: str, labels: dict[str, str], env: dict[str, str]
-    ) -> str:
+    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
         self._check()
         self.missing_images.discard(tag)
         return f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}"

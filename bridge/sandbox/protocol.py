@@ -58,11 +58,9 @@ class Sandbox(Protocol):
         """Build ``tag`` from a tar build context; BridgeError naming the failing step."""
         ...
 
-    def commit(
-        self, container_id: str, tag: str, labels: dict[str, str], env: dict[str, str]
-    ) -> str:
-        """Keep a stopped container's root filesystem as image ``tag`` with environment
-        variables ``env`` (not the container's); its id."""
+    def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
+        """Keep a stopped container's root filesystem as image ``tag``; its id. The image keeps
+        the container's configuration, its environment variables included."""
         ...
 
     def export_path(self, image: str, path: str, dest: Path) -> None:
