@@ -515,3 +515,20 @@ def test_a_repository_default_from_config_applies_when_the_spec_names_none(
         cli, workdir, mock_task(other, {"write": {"a.txt": "a\n"}}, verify=["node -v"]), env
     )
     assert plain["status"] == "failed" and plain["verification"]["environment"] is None
+
+
+def test_a_dockerfile_build_past_its_deadline_is_stopped(cli, workdir, env, repo, env_image):
+    (repo / ".devcontainer").mkdir()
+    (repo / ".devcontainer" / "Dockerfile").write_text(f"FROM {env_image}\nRUN sleep 40\n")
+    (repo / ".devcontainer" / "devcontainer.json").write_text(
+        '{"build": {"dockerfile": "Dockerfile"}}'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "slow build")
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+    spec["environment"] = {"devcontainer": True, "setup_timeout_seconds": 3}
+    result = run(cli, workdir, spec, env)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "environment", result["error"]
+    assert "RUN sleep 40" in result["error"]["message"], result["error"]
+    assert "no output for" in result["error"]["message"] or "within" in result["error"]["message"]

@@ -127,18 +127,18 @@ def check_entry(entry: Entry, image_id: Callable[[str], str | None]) -> str | No
 
 
 def tree_digest(root: Path) -> tuple[str, int, int]:
-    """A digest of a tree's names, types, modes, sizes and link targets (never following a
-    link), with its file count and bytes."""
+    """A digest of a tree's names, types, modes, sizes, file mtimes and link targets (never
+    following a link; not the content, which would cost a read of every byte at every use),
+    with its file count and bytes."""
     h = hashlib.sha256()
     files = size = 0
     for rel, st in walk_all(root):
         kind = stat.S_IFMT(st.st_mode)
         extra = os.readlink(root / rel) if stat.S_ISLNK(st.st_mode) else ""
-        h.update(
-            f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{st.st_size}\0{extra}\n".encode(
-                "utf-8", "surrogateescape"
-            )
-        )
+        line = f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{st.st_size}\0"
+        # mtime: a write in place changes it (sealed files are the host's: only it could).
+        line += f"{st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0}\0{extra}\n"
+        h.update(line.encode("utf-8", "surrogateescape"))
         if not stat.S_ISDIR(st.st_mode):
             files += 1
             size += st.st_size

@@ -55,10 +55,15 @@ class EnvDefinition:
 
 
 def spec_environment(config: Config, spec: TaskSpec, repository: Path) -> Environment | None:
-    """The task's environment document: its own, else the configured default for its
-    repository, else None (the generic images)."""
+    """The task's environment document: its own (`{}` opts out), else the configured default
+    for its repository (unless the spec names a verification image), else None (the generic
+    images)."""
     if spec.environment is not None:
-        return spec.environment
+        chosen = spec.environment
+        empty = not (chosen.image or chosen.devcontainer or chosen.setup or chosen.setup_network)
+        return None if empty else chosen  # `{}`: no environment, whatever config says
+    if spec.verification.image:
+        return None  # a verification image of its own: the default does not apply
     for root, default in config.environments.items():
         if Path(root).expanduser().resolve() == repository.resolve():
             return default

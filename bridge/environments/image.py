@@ -59,7 +59,7 @@ def env_image_ref(handle: PhaseHandle, definition: EnvDefinition) -> str:
         "target": build.target,
     }
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
-    return f"worker-bridge-env-build:{digest[:32]}"
+    return f"worker-bridge-env-build:{digest[:32]}-{home_id(handle.ctx.home)}"
 
 
 def _build(handle: PhaseHandle, definition: EnvDefinition, tag: str) -> None:
@@ -89,6 +89,19 @@ def _build(handle: PhaseHandle, definition: EnvDefinition, tag: str) -> None:
         dockerfile = os.path.relpath(checkout / build.dockerfile, context_dir)
         output = OutputEvents(handle)
         output.command = f"build {build.dockerfile}"
+        limit = min(definition.setup_timeout_s, max(handle.remaining(), 1.0))
+        deadline = time.monotonic() + limit
+
+        def line(text: str) -> None:
+            # Each line of output is a chance to stop: a cancel, or the deadline (leaving the
+            # stream closes the build's connection, and the engine stops the build).
+            handle.ensure_active()
+            if time.monotonic() > deadline:
+                raise EnvironmentFailed(
+                    f"{definition.devcontainer}'s Dockerfile did not build within {limit:.0f} s; "
+                    "raise environment.setup_timeout_seconds, or make the build faster."
+                )
+            output.line(text)
 
         try:
             ctx.sandbox.build_image(
@@ -96,9 +109,10 @@ def _build(handle: PhaseHandle, definition: EnvDefinition, tag: str) -> None:
                 data.getvalue(),
                 buildargs=dict(build.args),
                 labels={f"{LABEL}.home": home_id(ctx.home), f"{LABEL}.role": "environment"},
-                on_line=output.line,
+                on_line=line,
                 dockerfile=dockerfile,
                 target=build.target,
+                timeout=limit,  # a step silent past the deadline ends the build too
             )
         except EnvironmentFailed:
             raise

@@ -2,7 +2,8 @@
 them. Prune removes (dry run unless applied) entries not used for `retention_days`, then, while
 free disk under the state root is below the reserve, the least recently used ones; `--all`
 removes every entry and the images built from devcontainer Dockerfiles. Images of this state
-root's environments that no entry names any more (a crash between the two) go too. An entry is
+root's environments that no entry names any more (a crash between the two) go too, but never a
+task-private one while its task runs; so do worker bundles whose image is gone. An entry is
 removed folder first, so no task trusts it while its image goes."""
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from bridge.environments.cache import Entry, cache_root, entries, remove_entry, sweep_partials
+from bridge.errors import TaskNotFound
+from bridge.models import TERMINAL
 from bridge.pipeline.context import Context
 from bridge.sandbox import LABEL, home_id
 from bridge.workspace.disk import reserve_bytes
+from bridge.workspace.fs import remove_tree
 
 DAY = 86400.0
 
@@ -75,12 +79,11 @@ def prune_environments(ctx: Context, *, apply: bool = False, everything: bool = 
         actions.append(_action("entry", item.folder, item, "free disk is below the reserve"))
         freed += actions[-1]["bytes"]
     named = {a["image"] for a in actions if a["image"]} | {e.image for e in live}
-    for image in ctx.sandbox.images(
-        {f"{LABEL}.home": home_id(ctx.home), f"{LABEL}.role": "environment"}
-    ):
+    ours = {f"{LABEL}.home": home_id(ctx.home), f"{LABEL}.role": "environment"}
+    for image in ctx.sandbox.images(ours):
         tags = [t for t in image.tags if t.startswith("worker-bridge-env")]
         built = any(t.startswith("worker-bridge-env-build:") for t in tags)
-        if any(t in named for t in tags) or (built and not everything):
+        if any(t in named for t in tags) or (built and not everything) or _in_use(ctx, tags):
             continue
         why = "--all" if built else "no cache entry names it"
         actions.append(
@@ -92,10 +95,13 @@ def prune_environments(ctx: Context, *, apply: bool = False, everything: bool = 
                 "reason": why,
             }
         )
+    actions += _stale_bundles(ctx)
     if apply:
         for action in actions:
             if action["kind"] == "entry":
                 remove_entry(Path(action["target"]), action["image"], ctx.sandbox.remove_image)
+            elif action["kind"] == "bundle":
+                remove_tree(Path(action["target"]))
             else:
                 ctx.sandbox.remove_image(action["target"])
         sweep_partials(ctx.home)
@@ -110,3 +116,40 @@ def _action(kind: str, folder: Path, entry: Entry | None, reason: str) -> dict[s
         "bytes": int(entry.record.get("bytes") or 0) if entry else 0,
         "reason": reason,
     }
+
+
+def _in_use(ctx: Context, tags: list[str]) -> bool:
+    """Whether a tag is a task-private setup's (`...-<home>-<task id>`) of a task that has not
+    ended: its verification may be using it."""
+    for tag in tags:
+        parts = tag.rsplit(":", 1)[-1].split("-")
+        if len(parts) == 3:
+            try:
+                if ctx.store.status(parts[2]) not in TERMINAL:
+                    return True
+            except TaskNotFound:
+                continue
+    return False
+
+
+def _stale_bundles(ctx: Context) -> list[dict[str, Any]]:
+    """Worker bundles copied out of images that are no longer in the engine."""
+    root = ctx.home / "bundles"
+    if not root.is_dir():
+        return []
+    stale = []
+    for folder in sorted(root.iterdir()):
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue
+        if ctx.sandbox.inspect_image(f"sha256:{folder.name}") is None:
+            reason = "its worker image is no longer in the engine"
+            stale.append(
+                {
+                    "kind": "bundle",
+                    "target": str(folder),
+                    "image": None,
+                    "bytes": 0,
+                    "reason": reason,
+                }
+            )
+    return stale

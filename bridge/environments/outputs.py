@@ -65,7 +65,8 @@ def keep_outputs(
 
 
 def ignored_paths(handle: PhaseHandle, checkout: Path, commit: str) -> list[str]:
-    """The ignored, untracked paths in ``checkout`` (folders whole), by the tree's own rules."""
+    """The ignored, untracked paths in ``checkout`` (folders whole), by git's standard rules:
+    the tree's .gitignore files, and the bridge user's own core.excludesFile."""
     ctx = handle.ctx
     index = checkout.parent / "ignored.index"
     git = raw_git(ctx.home, Path(handle.record.repository), work_tree=checkout)

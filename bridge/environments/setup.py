@@ -379,6 +379,8 @@ def _setup_spec(
     user = "0:0" if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
     mounts = [Mount(checkout, "/workspace", read_only=False), Mount(bundle, BUNDLE)]
     env = dict(definition.container_env)
+    if os.geteuid() != 0:  # an unnamed uid in the image: its HOME would be `/`, unwritable
+        env.setdefault("HOME", "/tmp")
     if ctx.config.extra_ca_file:
         mounts.append(Mount(ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
         env["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"

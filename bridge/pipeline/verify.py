@@ -32,9 +32,6 @@ from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 if TYPE_CHECKING:
     from bridge.environments.setup import Ready
 
-if TYPE_CHECKING:
-    from bridge.environments.setup import Ready
-
 PYTHON_HOOK = Path(__file__).resolve().parents[1] / "sandbox" / "python"
 CONTAINER_PYTHON_HOOK = "/var/lib/worker-bridge/python"
 

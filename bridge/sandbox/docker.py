@@ -17,6 +17,7 @@ import docker
 import docker.errors
 import docker.types
 import requests.exceptions
+import urllib3.exceptions
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from bridge.errors import BridgeError, EngineUnavailable, ImageMissing, SandboxError
@@ -242,6 +243,7 @@ class DockerSandbox:
         on_line: Callable[[str], None],
         dockerfile: str = "Dockerfile",
         target: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         import io
 
@@ -258,6 +260,7 @@ class DockerSandbox:
                 labels=labels,
                 dockerfile=dockerfile,
                 target=target,
+                **({"timeout": int(timeout) + 1} if timeout else {}),
             )
             for item in stream:
                 if "error" in item:
@@ -270,7 +273,18 @@ class DockerSandbox:
                     on_line(text)
         except docker.errors.APIError as exc:
             raise BridgeError(f"Building {tag} failed: {exc.explanation}") from exc
-        except requests.exceptions.ConnectionError as exc:
+        except (
+            requests.exceptions.ConnectionError,
+            requests.exceptions.ReadTimeout,
+            urllib3.exceptions.ReadTimeoutError,
+        ) as exc:
+            silent = not isinstance(exc, requests.exceptions.ConnectionError) or (
+                "timed out" in str(exc)
+            )
+            if timeout and silent:
+                raise BridgeError(
+                    f"Building {tag} stopped: no output for {timeout:.0f} s at {step[:160]!r}."
+                ) from exc
             raise _engine_down(exc) from exc
 
     # -- containers -------------------------------------------------------------------------

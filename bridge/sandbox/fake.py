@@ -126,7 +126,16 @@ class FakeSandbox:
         self.missing_images.add(ref)
 
     def build_image(  # noqa: ANN001
-        self, tag, context, *, buildargs, labels, on_line, dockerfile="Dockerfile", target=None
+        self,
+        tag,
+        context,
+        *,
+        buildargs,
+        labels,
+        on_line,
+        dockerfile="Dockerfile",
+        target=None,
+        timeout=None,
     ) -> None:
         self._check()
         self.built.append(tag)

@@ -54,8 +54,10 @@ class Sandbox(Protocol):
         on_line: Callable[[str], None],
         dockerfile: str = "Dockerfile",
         target: str | None = None,
+        timeout: float | None = None,
     ) -> None:
-        """Build ``tag`` from a tar build context; BridgeError naming the failing step."""
+        """Build ``tag`` from a tar build context; BridgeError naming the failing step (or
+        saying the build was silent for ``timeout`` seconds, when given)."""
         ...
 
     def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
