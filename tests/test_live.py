@@ -99,3 +99,24 @@ def test_tasks_run_shows_progress_on_stderr_and_keeps_stdout_for_the_result(
     )
     assert quiet.code == 0 and quiet.stderr == ""
     json.loads(quiet.stdout)
+
+
+def test_a_setup_shows_its_commands_and_output_and_cannot_drive_the_terminal():
+    bridge, out = FakeBridge(), io.StringIO()
+    bridge.add(
+        "environment.setup",
+        {"status": "started", "reason": "no cache entry", "commands": ["npm ci"]},
+    )
+    bridge.add("environment.output", {"text": "added 1 package\x1b[2J", "command": "npm ci"})
+    bridge.add("environment.setup", {"status": "command", "command": "npm ci", "exit_code": 0})
+    bridge.add("environment.setup", {"status": "completed", "duration_s": 1.5})
+    bridge.add("environment.cached", {"key": "k"})
+    with LiveView(bridge, "t1", stream=out):
+        pass
+    assert out.getvalue().splitlines() == [
+        "environment setup (no cache entry): 1 command(s)",
+        "  added 1 package\\x1b[2J",
+        "  setup `npm ci`: exit 0",
+        "environment ready in 1.5 s",
+        "environment from the cache",
+    ]

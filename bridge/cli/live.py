@@ -38,6 +38,22 @@ def describe(event: dict[str, Any]) -> str | None:
         return f"  check `{data.get('command', '')}`: {status}"
     if kind == "verification.auto_repair":
         return f"repair turn {data.get('repair')}: `{data.get('command', '')}` failed"
+    if kind == "environment.setup":
+        status = data.get("status")
+        if status == "started":
+            count = len(data.get("commands") or [])
+            return f"environment setup ({data.get('reason', '')}): {count} command(s)"
+        if status == "command":
+            return f"  setup `{data.get('command', '')}`: exit {data.get('exit_code')}"
+        return f"environment ready in {data.get('duration_s')} s"
+    if kind == "environment.output":
+        return f"  {data.get('text', '')}"
+    if kind == "environment.cached":
+        return "environment from the cache"
+    if kind == "environment.cache_corrupt":
+        return f"environment cache not trusted ({data.get('reason', '')}): setting up again"
+    if kind == "environment.build":
+        return f"building the environment image from {data.get('dockerfile', '')}"
     if kind == "network.refused":
         return f"  network refused: {data.get('host', '')} ({data.get('reason', '')})"
     # Status changes are not lines of their own: the terminal's status line shows them, the
