@@ -21,6 +21,7 @@ import urllib3.exceptions
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from bridge.errors import BridgeError, EngineUnavailable, ImageMissing, SandboxError
+from bridge.sandbox.output import ChunkReader
 from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo, ImageInfo
 
 _STATES: dict[str, ContainerState] = {
@@ -82,26 +83,6 @@ def _image_info(attrs: dict) -> ImageInfo:
         size=int(attrs.get("Size") or 0),
         created=str(attrs.get("Created") or ""),
     )
-
-
-class _ChunkReader:
-    """A file-like reader over an iterator of byte chunks (a streamed tar archive)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._buffer = b""
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buffer) < size:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                break
-            self._buffer += chunk
-        if size < 0:
-            data, self._buffer = self._buffer, b""
-        else:
-            data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
 
 
 class DockerSandbox:
@@ -222,7 +203,7 @@ class DockerSandbox:
             raise _engine_down(exc) from exc
         try:
             stream, _ = self.client.api.get_archive(container["Id"], path)
-            reader = _ChunkReader(stream)
+            reader = ChunkReader(stream)
             with tarfile.open(fileobj=reader, mode="r|") as archive:
                 # Our own image's folder; the filter still keeps every member inside dest.
                 archive.extractall(dest, filter="tar")

@@ -60,3 +60,23 @@ class Tail:
     def text(self, chars: int | None = None) -> str:
         text = bytes(self.buffer).decode(errors="replace")
         return text if chars is None else text[-chars:]
+
+
+class ChunkReader:
+    """A file-like reader over an iterator of byte chunks (a streamed tar archive)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        if size < 0:
+            data, self._buffer = self._buffer, b""
+        else:
+            data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
