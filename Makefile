@@ -48,10 +48,10 @@ format: install
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 
 bench: images
-	$(BIN)/python -m bench $(BENCH_ARGS)
+	WORKER_BRIDGE_TEST_BASE_IMAGE=$(BASE_IMAGE) $(BIN)/python -m bench $(BENCH_ARGS)
 
 bench-quick: images
-	$(BIN)/python -m bench --quick --out .bench-quick.json
+	WORKER_BRIDGE_TEST_BASE_IMAGE=$(BASE_IMAGE) $(BIN)/python -m bench --quick --out .bench-quick.json
 
 clean-containers:
 	docker ps -aq --filter label=io.worker-bridge.task | xargs -r docker rm -f

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from bench.common import make_repo, scratch_root
 from bench.concurrency import bench_concurrency
+from bench.environments import SYNTHETIC as ENV_SYNTHETIC
+from bench.environments import bench_environments, print_environments
+from bench.environments import settings as environment_settings
 from bench.gateway import bench_gateway
 from bench.large_change import bench_large_change
 from bench.mcp import bench_mcp
@@ -117,6 +120,15 @@ def main() -> int:
         results["real_workers"] = bench_workers(
             root, make_repo(root / "workers-repo", 20, 0.1), 1 if q else 5
         )
+        env_sizes, env_pairs, env_cold = environment_settings(q)
+        results["environments"] = bench_environments(
+            root,
+            env_sizes,
+            env_pairs,
+            env_cold,
+            default_gateway=not q,
+            synthetic=() if q else ENV_SYNTHETIC,
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run(
@@ -133,6 +145,8 @@ def main() -> int:
             "store_read_p99_ms": store["read_p99_ms"],
             "mcp_delegate_ms": mcp["delegate_median_ms"],
             "large_change_vs_floor_ratio": results["large_change"]["ratio_largest"],
+            "environment_warm_vs_floor_ratio": results["environments"]["warm_vs_floor_ratio"],
+            "environment_cold_setup_s": results["environments"]["cold_setup_s"],
         }
     )
     rows = [
@@ -179,6 +193,7 @@ def main() -> int:
     )
     print(f"MCP worker_status median {mcp['status_median_ms']:.1f} ms")
     print_workers(results["real_workers"])
+    print_environments(results["environments"])
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")
     return 0

@@ -21,6 +21,7 @@ from support.registries import PackageServer
 
 NODE_DEP = "wb-left-pad"
 NODE_NAME = "wb-node-demo"
+FILLER_PREFIX = "wb-dep-"
 PY_DEP = "wbdep"
 PY_DEP_VERSION = "1.0"
 
@@ -51,10 +52,10 @@ def _dump(doc: dict) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def node_files(server: PackageServer, dep_version: str) -> dict[str, str]:
-    """package.json and package-lock.json for wb-left-pad@dep_version (publishing it)."""
-    entry = publish_left_pad(server, dep_version)
-    deps = {NODE_DEP: dep_version}
+def node_manifests(entries: dict[str, dict]) -> dict[str, str]:
+    """package.json and package-lock.json (v3) of a project depending on each package of
+    ``entries`` (name -> the lockfile entry `PackageServer.add_npm` returned), pinned exactly."""
+    deps = {name: entry["version"] for name, entry in entries.items()}
     package = {
         "name": NODE_NAME,
         "version": "1.0.0",
@@ -62,21 +63,54 @@ def node_files(server: PackageServer, dep_version: str) -> dict[str, str]:
         "scripts": {"test": "node test.js"},
         "dependencies": deps,
     }
+    packages: dict[str, dict] = {"": {"name": NODE_NAME, "version": "1.0.0", "dependencies": deps}}
+    for name, entry in entries.items():
+        packages[f"node_modules/{name}"] = {
+            "version": entry["version"],
+            "resolved": entry["resolved"],
+            "integrity": entry["integrity"],
+        }
     lock = {
         "name": NODE_NAME,
         "version": "1.0.0",
         "lockfileVersion": 3,
         "requires": True,
-        "packages": {
-            "": {"name": NODE_NAME, "version": "1.0.0", "dependencies": deps},
-            f"node_modules/{NODE_DEP}": {
-                "version": dep_version,
-                "resolved": entry["resolved"],
-                "integrity": entry["integrity"],
-            },
-        },
+        "packages": packages,
     }
     return {"package.json": _dump(package), "package-lock.json": _dump(lock)}
+
+
+def node_files(server: PackageServer, dep_version: str) -> dict[str, str]:
+    """package.json and package-lock.json for wb-left-pad@dep_version (publishing it)."""
+    return node_manifests({NODE_DEP: publish_left_pad(server, dep_version)})
+
+
+def filler_files(name: str, version: str, files: int) -> dict[str, str]:
+    """The published files of a filler package: index.js requiring lib/part-*.js (``files`` in
+    all with README.md, the generated package.json aside), each about a kilobyte."""
+    parts = max(files - 2, 0)
+    body = "".join(f"// {name} {version} line {i:02d}: {'x' * 40}\n" for i in range(16))
+    out = {
+        f"lib/part-{i}.js": f'"use strict";\n{body}module.exports = {i};\n' for i in range(parts)
+    }
+    out["index.js"] = (
+        '"use strict";\n'
+        + "".join(f'require("./lib/part-{i}.js");\n' for i in range(parts))
+        + f"module.exports = {json.dumps(name)};\n"
+    )
+    out["README.md"] = f"# {name} {version}\n"
+    return out
+
+
+def publish_fillers(
+    server: PackageServer, count: int, *, files_per_package: int = 8, version: str = "1.0.0"
+) -> dict[str, dict]:
+    """Publish ``count`` filler packages wb-dep-0000, wb-dep-0001... (no dependencies of their
+    own); returns name -> lockfile entry, as `node_manifests` takes them."""
+    return {
+        name: server.add_npm(name, version, filler_files(name, version, files_per_package))
+        for name in (f"{FILLER_PREFIX}{i:04d}" for i in range(count))
+    }
 
 
 def _commit(path: Path, files: dict[str, str], message: str) -> Path:
@@ -97,7 +131,28 @@ def node_project(path: Path, server: PackageServer, *, dep_version: str = "1.0.0
     """A committed node repository at `path` (created with a README if missing): depends on
     wb-left-pad@dep_version (published on `server` if not yet), pinned in package-lock.json;
     `npm test` runs test.js, which exits 1 unless the dependency works. node_modules/ ignored."""
-    files = node_files(server, dep_version)
+    files = {**node_files(server, dep_version), **_node_sources()}
+    return _commit(path, files, "node project")
+
+
+def node_project_with_packages(
+    path: Path, server: PackageServer, packages: int, *, files_per_package: int = 8
+) -> Path:
+    """`node_project` grown to ``packages`` npm packages in all: wb-left-pad@1.0.0 and
+    ``packages - 1`` fillers (`publish_fillers`, ``files_per_package`` files each), all in
+    package.json and package-lock.json; `npm test` still checks wb-left-pad. (For a size
+    benchmark: `bump_dependency` rewrites the lockfile with wb-left-pad alone.)"""
+    if packages < 1:
+        raise ValueError("node_project_with_packages: at least one package (wb-left-pad)")
+    entries = {NODE_DEP: publish_left_pad(server, "1.0.0")}
+    entries.update(publish_fillers(server, packages - 1, files_per_package=files_per_package))
+    files = {**node_manifests(entries), **_node_sources()}
+    return _commit(path, files, f"node project, {packages} packages")
+
+
+def _node_sources() -> dict[str, str]:
+    """index.js, test.js and .gitignore of the node project."""
+    files: dict[str, str] = {}
     files["index.js"] = (
         '"use strict";\n'
         f'const leftPad = require("{NODE_DEP}");\n\n'
@@ -117,7 +172,7 @@ def node_project(path: Path, server: PackageServer, *, dep_version: str = "1.0.0
         f"console.log(`ok: {NODE_DEP} ${{depVersion}}`);\n"
     )
     files[".gitignore"] = "node_modules/\n"
-    return _commit(path, files, "node project")
+    return files
 
 
 def bump_dependency(
