@@ -129,6 +129,12 @@ class GatewayConfig(BaseModel):
     connect_timeout_s: float = Field(15, gt=0, description="Connecting to an upstream.")
     max_events: int = Field(2000, ge=10, description="network.* events stored per task.")
     max_connections: int = Field(64, ge=1, description="Connections open at once per gateway.")
+    setup_max_connections: int = Field(
+        1024,
+        ge=1,
+        description="Connections open at once on an environment setup's gateway (package "
+        "managers open one per download, all at once).",
+    )
     read_deadline_s: float = Field(
         60, gt=0, description="Longest the sandbox may take to send one request (head and body)."
     )

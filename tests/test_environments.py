@@ -180,7 +180,10 @@ def test_a_worker_that_changes_the_manifest_gets_setup_run_for_its_snapshot(
 ):
     repo = node_project(workdir / "node", server)
     bumped = bump_dependency(repo, server, "2.0.0")  # published, not committed
-    result = run(cli, workdir, node_spec(repo, env_image, {"write": bumped}), env)
+    # The snapshot's setup runs the worker's files: it reaches only what the task may reach.
+    network = {"mode": "allowlist", "domains": ["localhost"]}
+    spec = node_spec(repo, env_image, {"write": bumped}, network=network)
+    result = run(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     environment = result["verification"]["environment"]
     assert environment["setup"] == "ran_for_snapshot"

@@ -50,12 +50,6 @@ def _commit(repo: Path, files: dict[str, str], message: str) -> None:
 # -- verification sees what the worker shipped ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=HOLE + "un-ignoring node_modules in .gitignore commits the worker's fake dependency "
-    "into the snapshot; materialize lets the tracked file win and setup is not re-run "
-    "(.gitignore is no key file), so verification runs on the worker's node_modules",
-)
 def test_a_worker_that_unignores_node_modules_ships_its_dependency_into_verification(
     cli, workdir, env, server, env_image
 ):
@@ -72,21 +66,14 @@ def test_a_worker_that_unignores_node_modules_ships_its_dependency_into_verifica
         f' && printf %s "{forged}" > node_modules/wb-left-pad/index.js'
     )
     result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
-    assert result["status"] == "succeeded", result["error"]
-    tail = result["verification"]["commands"][0]["stdout_tail"]
-    # The hole: the result claims the base's setup (not one for the snapshot), and the
-    # dependency verification loaded is the worker's.
-    assert result["verification"]["environment"]["setup"] == "ran"
+    # The worker's own copy of a dependency never reaches verification: the change is refused.
     assert any(c["path"] == "node_modules/wb-left-pad/index.js" for c in result["changed_files"])
-    assert "ok: wb-left-pad 1.0.0" in tail, tail  # today: "ok: wb-left-pad FORGED"
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "protected_path"
+    assert "node_modules/wb-left-pad/index.js" in result["error"]["message"]
+    assert result["verification"] is None or result["verification"]["commands"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=HOLE + "the setup re-run for the snapshot runs the worker's package.json scripts as "
-    "root on a writable root filesystem, and its committed image is what verification runs "
-    "in: a worker replaces a tool of the image (here grep) and a check it cannot touch passes",
-)
 def test_a_worker_postinstall_cannot_rewrite_the_tools_verification_runs(
     cli, workdir, env, server, env_image
 ):
@@ -96,23 +83,27 @@ def test_a_worker_postinstall_cannot_rewrite_the_tools_verification_runs(
     _commit(repo, {"answer.txt": "wrong\n"}, "the answer")
     evil = 'g=$(command -v grep) && rm -f "$g" && cp /bin/true "$g"'
     package = _package_with_scripts(repo, postinstall=evil)
-    spec = node_spec(repo, env_image, {"write": {"package.json": package}})
+    # The task may reach the registry, so its snapshot's setup can too: the install runs.
+    spec = node_spec(
+        repo,
+        env_image,
+        {"write": {"package.json": package}},
+        network={"mode": "allowlist", "domains": ["localhost"]},
+    )
     spec["verification"] = {
         "commands": ["grep -qx right answer.txt"],
         "protected_paths": ["answer.txt"],
     }
     result = run(cli, workdir, spec, env)
-    assert result["verification"]["environment"]["setup"] == "ran_for_snapshot"
-    # answer.txt says "wrong" and the worker never changed it: the check must fail.
+    # The postinstall ran as the sandbox user on a read-only image: grep stays grep, and the
+    # snapshot's setup (so its verification) fails.
+    assert result["verification"]["environment"]["setup"] == "failed_for_snapshot"
     assert result["verification"]["ok"] is False, result["verification"]
+    assert result["error"]["kind"] == "environment"
+    assert "snapshot" in result["error"]["message"]
+    assert "Read-only file system" in result["error"]["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=HOLE + "a worker with network.mode none gets egress, with data of its choosing, to "
-    "every setup_network host: its package.json scripts run in the snapshot's setup, which "
-    "has the setup's gateway",
-)
 def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_manifest(
     cli, workdir, env, server, env_image
 ):
@@ -129,9 +120,10 @@ def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_man
         repo, env_image, {"write": {"package.json": package}}, network={"mode": "none"}
     )
     result = run(cli, workdir, spec, env)
-    assert result["verification"]["environment"]["setup"] == "ran_for_snapshot"
+    # The snapshot's setup has no more network than the task: none (npm then cannot fetch).
+    assert result["verification"]["environment"]["setup"] == "failed_for_snapshot"
     leaked = [r for r in server.requests if "/exfil-" in r]
-    assert leaked == [], leaked  # today: ['/exfil-s3cr3t-of-the-repository']
+    assert leaked == [], leaked
 
 
 # -- the cache's trust check ------------------------------------------------------------------
@@ -139,9 +131,9 @@ def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_man
 
 @pytest.mark.xfail(
     strict=True,
-    reason=HOLE + "check_entry's digest covers names, types, modes, sizes and (since c214afb) "
-    "mtimes, not content: a cached file changed in place keeping size, mode and mtime is "
-    "trusted and reaches verification",
+    reason="accepted, documented in docs/environments.md: check_entry's digest covers names, "
+    "types, modes, owners, sizes and mtimes, not content (reading every byte at every use); "
+    "only the host's root can write the sealed files, and it could rewrite entry.json too",
 )
 def test_a_cache_entry_changed_in_place_keeping_size_and_mode_is_not_trusted(
     cli, workdir, env, server, env_image
@@ -168,13 +160,6 @@ def test_a_cache_entry_changed_in_place_keeping_size_and_mode_is_not_trusted(
     assert second["verification"]["environment"]["setup"] == "ran"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=HOLE + "the shared cache key covers the dependency files only, not what else the "
-    "setup runs (a script package.json's postinstall names) nor the repository or branch: a "
-    "task on an untrusted branch (a contributor's PR) with the same manifests writes the entry "
-    "that later tasks on main trust",
-)
 def test_a_setup_on_an_untrusted_branch_cannot_poison_the_cache_of_main(
     cli, workdir, env, server, env_image
 ):
@@ -206,12 +191,6 @@ def test_a_setup_on_an_untrusted_branch_cannot_poison_the_cache_of_main(
 # -- limits ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=HOLE + "setup runs with a writable root filesystem that DiskWatch does not measure "
-    "(it watches the task's folders): what a setup (or the worker's postinstall in the "
-    "snapshot's setup) writes outside /workspace passes limits.disk_mb, and is committed",
-)
 def test_a_setup_writing_outside_the_repository_is_held_to_the_disk_limit(
     cli, workdir, env, repo, env_image
 ):
@@ -259,13 +238,6 @@ def test_two_state_roots_sharing_an_engine_keep_each_others_cache(
 # -- what a worker can put in a path --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=HOLE + "verification.environment.changed_files holds the worker's path names raw: "
-    "neither redacted (changed_files is) nor escaped (a non-UTF-8 name stays a lone "
-    "surrogate, so the result no longer serialises as the MCP server does, pydantic_core."
-    "to_json: worker_status fails for the task and for the recent-tasks listing)",
-)
 def test_dependency_files_with_odd_names_do_not_leak_or_break_the_task_result(
     cli, workdir, env, server, env_image
 ):
@@ -281,7 +253,8 @@ def test_dependency_files_with_odd_names_do_not_leak_or_break_the_task_result(
         " && d=$(printf 'v\\377') && mkdir \"$d\" && echo '{}' > \"$d/package.json\""
     )
     result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
-    assert result["verification"]["environment"]["setup"] == "ran_for_snapshot"
+    setup = result["verification"]["environment"]["setup"]
+    assert setup in ("ran_for_snapshot", "failed_for_snapshot"), result["verification"]
     assert token not in json.dumps(result["changed_files"])  # redacted there
     bridge = WorkerBridge(home=workdir / "home")
     try:
@@ -301,17 +274,20 @@ def test_dependency_files_with_odd_names_do_not_leak_or_break_the_task_result(
 def test_prune_leaves_the_image_a_running_verification_uses(
     cli, workdir, env, server, env_image, home
 ):
-    """Found in review (prune took the task-private image of a snapshot's setup for an orphan,
-    no shared entry naming it, and removed it while the task verified in it: the next command
-    failed with "Image ... is not present; build it first."); fixed in c214afb."""
-    from support.projects import bump_dependency, node_project
+    """Found in review (prune took a task-private setup image for an orphan, no shared entry
+    naming it, and removed it while the task verified in it: the next command failed with
+    "Image ... is not present; build it first."); fixed in c214afb. A task whose base does not
+    contain the commit the shared entry was made from sets up task-privately."""
+    from support.projects import node_project
 
     from bridge.sandbox import DockerSandbox, home_id
 
     repo = node_project(workdir / "node", server)
-    bumped = bump_dependency(repo, server, "2.0.0")  # the worker's manifest: setup for the snapshot
-    spec = node_spec(repo, env_image, {"write": bumped})
-    spec["verification"]["commands"] = ["sleep 60", "npm test"]
+    _commit(repo, {"NOTES.md": "later\n"}, "a later commit on main")
+    assert run(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
+    spec = node_spec(repo, env_image)
+    spec["workspace"]["base_ref"] = "HEAD~1"  # does not contain the entry's commit
+    spec["verification"]["commands"] = ["sleep 8", "npm test"]
     path = write_spec(workdir / "spec-prune.json", spec)
     task_id = cli("tasks", "create", "--spec", str(path), env=env).stdout.strip()
     assert task_id
@@ -322,20 +298,24 @@ def test_prune_leaves_the_image_a_running_verification_uses(
     sandbox = DockerSandbox()
     labels = {"io.worker-bridge.home": home_id(home), "io.worker-bridge.role": "verify"}
     try:
-        poll(lambda: any(c.state == "running" for c in sandbox.containers(labels)), "verify", 300)
+        poll(lambda: any(c.state == "running" for c in sandbox.containers(labels)), "verify", 120)
         mine = [
             tag
             for image in sandbox.images({"io.worker-bridge.home": home_id(home)})
             for tag in image.tags
             if tag.endswith(task_id)
         ]
-        assert len(mine) == 1, mine  # the snapshot's setup image, which verification runs in
-        pruned = cli("environments", "prune", "--apply", "--json", env=env).json()
+        assert len(mine) == 1, mine  # the task-private setup image verification runs in
+        pruned = cli("environments", "prune", "--all", "--apply", "--json", env=env).json()
         assert [a for a in pruned["actions"] if a["target"] == mine[0]] == []
+        assert [a["kind"] for a in pruned["actions"]] == ["entry"]  # the shared one goes
         assert sandbox.inspect_image(mine[0]) is not None
     finally:
-        cli("tasks", "cancel", task_id, env=env)
         runner.join(120)
+    done = json.loads(cli("tasks", "show", task_id, "--json", env=env).stdout)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["verification"]["environment"]["setup"] == "ran"
+    assert sandbox.inspect_image(mine[0]) is None  # gone with the task
 
 
 def test_a_setup_failing_after_two_committed_commands_leaves_no_image(

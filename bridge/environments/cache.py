@@ -27,7 +27,7 @@ from pathlib import Path
 from bridge.sandbox.spec import home_id
 from bridge.workspace.fs import remove_tree, walk_all
 
-KEY_VERSION = 1
+KEY_VERSION = 2
 ENTRY_FILE = "entry.json"
 OUTPUTS = "outputs"
 
@@ -38,11 +38,15 @@ def setup_key(
     container_env: dict[str, str],
     setup_network: tuple[str, ...],
     files: dict[str, str],
+    *,
+    repository: str,
 ) -> str:
-    """The cache key: the environment image's id, the setup commands, the environment they run
-    with and may reach, and the content (git blob ids) of the dependency files."""
+    """The cache key: the repository, the environment image's id, the setup commands, the
+    environment they run with and may reach, and the content (git blob ids) of the dependency
+    files."""
     document = {
         "v": KEY_VERSION,
+        "repository": repository,
         "image": image_id,
         "setup": list(commands),
         "env": dict(sorted(container_env.items())),
@@ -127,7 +131,7 @@ def check_entry(entry: Entry, image_id: Callable[[str], str | None]) -> str | No
 
 
 def tree_digest(root: Path) -> tuple[str, int, int]:
-    """A digest of a tree's names, types, modes, sizes, file mtimes and link targets (never
+    """A digest of a tree's names, types, modes, owners, sizes, file mtimes and link targets (never
     following a link; not the content, which would cost a read of every byte at every use),
     with its file count and bytes."""
     h = hashlib.sha256()
@@ -135,7 +139,9 @@ def tree_digest(root: Path) -> tuple[str, int, int]:
     for rel, st in walk_all(root):
         kind = stat.S_IFMT(st.st_mode)
         extra = os.readlink(root / rel) if stat.S_ISLNK(st.st_mode) else ""
-        line = f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{st.st_size}\0"
+        line = (
+            f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{st.st_uid}:{st.st_gid}\0{st.st_size}\0"
+        )
         # mtime: a write in place changes it (sealed files are the host's: only it could).
         line += f"{st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0}\0{extra}\n"
         h.update(line.encode("utf-8", "surrogateescape"))

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.environments.cache import ENTRY_FILE, OUTPUTS, Entry, load_entry, seal, tree_digest
 from bridge.environments.definition import EnvDefinition
@@ -17,49 +18,51 @@ from bridge.store.db import now_iso
 from bridge.workspace.fs import remove_tree, walk_all
 from bridge.workspace.rawgit import raw_git
 
+if TYPE_CHECKING:
+    from bridge.environments.run import SetupPlan
+
 
 def keep_outputs(
-    handle: PhaseHandle,
-    checkout: Path,
-    commit: str,
-    partial: Path,
-    folder: Path,
-    tag: str,
-    key: str,
-    files: dict[str, str],
-    definition: EnvDefinition,
+    handle: PhaseHandle, checkout: Path, partial: Path, plan: SetupPlan, definition: EnvDefinition
 ) -> Entry:
-    """Move the ignored files the setup made into a new entry, seal it, and put it in place."""
+    """Move the ignored files the setup made into a new entry, seal it (the host's, read-only),
+    and put it in place."""
     ctx = handle.ctx
     outputs = partial / OUTPUTS
     outputs.mkdir(parents=True)
-    for rel in ignored_paths(handle, checkout, commit):
+    paths = ignored_paths(handle, checkout, plan.commit)
+    for rel in paths:
         _move(checkout, outputs, rel)
     _drop_specials(outputs)
+    if os.geteuid() == 0:  # a setup of the worker's files ran as the sandbox user
+        for rel, _ in walk_all(outputs):
+            os.chown(outputs / rel, 0, 0, follow_symlinks=False)
     seal(outputs)
     digest, count, size = tree_digest(outputs)
-    info = ctx.sandbox.inspect_image(tag)
-    if info is None:  # no command committed (none ran): the environment image itself
-        raise EnvironmentFailed(f"The setup's image {tag} is missing; run the task again.")
+    info = ctx.sandbox.inspect_image(plan.tag)
+    if info is None:
+        raise EnvironmentFailed(f"The setup's image {plan.tag} is missing; run the task again.")
     record = {
-        "key": key,
-        "image": tag,
+        "key": plan.key,
+        "image": plan.tag,
         "image_id": info.id,
         "digest": digest,
         "files": count,
         "bytes": size,
+        "paths": sorted(paths),
         "created_at": now_iso(),
         "repository": handle.record.repository,
-        "commit": commit,
+        "commit": plan.commit,
         "source": definition.source,
         "setup": list(definition.setup),
-        "key_files": sorted(files),
+        "key_files": sorted(plan.files),
+        "for": "snapshot" if plan.worker_files else "base",
     }
     (partial / ENTRY_FILE).write_text(json.dumps(record, indent=1))
-    if folder.exists():
-        remove_tree(folder)
-    os.rename(partial, folder)
-    entry = load_entry(folder)
+    if plan.folder.exists():
+        remove_tree(plan.folder)
+    os.rename(partial, plan.folder)
+    entry = load_entry(plan.folder)
     assert entry is not None
     return entry
 

@@ -86,7 +86,7 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
         target = _merged_tree(ctx, record, raw, head, diff)
         commands = record.spec.verification.commands
         if reverify and commands:
-            outcome = _reverify(ctx, record, target)
+            outcome = _reverify(ctx, record, target, head)
             verification = outcome.document()
             if not outcome.ok:
                 bad = outcome.first_failure
@@ -183,7 +183,7 @@ def _merged_tree(ctx: Context, record: TaskRecord, raw: Git, head: str, diff: Pa
         index.unlink(missing_ok=True)
 
 
-def _reverify(ctx: Context, record: TaskRecord, tree: str) -> VerificationOutcome:
+def _reverify(ctx: Context, record: TaskRecord, tree: str, head: str) -> VerificationOutcome:
     """The task's verification commands on ``tree``, in clean containers, holding leases like
     any task container, under a fresh deadline of the task's timeout."""
     run_ctx = ctx.with_config(record.config)
@@ -217,7 +217,7 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str) -> VerificationOutcom
         # The task's environment for the merged tree's dependency files (setup again when
         # they are not the base's), else the verification image.
         try:
-            ready, env_doc = env.for_verification(tree)
+            ready, env_doc = env.for_verification(tree, [], trusted=head)
         except EnvironmentFailed as exc:
             raise Refused(
                 f"Refusing to accept: the environment for the current HEAD {tree[:12]} could "

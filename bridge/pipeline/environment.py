@@ -12,9 +12,11 @@ from functools import cached_property
 from bridge.environments.cache import Entry, entries_in, materialize, remove_entry
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.setup import Ready, definition_for, for_snapshot, prepare_environment
+from bridge.errors import BridgeError
 from bridge.pipeline.handle import PhaseHandle
 from bridge.workers import Worker
-from bridge.workspace.fs import remove_tree
+from bridge.workspace.changes import Change
+from bridge.workspace.fs import display, remove_tree
 from bridge.workspace.worktree import TaskWorkspace
 
 
@@ -48,12 +50,28 @@ class TaskEnvironment:
         if ready is not None and ready.outputs is not None:
             materialize(ready.outputs, ws.worktree, self.handle.ctx.sandbox_identity()[1])
 
-    def for_verification(self, snapshot: str) -> tuple[Ready | None, dict | None]:
-        """The environment to verify ``snapshot`` in, and what the result says of it."""
+    def for_verification(
+        self, snapshot: str, changes: list[Change], trusted: str | None = None
+    ) -> tuple[Ready | None, dict | None]:
+        """The environment to verify ``snapshot`` in, and what the result says of it
+        (``trusted``: a commit of the user's whose dependency files may be set up as theirs).
+        A change inside what the setup makes (a tracked file under node_modules) is refused:
+        dependencies come from setup, never from the change."""
         ready = self.ready()
         if ready is None:
             return None, None
-        ready, changed = for_snapshot(self.handle, ready, snapshot)
+        for change in changes:
+            for path in change.paths:
+                made = next((p for p in ready.paths if path == p or path.startswith(p + "/")), None)
+                if made is not None:
+                    shown = self.handle.redactor.redact(display(path))
+                    raise BridgeError(
+                        f"The change adds {shown}, inside {display(made)}, which the "
+                        "environment's setup makes; dependencies come from setup: change the "
+                        "manifest instead, and leave the setup's files out of the change.",
+                        kind="protected_path",
+                    )
+        ready, changed = for_snapshot(self.handle, ready, snapshot, trusted)
         document = {**ready.document(), "changed_files": changed}
         if changed:
             document["setup"] = "ran_for_snapshot"

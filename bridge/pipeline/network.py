@@ -51,10 +51,12 @@ def open_gateway(
     name: str,
     *,
     owner: tuple[int, int] | None | bool = True,
+    setup: bool = False,
 ) -> Iterator[Gateway]:
     """A gateway with these model ``routes`` and proxy ``allowlist`` (None: the proxy refuses
     everything), in `<home>/gateways/<name>`, while the block runs; its sockets belong to
-    ``owner`` (True: the sandbox identity; None: the bridge's own user)."""
+    ``owner`` (True: the sandbox identity; None: the bridge's own user). ``setup``: a setup's
+    gateway, with `setup_max_connections` as its bound."""
     from bridge.gateway.server import Gateway
 
     ctx = handle.ctx
@@ -64,11 +66,15 @@ def open_gateway(
             handle.redactor.add_secret(route.key)  # should it ever show up, it is masked
     if owner is True:
         _, owner = ctx.sandbox_identity()
+    config = ctx.config.gateway
+    if setup:
+        config = config.model_copy(update={"max_connections": config.setup_max_connections})
+        _enough_descriptors(2 * config.max_connections + 256)  # each is two sockets
     gateway = Gateway(
         ctx.home / "gateways" / name,
         resolved,
         allowlist,
-        ctx.config.gateway,
+        config,
         handle.emit,
         owner,
     ).start()
@@ -106,3 +112,13 @@ def with_gateway(
         env=env,
         mounts=[*spec.mounts, Mount(gateway.folder, CONTAINER_GATEWAY, read_only=True)],
     )
+
+
+def _enough_descriptors(wanted: int) -> None:
+    """Raise this process's soft limit on open files towards ``wanted`` (up to the hard one)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

@@ -15,7 +15,7 @@ import traceback
 from functools import cached_property
 from pathlib import Path
 
-from bridge.environments.setup import SetupTimedOut
+from bridge.environments.setup import SetupTimedOut, SnapshotSetupFailed
 from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
@@ -346,7 +346,11 @@ class TaskRunner:
             {"io.worker-bridge.task": self.task_id, "io.worker-bridge.role": "verify"}
         )
         t0 = time.monotonic()
-        env, env_doc = self.env.for_verification(snapshot)
+        try:
+            env, env_doc = self.env.for_verification(snapshot, changes)
+        except SnapshotSetupFailed as exc:  # the worker's dependency files did not set up
+            doc = VerificationDoc(ok=False, environment=exc.document)
+            return Outcome(Status.FAILED, error(exc.kind, exc.message), {"verification": doc}), None
         image = env.image if env is not None else self._verify_image()
         handle.emit("verification.started", {"commands": commands, "image": image})
         base = self.record.base_commit or ""

@@ -190,6 +190,14 @@ class DockerSandbox:
             raise _engine_down(exc) from exc
         return str(result["Id"])
 
+    def written_bytes(self, container_id: str) -> int | None:
+        try:
+            found = self.client.api.containers(all=True, size=True, filters={"id": container_id})
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return None
+        size = found[0].get("SizeRw") if found else None
+        return int(size) if size is not None else None
+
     def export_path(self, image: str, path: str, dest: Path) -> None:
         import tarfile
 

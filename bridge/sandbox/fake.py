@@ -147,6 +147,9 @@ class FakeSandbox:
         self.missing_images.discard(tag)
         return f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}"
 
+    def written_bytes(self, container_id: str) -> int | None:
+        return 0
+
     def export_path(self, image: str, path: str, dest: Path) -> None:
         self._check()
         (dest / Path(path).name / "bin").mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,10 @@ class Sandbox(Protocol):
         the container's configuration, its environment variables included."""
         ...
 
+    def written_bytes(self, container_id: str) -> int | None:
+        """What a container wrote to its own filesystem layer (None when unknown)."""
+        ...
+
     def export_path(self, image: str, path: str, dest: Path) -> None:
         """Copy the folder ``path`` of ``image`` to ``dest`` on this host (as its last name)."""
         ...

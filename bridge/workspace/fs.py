@@ -242,9 +242,11 @@ def remove_tree(path: Path) -> list[str]:
 
 
 def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> None:
-    """Empty and remove ``name`` in ``parent``. Deep trees are flattened: past _FLATTEN_AT open
-    levels, the next directory down is moved up into ``name`` and removed from there, so the
-    descriptors held stay bounded however deep the tree is."""
+    """Empty and remove ``name`` in ``parent``. Each folder is listed once, and once more when
+    its listing is used up (to catch what was moved into it), so a wide folder costs linear
+    time. Deep trees are flattened: past _FLATTEN_AT open levels, the next directory down is
+    moved up into ``name`` and removed from there, so the descriptors held stay bounded however
+    deep the tree is."""
     try:
         top = _open_for_removal(parent, name)
     except OSError as exc:
@@ -252,12 +254,16 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
         return
     tag = os.urandom(4).hex().encode()
     flat = 0
-    # Frames: (fd, name in the directory above, names in it that could not be removed).
-    stack: list[tuple[int, bytes, set[bytes]]] = [(top, name, set())]
+    # Frames: (fd, name in the directory above, names in it that could not be removed, names
+    # still to look at, whether the folder was listed again once those ran out).
+    stack: list[tuple[int, bytes, set[bytes], list[bytes], list[bool]]] = [
+        (top, name, set(), _subdirs_first(top), [False])
+    ]
     while stack:
-        fd, here, stuck = stack[-1]
+        fd, here, stuck, pending, relisted = stack[-1]
         child = None
-        for entry in _subdirs_first(fd):
+        while pending:
+            entry = pending.pop()
             if entry in stuck:
                 continue
             try:
@@ -270,14 +276,24 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
                     flat += 1
                     os.rename(entry, b".wb-flat-%s-%d" % (tag, flat), src_dir_fd=fd, dst_dir_fd=top)
                 else:
-                    child = (_open_for_removal(fd, entry), entry, set())
+                    sub = _open_for_removal(fd, entry)
+                    child = (sub, entry, set(), _subdirs_first(sub), [False])
                     break
+            except FileNotFoundError:
+                continue
             except OSError as exc:
                 stuck.add(entry)
                 failures.append(f"{where} (…/{display(decode(entry))}): {exc.strerror}")
         if child is not None:
             stack.append(child)
             continue
+        # What was moved in meanwhile is seen now: flattened folders land in the top one
+        # (listed again until none come back), nothing moves into the others (once is enough).
+        if not relisted[0] or len(stack) == 1:
+            relisted[0] = True
+            pending.extend(n for n in _subdirs_first(fd) if n not in stuck)
+            if pending:
+                continue
         os.close(fd)
         stack.pop()
         up = stack[-1] if stack else None
