@@ -34,7 +34,7 @@ demo: images
 	$(BIN)/python scripts/demo.py
 
 test: images
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test-fast: install
 	$(BIN)/pytest -q -m "not docker"
