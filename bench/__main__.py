@@ -126,7 +126,6 @@ def main() -> int:
             env_sizes,
             env_pairs,
             env_cold,
-            default_gateway=not q,
             synthetic=() if q else ENV_SYNTHETIC,
         )
     finally:

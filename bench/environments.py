@@ -42,12 +42,6 @@ SETUP = "npm ci --no-audit --no-fund"
 VERIFY = "test -f package.json"
 MOCK = {"mock": {"script": "echo done > bench-out.txt"}}
 FILES_PER_PACKAGE = 8
-# npm 9 behind an HTTP proxy opens a connection per tarball, all at once (its proxy agent does
-# not keep to `maxsockets`); the gateway closes those past `gateway.max_connections` (64 by
-# default) at once, and npm retries them after 10 s and 60 s: `npm ci` of 200 packages takes
-# ~75 s instead of ~5 s, or fails with ECONNRESET. The figures are taken with room for all of
-# them; full mode also records one cold task at 200 packages with the default, as it is.
-MAX_CONNECTIONS = 1024
 SYNTHETIC = (20_000, 50_000)  # files in the generated trees of full mode
 
 
@@ -123,13 +117,11 @@ def _check_warm(task_id: str, events: list[dict[str, Any]]) -> None:
         )
 
 
-def _home(root: Path, name: str, server_port: int, max_connections: int | None) -> Path:
+def _home(root: Path, name: str, server_port: int) -> Path:
     """A fresh state root whose gateways may reach the registry on loopback."""
     home = root / name
     home.mkdir()
     config = f"gateway:\n  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{server_port}]\n"
-    if max_connections is not None:
-        config += f"  max_connections: {max_connections}\n"
     (home / "config.yaml").write_text(config)
     return home
 
@@ -261,7 +253,7 @@ def bench_size(
     colds: list[dict[str, Any]] = []
     warm_home: Path | None = None
     for rep in range(cold_reps):
-        home = _home(root, f"home-env-{packages}-{rep}", server.port, MAX_CONNECTIONS)
+        home = _home(root, f"home-env-{packages}-{rep}", server.port)
         bridge = WorkerBridge(home=home)
         try:
             elapsed, result, events = _run(bridge, _spec(repo, image))
@@ -291,7 +283,7 @@ def bench_size(
             warm_home = home
     assert warm_home is not None
 
-    floor_home = _home(root, f"home-floor-{packages}", server.port, MAX_CONNECTIONS)
+    floor_home = _home(root, f"home-floor-{packages}", server.port)
     floor_bridge = WorkerBridge(home=floor_home)
     env_bridge = WorkerBridge(home=warm_home)
     floors, warms, ratios, floor_results, warm_results = [], [], [], [], []
@@ -343,58 +335,16 @@ def bench_size(
     }
 
 
-def cold_default_gateway(root: Path, server, projects, image: str, packages: int) -> dict:  # noqa: ANN001
-    """One cold task at ``packages`` with the gateway's default `max_connections`, recorded
-    whatever its outcome (see MAX_CONNECTIONS)."""
-    from bridge import WorkerBridge
-
-    repo = root / f"repo-{packages}"
-    if not repo.exists():
-        projects.node_project_with_packages(
-            repo, server, packages, files_per_package=FILES_PER_PACKAGE
-        )
-    home = _home(root, f"home-default-{packages}", server.port, None)
-    bridge = WorkerBridge(home=home)
-    try:
-        t0 = time.perf_counter()
-        task = bridge.create_task(_spec(repo, image))
-        result = bridge.run_task(task.task_id).document()
-        elapsed = time.perf_counter() - t0
-        events = _events(bridge, task.task_id)
-    finally:
-        bridge.close()
-        cleanup_home(home)
-    setup = [
-        e["data"] for e in events if e["kind"] == "environment.setup" and "duration_s" in e["data"]
-    ]
-    error = result.get("error") or {}
-    return {
-        "packages": packages,
-        "max_connections": "default",
-        "status": result["status"],
-        "task_s": round(elapsed, 3),
-        "npm_ci_container_s": next(
-            (d["duration_s"] for d in setup if d.get("status") == "command"), None
-        ),
-        "refused_events": sum(e["kind"] == "network.refused" for e in events),
-        "error": (error.get("message") or "").splitlines()[0][:200] if error else None,
-        # npm's own words (ECONNRESET, socket hang up) are at the end of the output's tail
-        "error_tail": (error.get("message") or "")[-400:] if error else None,
-    }
-
-
 def bench_environments(
     root: Path,
     sizes: list[int],
     pairs: int,
     cold_reps: int,
     *,
-    default_gateway: bool = False,
     synthetic: tuple[int, ...] = (),
 ) -> dict:
-    """Every size in ``sizes`` (npm packages), on a folder of ``root`` (tmpfs); with
-    ``default_gateway``, also one cold task at the largest size with the default gateway; the
-    per-task steps alone on generated trees of each size in ``synthetic`` (files)."""
+    """Every size in ``sizes`` (npm packages), on a folder of ``root`` (tmpfs); the per-task
+    steps alone on generated trees of each size in ``synthetic`` (files)."""
     from bridge.sandbox import DockerSandbox
 
     env_images, projects, registries = _support()
@@ -404,7 +354,6 @@ def bench_environments(
     work = Path(tempfile.mkdtemp(prefix="environments-", dir=root))
     server = registries.PackageServer().start()
     rows: list[dict[str, Any]] = []
-    extra: dict[str, Any] = {}
     scaled: list[dict[str, Any]] = []
     try:
         for packages in sizes:
@@ -416,15 +365,6 @@ def bench_environments(
                 f"floor {row['floor_median_s']:.2f} s, warm {row['warm_median_s']:.2f} s "
                 f"({row['warm_vs_floor_ratio']:.2f}x), cold task {row['cold_task_median_s']:.2f} s "
                 f"(setup {row['cold_setup_median_s']:.2f} s)",
-                flush=True,
-            )
-        if default_gateway:
-            extra = cold_default_gateway(work, server, projects, image, sizes[-1])
-            print(
-                f"  environment, {sizes[-1]} packages, default gateway.max_connections: cold "
-                f"task {extra['status']} in {extra['task_s']:.1f} s "
-                "(connections refused: "
-                f"{'yes' if extra['refused_events'] else 'no'})",
                 flush=True,
             )
         from bridge.config import load_config
@@ -448,9 +388,7 @@ def bench_environments(
         "cold_reps": cold_reps,
         "setup": SETUP,
         "verify": VERIFY,
-        "max_connections": MAX_CONNECTIONS,
         "sizes": rows,
-        "cold_default_gateway": extra if default_gateway else None,
         "synthetic_trees": scaled,
         "warm_vs_floor_ratio": first["warm_vs_floor_ratio"],
         "cold_setup_s": first["cold_setup_median_s"],
@@ -489,13 +427,6 @@ def print_environments(result: dict[str, Any]) -> None:
             f"baseline {c['baseline_s']:.2f} s, remove {c['remove_s']:.2f} s: "
             f"~{c['per_task_estimate_s']:.1f} s per warm task"
         )
-    extra = result.get("cold_default_gateway")
-    if extra:
-        print(
-            f"  cold at {extra['packages']} packages with the default gateway.max_connections: "
-            f"{extra['status']}, {extra['task_s']:.1f} s"
-            + (f" ({extra['error']})" if extra["error"] else "")
-        )
 
 
 def settings(quick: bool) -> tuple[list[int], int, int]:
@@ -515,7 +446,6 @@ def main() -> int:
         sizes,
         pairs,
         cold_reps,
-        default_gateway=not args.quick,
         synthetic=() if args.quick else SYNTHETIC,
     )
     print_environments(result)
