@@ -106,8 +106,7 @@ def prepare_environment(handle: PhaseHandle, worker: Worker, definition: EnvDefi
     image, image_env, image_id = environment_image(handle, definition)
     bundle = worker_bundle(handle, worker.image(handle.ctx.config))
     check_worker_runs(handle, worker, image, image_id, image_env, bundle)
-    ready = Ready(definition, image, image_id, image_env, bundle, None, {}, None, "none")
-    ready.environment_image = image
+    ready = Ready(definition, image, image_id, image_env, bundle, None, {}, None, "none", (), image)
     if not definition.setup:
         return ready
     base = handle.record.base_commit or ""
@@ -230,8 +229,15 @@ def _task_allows(handle: PhaseHandle, definition: EnvDefinition) -> tuple[str, .
     network = handle.spec.network
     if network.mode != "allowlist":
         return ()
-    allowed = {d.lower().rstrip(".") for d in network.domains}
-    return tuple(d for d in definition.setup_network if d in allowed)
+    from bridge.gateway.policy import name_allowed
+
+    allowed = [d.lower().rstrip(".") for d in network.domains]
+    # A name the task's allowlist covers; a pattern only if the allowlist names it too.
+    return tuple(
+        d
+        for d in definition.setup_network
+        if d in allowed or (not d.startswith("*.") and name_allowed(d, allowed))
+    )
 
 
 def _contains(handle: PhaseHandle, commit: str, made_from: str) -> bool:
