@@ -1,0 +1,131 @@
+"""The environment's pure parts, without an engine: what keys the cache, which dependency files
+count, what a snapshot's setup may reach, how cached files are put into a tree, and what the
+cache's check notices."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+from bridge.environments.cache import materialize, seal, setup_key, tree_digest
+from bridge.environments.definition import EnvDefinition, key_files
+from bridge.environments.setup import _task_allows
+from bridge.models import Network
+
+
+def _definition(**extra) -> EnvDefinition:
+    fields = {
+        "image": "img",
+        "build": None,
+        "devcontainer": None,
+        "setup": ("npm ci",),
+        "setup_network": ("registry.npmjs.org", "*.pythonhosted.org"),
+    }
+    fields.update(extra)
+    return EnvDefinition(**fields)
+
+
+def test_the_key_changes_with_each_input_and_only_with_them():
+    base = dict(
+        image_id="sha256:a",
+        commands=("npm ci",),
+        container_env={},
+        setup_network=(),
+        files={"package-lock.json": "b1"},
+        repository="/r",
+    )
+
+    def key(**change) -> str:
+        args = {**base, **change}
+        repository = args.pop("repository")
+        return setup_key(**args, repository=repository)
+
+    assert key() == key()
+    assert (
+        len(
+            {
+                key(),
+                key(image_id="sha256:b"),
+                key(commands=("npm i",)),
+                key(container_env={"A": "1"}),
+                key(setup_network=("x.org",)),
+                key(files={"package-lock.json": "b2"}),
+                key(repository="/fork"),
+            }
+        )
+        == 7
+    )
+
+
+def test_dependency_files_are_found_by_name_at_any_depth_or_by_the_given_globs():
+    tree = {
+        "package.json": "1",
+        "web/package-lock.json": "2",
+        "src/index.js": "3",
+        "requirements-dev.txt": "4",
+        "docs/requirements.md": "5",
+        "scripts/post.sh": "6",
+    }
+    assert sorted(key_files(_definition(), tree)) == [
+        "package.json",
+        "requirements-dev.txt",
+        "web/package-lock.json",
+    ]
+    chosen = key_files(_definition(cache_key_files=("package.json", "scripts/*")), tree)
+    assert sorted(chosen) == ["package.json", "scripts/post.sh"]
+
+
+def test_a_snapshot_setup_reaches_only_what_the_task_itself_may():
+    def allows(network: Network):
+        return _task_allows(SimpleNamespace(spec=SimpleNamespace(network=network)), _definition())
+
+    assert allows(Network()) == ()
+    assert allows(Network(mode="allowlist", domains=["example.com"])) == ()
+    assert allows(Network(mode="allowlist", domains=["*.npmjs.org"])) == ("registry.npmjs.org",)
+    # A pattern of setup_network is kept only when the task names the same pattern.
+    assert allows(Network(mode="allowlist", domains=["*.pythonhosted.org"])) == (
+        "*.pythonhosted.org",
+    )
+
+
+def test_cached_files_are_linked_in_and_what_the_tree_holds_wins(tmp_path):
+    outputs, dest = tmp_path / "outputs", tmp_path / "dest"
+    (outputs / "node_modules" / "a").mkdir(parents=True)
+    (outputs / "node_modules" / "a" / "index.js").write_text("cached\n")
+    (outputs / "node_modules" / "a" / "link").symlink_to("/etc/passwd")
+    (outputs / "build.txt").mkdir()  # the tree holds a file there: the folder is skipped
+    (outputs / "build.txt" / "inner").write_text("x")
+    seal(outputs)
+    (dest / "node_modules" / "a").mkdir(parents=True)
+    (dest / "node_modules" / "a" / "index.js").write_text("tracked\n")
+    (dest / "build.txt").write_text("mine\n")
+    owner = (os.getuid(), os.getgid()) if os.geteuid() == 0 else None
+    materialize(outputs, dest, owner)
+    assert (dest / "node_modules" / "a" / "index.js").read_text() == "tracked\n"
+    assert os.readlink(dest / "node_modules" / "a" / "link") == "/etc/passwd"
+    assert (dest / "build.txt").read_text() == "mine\n"
+    (tmp_path / "fresh").mkdir()
+    materialize(outputs, tmp_path / "fresh", owner)
+    linked = tmp_path / "fresh" / "node_modules" / "a" / "index.js"
+    assert linked.read_text() == "cached\n"
+    assert linked.stat().st_mode & 0o222 == 0  # sealed: read-only for everyone
+    if owner is not None:  # a hard link to the cache's inode, never a copy
+        assert linked.stat().st_ino == (outputs / "node_modules" / "a" / "index.js").stat().st_ino
+
+
+def test_the_digest_notices_names_modes_sizes_mtimes_and_links(tmp_path):
+    root = tmp_path / "t"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_text("abc")
+    (root / "l").symlink_to("d/f")
+    before, files, size = tree_digest(root)
+    assert (files, size) == (2, 3 + len("d/f"))
+    (root / "d" / "f").write_text("abd")  # same size, new mtime
+    assert tree_digest(root)[0] != before
+    now = tree_digest(root)[0]
+    os.chmod(root / "d" / "f", 0o600)
+    assert tree_digest(root)[0] != now
+    now = tree_digest(root)[0]
+    (root / "l").unlink()
+    (root / "l").symlink_to("elsewhere")
+    assert tree_digest(root)[0] != now
