@@ -34,7 +34,7 @@ demo: images
 	$(BIN)/python scripts/demo.py
 
 test: images
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
 test-fast: install
 	$(BIN)/pytest -q -m "not docker"
