@@ -65,10 +65,16 @@ def workdir(request):
 
 
 def _remove_containers(home: Path) -> None:
+    """The containers a test's state root started, and the environment images it made (setup
+    results and devcontainer builds are tagged per state root: nothing else would remove them)."""
     try:
         from bridge.sandbox import DockerSandbox, home_id
 
-        DockerSandbox().remove_by_labels({"io.worker-bridge.home": home_id(home)})
+        sandbox = DockerSandbox()
+        sandbox.remove_by_labels({"io.worker-bridge.home": home_id(home)})
+        made = {"io.worker-bridge.home": home_id(home), "io.worker-bridge.role": "environment"}
+        for image in sandbox.images(made):
+            sandbox.remove_image(image.id)
     except Exception:
         pass
 
