@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, scratch_root, timed
+from bench.task import timed_task
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 SETUP = "npm ci --no-audit --no-fund"
@@ -83,13 +84,8 @@ def _events(bridge, task_id: str) -> list[dict[str, Any]]:
 
 
 def _run(bridge, spec: dict) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
-    t0 = time.perf_counter()
-    task = bridge.create_task(spec)
-    result = bridge.run_task(task.task_id).document()
-    elapsed = time.perf_counter() - t0
-    if result["status"] != "succeeded":
-        raise RuntimeError(f"environments bench: task {task.task_id} failed: {result['error']}")
-    return elapsed, result, _events(bridge, task.task_id)
+    elapsed, result = timed_task(bridge, spec)
+    return elapsed, result, _events(bridge, result["task_id"])
 
 
 def _kinds(events: list[dict[str, Any]]) -> list[str]:

@@ -37,12 +37,17 @@ def run_library_task(bridge, repo: Path) -> tuple[float, dict[str, Any]]:
         "verification": {"commands": [VERIFY]},
         "metadata": MOCK,
     }
+    return timed_task(bridge, spec)
+
+
+def timed_task(bridge, spec: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Create and run one task through the library; (seconds, result), or RuntimeError."""
     t0 = time.perf_counter()
     task = bridge.create_task(spec)
     result = bridge.run_task(task.task_id).document()
     elapsed = time.perf_counter() - t0
     if result["status"] != "succeeded":
-        raise RuntimeError(f"bench task failed: {result['error']}")
+        raise RuntimeError(f"bench task {task.task_id} failed: {result['error']}")
     return elapsed, result
 
 

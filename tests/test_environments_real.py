@@ -10,14 +10,12 @@ from conftest import git
 from support.env_images import node_image
 from support.projects import node_project
 from support.real_workers import (  # noqa: F401
-    AUTH,
-    KEY,
-    KEY_VARS,
     assert_key_nowhere,
     assert_only_model_route,
     ensure_worker_image,
     events,
     model_server,
+    real_env,
     run_task,
 )
 from support.registries import PackageServer
@@ -32,6 +30,7 @@ def test_a_real_cli_works_inside_the_project_environment(
     home,
     worker,
     model_server,  # noqa: F811
+    real_env,  # noqa: F811
 ):
     from conftest import BASE_IMAGE
 
@@ -41,17 +40,10 @@ def test_a_real_cli_works_inside_the_project_environment(
     image = node_image(DockerSandbox(), BASE_IMAGE)
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), worker)
     with PackageServer() as server:
-        lines = ["gateway:", "  routes:"]
-        for route, var in KEY_VARS.items():
-            lines += [
-                f"    {route}:",
-                f"      upstream: {model_server.url}",
-                f"      auth: {AUTH[route]}",
-                f"      key_env: {var}",
-            ]
-        lines += ["  trusted_ranges: ['127.0.0.0/8']", f"  http_ports: [{server.port}]"]
-        (home / "config.yaml").write_text("\n".join(lines) + "\n")
-        env = {var: KEY for var in KEY_VARS.values()}
+        # real_env's routes to the scripted model, and the registry on loopback for setup.
+        with (home / "config.yaml").open("a") as config:
+            config.write(f"  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{server.port}]\n")
+        env = real_env
         repo = node_project(workdir / "node", server)
         spec = {
             "objective": (

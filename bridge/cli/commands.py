@@ -258,17 +258,22 @@ def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     if args.json:
         out_json(report)
         return 0
-    verb = "removed" if args.apply else "would remove"
-    for action in report["actions"]:
-        owner = f" (task {action['task_id']})" if action["task_id"] else ""
+    print_prune(report["actions"], args.apply)
+    return 0
+
+
+def print_prune(actions: list[dict[str, Any]], applied: bool) -> None:
+    """What a prune removed (or would remove), one line each, and what to do next."""
+    verb = "removed" if applied else "would remove"
+    for action in actions:
+        owner = f" (task {action['task_id']})" if action.get("task_id") else ""
         print(f"{verb} {action['kind']} {action['target']}{owner}: {action['reason']}")
         for failure in action.get("failed") or []:
             print(f"  could not remove: {failure}")
-    if not report["actions"]:
+    if not actions:
         print("nothing to prune")
-    elif not args.apply:
-        print(f"{len(report['actions'])} item(s); run again with --apply to remove them")
-    return 0
+    elif not applied:
+        print(f"{len(actions)} item(s); run again with --apply to remove them")
 
 
 def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
@@ -297,13 +302,7 @@ def cmd_environments_prune(bridge: WorkerBridge, args: argparse.Namespace) -> in
     if args.json:
         out_json(report)
         return 0
-    verb = "removed" if args.apply else "would remove"
-    for action in report["actions"]:
-        print(f"{verb} {action['kind']} {action['target']}: {action['reason']}")
-    if not report["actions"]:
-        print("nothing to prune")
-    elif not args.apply:
-        print(f"{len(report['actions'])} item(s); run again with --apply to remove them")
+    print_prune(report["actions"], args.apply)
     return 0
 
 
