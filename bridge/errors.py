@@ -63,6 +63,12 @@ class ConfigError(BridgeError, ValueError):
 class TaskNotFound(BridgeError, LookupError):
     exit_code = 2
 
+    @classmethod
+    def of(cls, task_id: str) -> TaskNotFound:
+        """The one answer for an unknown task id, and for a task outside `repositories`: the
+        two are never told apart."""
+        return cls(f"No task '{task_id}' in this store; `worker-bridge tasks list` shows the ids.")
+
 
 class InvalidTransition(BridgeError):
     pass

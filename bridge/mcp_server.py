@@ -253,9 +253,7 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         """Reclaim disk from finished tasks: worktrees and branches of failed, cancelled,
         timed-out, rejected and accepted tasks, orphan folders and containers, and old artifacts.
         Running tasks are never touched. Dry run unless apply is true."""
-        from bridge.pipeline.prune import prune
-
-        return await tools.call(prune, bridge.context(), apply, include_unaccepted)
+        return await tools.call(bridge.prune_workspaces, apply, include_unaccepted)
 
     @server.tool()
     async def worker_accept(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
-from bridge.errors import BridgeError, InvalidSpec, TaskStateError
+from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.gateway.policy import all_routes, check_network
 from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
 from bridge.pipeline.accepting import accept_task
@@ -18,15 +18,16 @@ from bridge.pipeline.handle import PipelineHooks
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
-from bridge.records import AcceptResult, TaskResult, WorkerInfo
+from bridge.records import AcceptResult, TaskRecord, TaskResult, WorkerInfo
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
+from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import BUILTIN, Worker, all_workers, get_worker
 from bridge.workspace.git import Git, repository_root
-from bridge.workspace.worktree import check_allowed, check_disjoint
+from bridge.workspace.worktree import check_disjoint
 
 
 class WorkerBridge:
@@ -72,6 +73,20 @@ class WorkerBridge:
     def context(self) -> Context:
         return Context(self.config, self.store, self.sandbox)
 
+    @property
+    def scope(self) -> RepositoryScope:
+        """The repositories this bridge may touch (config `repositories`): a task outside them
+        is absent for every verb below, as if it did not exist."""
+        return RepositoryScope.of(self.config.repositories)
+
+    def _task(self, task_id: str) -> TaskRecord:
+        """The task's record, or TaskNotFound for an unknown id and for a task outside the
+        scope alike (the same words for both)."""
+        record = self.store.load_task(task_id)
+        if not self.scope.allows(record.repository):
+            raise TaskNotFound.of(task_id)
+        return record
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
@@ -90,7 +105,7 @@ class WorkerBridge:
         check_network(self.config, parsed, worker.routes(parsed.metadata, self.config))
         repo = repository_root(parsed.workspace.repository)
         check_disjoint(self.config.home, repo)
-        check_allowed(self.config.repositories, repo)
+        self.scope.check_new(repo)
         require_repository(repo)  # in a container: at the same path as on the host?
         base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
         self._check_environment(parsed, repo, base_commit, worker)
@@ -98,7 +113,7 @@ class WorkerBridge:
         limits.update(parsed.limits.model_dump(exclude_none=True))
         effective = self.config.model_dump(mode="json")
         effective["effective_limits"] = limits
-        task_id, _ = self.store.insert_task(
+        task_id, created = self.store.insert_task(
             {
                 "task_id": os.urandom(6).hex(),
                 "status": str(Status.CREATED),
@@ -114,6 +129,10 @@ class WorkerBridge:
             },
             {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit},
         )
+        if not created and not self.scope.allows(self.store.load_task(task_id).repository):
+            raise InvalidSpec(
+                "This idempotency_key is already used by another task; choose another key."
+            )
         return self.get_task(task_id)
 
     def _check_environment(
@@ -140,7 +159,7 @@ class WorkerBridge:
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
         """Run a task in this thread until it reaches a terminal status (or resume one whose
         runner died). Returns the task result."""
-        status = self.store.status(task_id)
+        status = self._task(task_id).status
         if runner_id is None and status not in (Status.CREATED, Status.QUEUED):
             raise TaskStateError(
                 f"Task {task_id} is already {status}; only a created or queued task starts."
@@ -157,7 +176,7 @@ class WorkerBridge:
 
     def start_detached(self, task_id: str) -> TaskResult:
         """Queue the task and run it in a detached runner process; returns at once."""
-        task = self.store.load_task(task_id)
+        task = self._task(task_id)
         if task.status != Status.CREATED:
             raise TaskStateError(
                 f"Task {task_id} is already {task.status}; only a created task starts."
@@ -172,7 +191,7 @@ class WorkerBridge:
         and verify again, in a detached runner. Returns the task result (status `queued`)."""
         if not message.strip():
             raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
-        task = self.store.load_task(task_id)
+        task = self._task(task_id)
         if task.status not in (Status.SUCCEEDED, Status.FAILED):
             raise TaskStateError(
                 f"Task {task_id} is {task.status}; only a succeeded or failed task takes a "
@@ -210,7 +229,7 @@ class WorkerBridge:
     def cancel_task(self, task_id: str) -> TaskResult:
         """Cancel from any process: the status becomes `cancelled` (final), then the task's
         containers are killed with everything in them. A finished task is left as it is."""
-        task = self.store.load_task(task_id)
+        task = self._task(task_id)
         if task.status not in TERMINAL:
             if self.store.transition(
                 task_id,
@@ -229,7 +248,7 @@ class WorkerBridge:
     def reject_task(self, task_id: str, reason: str = "") -> TaskResult:
         """Mark a succeeded task's change as not wanted (`rejected`, final); its workspace is
         left for prune. Any other status is left as it is."""
-        redacted = redactor_for(self.store.load_task(task_id)).redact(reason)
+        redacted = redactor_for(self._task(task_id)).redact(reason)
         if self.store.transition(
             task_id,
             Status.REJECTED,
@@ -253,21 +272,50 @@ class WorkerBridge:
         return recovered
 
     def get_task(self, task_id: str) -> TaskResult:
-        return task_result(self.store.load_task(task_id), self.store.artifacts(task_id))
+        return task_result(self._task(task_id), self.store.artifacts(task_id))
+
+    def task_status(self, task_id: str) -> str:
+        """Just the status, for polling loops (TaskNotFound as for every verb)."""
+        return self._task(task_id).status
 
     def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[TaskResult]:
         if status and status not in {s.value for s in Status}:
             raise InvalidSpec(
                 f"Unknown status '{status}'; use one of {', '.join(s.value for s in Status)}."
             )
-        records = self.store.list_tasks(status=status, limit=limit)
+        scope = self.scope
+        under = scope.prefixes() if scope.bounded else None
+        records = [
+            r
+            for r in self.store.list_tasks(status=status, limit=limit, under=under)
+            if scope.allows(r.repository)
+        ]
         artifacts = self.store.artifacts_of([r.task_id for r in records]) if records else {}
         return [task_result(r, artifacts.get(r.task_id, {})) for r in records]
 
     def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
-        self.store.status(task_id)  # TaskNotFound for an unknown id
+        self._task(task_id)  # TaskNotFound for an unknown id, or one outside the scope
         events = self.store.events(task_id, after=after, limit=limit)
         return {"events": events, "next_after": events[-1]["event_id"] if events else after}
+
+    def prune_workspaces(self, apply: bool = False, include_unaccepted: bool = False) -> dict:
+        """Reclaim disk from finished tasks in scope (dry run unless ``apply``); see
+        bridge/pipeline/prune.py for what is and is never removed."""
+        from bridge.pipeline.prune import prune
+
+        return prune(self.context(), apply, include_unaccepted, self.scope)
+
+    def list_environments(self) -> list[dict[str, Any]]:
+        """The setup caches of this state root for repositories in scope."""
+        from bridge.environments.manage import list_environments
+
+        return list_environments(self.context(), self.scope)
+
+    def prune_environments(self, apply: bool = False, everything: bool = False) -> dict:
+        """Reclaim setup caches (dry run unless ``apply``); see environments/manage.py."""
+        from bridge.environments.manage import prune_environments
+
+        return prune_environments(self.context(), self.scope, apply=apply, everything=everything)
 
     # -- accept -----------------------------------------------------------------------------
 
@@ -277,7 +325,7 @@ class WorkerBridge:
         """Write the verified snapshot into the user's working tree (uncommitted), or say why
         not (nothing is written then). When HEAD moved past the task's base, the checks run
         again on HEAD plus the change first (``reverify=False`` skips that)."""
-        record = self.store.load_task(task_id)
+        record = self._task(task_id)
         diff = Path(self.store.artifacts(task_id).get("diff", ""))
         return accept_task(
             self.context(), record, diff, allow_unverified=allow_unverified, reverify=reverify

@@ -164,7 +164,7 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         after = page["next_after"]
         if page["events"]:
             continue
-        if not args.follow or bridge.store.status(args.task_id) in TERMINAL:
+        if not args.follow or bridge.task_status(args.task_id) in TERMINAL:
             # one last page: events written just before the terminal status
             if args.follow and bridge.task_logs(args.task_id, after=after)["events"]:
                 continue
@@ -207,7 +207,7 @@ def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     result = bridge.follow_up(args.task_id, args.message)
     if args.wait:
         with _live(bridge, args.task_id, args):
-            while bridge.store.status(args.task_id) not in TERMINAL:
+            while bridge.task_status(args.task_id) not in TERMINAL:
                 time.sleep(0.25)
         return _finish(bridge.get_task(args.task_id).document(), args)
     if args.json:
@@ -234,7 +234,7 @@ def cmd_tasks_reject(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    before = bridge.store.status(args.task_id)
+    before = bridge.task_status(args.task_id)
     result = bridge.cancel_task(args.task_id).document()
     if args.json:
         out_json(result)
@@ -252,9 +252,7 @@ def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.pipeline.prune import prune
-
-    report = prune(bridge.context(), apply=args.apply, include_unaccepted=args.include_unaccepted)
+    report = bridge.prune_workspaces(apply=args.apply, include_unaccepted=args.include_unaccepted)
     if args.json:
         out_json(report)
         return 0
@@ -277,9 +275,7 @@ def print_prune(actions: list[dict[str, Any]], applied: bool) -> None:
 
 
 def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.environments.manage import list_environments
-
-    found = list_environments(bridge.context())
+    found = bridge.list_environments()
     if args.json:
         out_json(found)
         return 0
@@ -296,9 +292,7 @@ def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int
 
 
 def cmd_environments_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.environments.manage import prune_environments
-
-    report = prune_environments(bridge.context(), apply=args.apply, everything=args.all)
+    report = bridge.prune_environments(apply=args.apply, everything=args.all)
     if args.json:
         out_json(report)
         return 0

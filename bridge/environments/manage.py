@@ -4,7 +4,9 @@ free disk under the state root is below the reserve, the least recently used one
 removes every entry and the images built from devcontainer Dockerfiles. Images of this state
 root's environments that no entry names any more (a crash between the two) go too, but never a
 task-private one while its task runs; so do worker bundles whose image is gone. An entry is
-removed folder first, so no task trusts it while its image goes."""
+removed folder first, so no task trusts it while its image goes. Under a bounded scope (config
+`repositories`), entries of other repositories are neither listed nor pruned, and the engine's
+images and bundles, which every repository shares, are left alone."""
 
 from __future__ import annotations
 
@@ -18,16 +20,27 @@ from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL
 from bridge.pipeline.context import Context
 from bridge.sandbox import LABEL, home_id
+from bridge.scope import RepositoryScope
 from bridge.workspace.disk import reserve_bytes
 from bridge.workspace.fs import remove_tree
 
 DAY = 86400.0
 
 
-def list_environments(ctx: Context) -> list[dict[str, Any]]:
-    """One document per cache entry, most recently used first (unreadable ones included)."""
+def _mine(item: Entry | Path, scope: RepositoryScope) -> bool:
+    if not scope.bounded:
+        return True
+    repository = item.record.get("repository") if isinstance(item, Entry) else None
+    return bool(repository) and scope.allows(str(repository))
+
+
+def list_environments(ctx: Context, scope: RepositoryScope) -> list[dict[str, Any]]:
+    """One document per cache entry in scope, most recently used first (unreadable ones
+    included when the scope is not bounded)."""
     found = []
     for item in entries(ctx.home):
+        if not _mine(item, scope):
+            continue
         if isinstance(item, Path):
             found.append({"key": item.name, "state": "unreadable", "folder": str(item)})
             continue
@@ -54,14 +67,20 @@ def _document(entry: Entry) -> dict[str, Any]:
     }
 
 
-def prune_environments(ctx: Context, *, apply: bool = False, everything: bool = False) -> dict:
+def prune_environments(
+    ctx: Context, scope: RepositoryScope, *, apply: bool = False, everything: bool = False
+) -> dict:
     """What prune removes (and removes it when ``apply``), with the reason for each."""
     actions: list[dict[str, Any]] = []
     now = time.time()
     keep_s = ctx.config.retention_days * DAY
     live: list[Entry] = []
+    others: list[Entry] = []  # outside the scope: kept, and their images with them
     for item in entries(ctx.home):
-        if isinstance(item, Path):
+        if not _mine(item, scope):
+            if isinstance(item, Entry):
+                others.append(item)
+        elif isinstance(item, Path):
             actions.append(_action("entry", item, None, "its record is unreadable"))
         elif everything:
             actions.append(_action("entry", item.folder, item, "--all"))
@@ -78,9 +97,9 @@ def prune_environments(ctx: Context, *, apply: bool = False, everything: bool = 
             break
         actions.append(_action("entry", item.folder, item, "free disk is below the reserve"))
         freed += actions[-1]["bytes"]
-    named = {a["image"] for a in actions if a["image"]} | {e.image for e in live}
+    named = {a["image"] for a in actions if a["image"]} | {e.image for e in live + others}
     ours = {f"{LABEL}.home": home_id(ctx.home), f"{LABEL}.role": "environment"}
-    for image in ctx.sandbox.images(ours):
+    for image in [] if scope.bounded else ctx.sandbox.images(ours):
         tags = [t for t in image.tags if t.startswith("worker-bridge-env")]
         built = any(t.startswith("worker-bridge-env-build:") for t in tags)
         if any(t in named for t in tags) or (built and not everything) or _in_use(ctx, tags):
@@ -95,7 +114,8 @@ def prune_environments(ctx: Context, *, apply: bool = False, everything: bool = 
                 "reason": why,
             }
         )
-    actions += _stale_bundles(ctx)
+    if not scope.bounded:
+        actions += _stale_bundles(ctx)
     if apply:
         for action in actions:
             if action["kind"] == "entry":

@@ -2,8 +2,10 @@
 orphan containers, object caches no task needs, and artifacts past the retention period. Dry run
 unless asked to apply; what could not be removed is reported and the rest goes on.
 
-Never touched: tasks that are not finished, and a succeeded task's work that was not accepted
-yet (unless `include_unaccepted`). Accepted work already lives in the user's working tree.
+Never touched: tasks that are not finished, a succeeded task's work that was not accepted
+yet (unless `include_unaccepted`), and anything of a repository outside the bridge's scope
+(config `repositories`): its tasks, the worktree records in it, its object caches. Accepted work
+already lives in the user's working tree.
 A snapshot's objects stay in the repository's object store after its branch is deleted (they
 may be shared with the user's own objects, so only git may delete them): prune says how many
 bytes, and `git gc` reclaims them once they are unreachable and past `gc.pruneExpire`.
@@ -20,6 +22,7 @@ from bridge.models import Status
 from bridge.pipeline.context import Context
 from bridge.pipeline.recovery import orphan_containers
 from bridge.records import TaskRecord
+from bridge.scope import RepositoryScope
 from bridge.store.db import now_iso
 from bridge.workspace import fs
 from bridge.workspace.git import Git
@@ -66,13 +69,17 @@ def _wanted(task: TaskRecord, include_unaccepted: bool) -> bool:
     return task.status in RECLAIMABLE or (include_unaccepted and task.status == Status.SUCCEEDED)
 
 
-def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneAction]:
+def plan_prune(
+    ctx: Context, include_unaccepted: bool = False, scope: RepositoryScope | None = None
+) -> list[PruneAction]:
     home = ctx.home
+    scope = scope or RepositoryScope()
     actions: list[PruneAction] = []
+    # Every task counts for what is an orphan; only those in scope are pruned.
     tasks = {t.task_id: t for t in ctx.store.list_tasks()}
     cutoff = datetime.now(UTC) - timedelta(days=ctx.config.retention_days)
     for task_id, task in tasks.items():
-        if not _wanted(task, include_unaccepted):
+        if not _wanted(task, include_unaccepted) or not scope.allows(task.repository):
             continue
         repo = Path(task.repository)
         branch = f"worker-bridge/{task_id}"
@@ -102,11 +109,14 @@ def plan_prune(ctx: Context, include_unaccepted: bool = False) -> list[PruneActi
                     f"{task.status} task finished over {ctx.config.retention_days} days ago",
                 )
             )
-    actions += _orphans(ctx, tasks)
-    actions += _object_caches(ctx, tasks, {a.task_id for a in actions if a.kind == "workspace"})
+    actions += _orphans(ctx, tasks, scope)
+    pruning = {a.task_id for a in actions if a.kind == "workspace"}
+    actions += _object_caches(ctx, tasks, pruning, scope)
     try:
         for item in orphan_containers(ctx):
             task_id = item.labels.get("io.worker-bridge.task")
+            if task_id in tasks and not scope.allows(tasks[task_id].repository):
+                continue
             actions.append(
                 PruneAction(
                     "container", item.id[:12], task_id, "container of a finished or unknown task"
@@ -121,7 +131,9 @@ def _time(at: str) -> datetime:
     return datetime.fromisoformat(at.replace("Z", "+00:00"))
 
 
-def _orphans(ctx: Context, tasks: dict[str, TaskRecord]) -> list[PruneAction]:
+def _orphans(
+    ctx: Context, tasks: dict[str, TaskRecord], scope: RepositoryScope
+) -> list[PruneAction]:
     home, found = ctx.home, []
     logs = home / "logs"
     if logs.is_dir():
@@ -135,22 +147,33 @@ def _orphans(ctx: Context, tasks: dict[str, TaskRecord]) -> list[PruneAction]:
         root = home / folder
         if root.is_dir():
             for entry in sorted(root.iterdir()):
-                if entry.name not in tasks:
-                    found.append(
-                        PruneAction(
-                            "orphan_dir", str(entry), None, f"no task '{entry.name}' in the store"
-                        )
+                if entry.name in tasks:
+                    continue
+                repo = (
+                    _worktree_repository(entry) if scope.bounded and folder == "worktrees" else None
+                )
+                if repo is not None and not scope.allows(repo):
+                    continue  # git in that repository still records it: not ours to change
+                found.append(
+                    PruneAction(
+                        "orphan_dir", str(entry), None, f"no task '{entry.name}' in the store"
                     )
+                )
     return found
 
 
 def _object_caches(
-    ctx: Context, tasks: dict[str, TaskRecord], pruning: set[str | None]
+    ctx: Context,
+    tasks: dict[str, TaskRecord],
+    pruning: set[str | None],
+    scope: RepositoryScope,
 ) -> list[PruneAction]:
-    """Object stores (and attribute-free git dirs) no task with a workspace still needs."""
+    """Object stores (and attribute-free git dirs) no task with a workspace still needs; under a
+    bounded scope, only those of repositories in it."""
     root = ctx.home / "objects"
     if not root.is_dir():
         return []
+    mine = {repo_id(Path(t.repository)) for t in tasks.values() if scope.allows(t.repository)}
     live: dict[str, tuple[Path, set[str]]] = {}
     for task in tasks.values():
         if task.pruned_at or task.task_id in pruning or not task.base_commit:
@@ -164,6 +187,8 @@ def _object_caches(
     }
     found = []
     for repo_dir in sorted(root.iterdir()):
+        if scope.bounded and repo_dir.name not in mine:
+            continue
         for store in sorted(repo_dir.iterdir()):
             if store not in keep:
                 size = fs.tree_size([store])
@@ -229,22 +254,7 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
 def _remove_orphan_dir(ctx: Context, path: Path) -> list[str]:
     """Remove a folder no task references; if it is a worktree git still knows, also drop the
     repository's record of it and its worker-bridge branch."""
-    repo = None
-    if path.parent.name == "worktrees":
-        try:
-            text = fs.read_small(path / ".git", 4096).decode(errors="replace").strip()
-        except OSError:
-            text = ""
-        if text.startswith("gitdir: "):
-            admin = Path(text.removeprefix("gitdir: "))  # <repo>/.git/worktrees/<name>
-            # Trusted only when that repository's own record names this very folder (a `.git`
-            # file a worker planted cannot point prune at some other repository).
-            try:
-                back = fs.read_small(admin / "gitdir", 4096).decode(errors="replace").strip()
-            except OSError:
-                back = ""
-            ours = admin.parent.name == "worktrees" and Path(back) == path / ".git"
-            repo = admin.parent.parent.parent if ours else None
+    repo = _worktree_repository(path) if path.parent.name == "worktrees" else None
     failed = fs.remove_tree(path)
     if repo is not None and repo.is_dir():
         with repository_lock(ctx.home, repo.resolve()):
@@ -256,8 +266,32 @@ def _remove_orphan_dir(ctx: Context, path: Path) -> list[str]:
     return failed
 
 
-def prune(ctx: Context, apply: bool = False, include_unaccepted: bool = False) -> dict:
-    actions = plan_prune(ctx, include_unaccepted)
+def _worktree_repository(path: Path) -> Path | None:
+    """The repository an orphan worktree folder belongs to, when that repository's own record
+    names this very folder (a `.git` file a worker planted cannot point prune at some other
+    repository); None otherwise."""
+    try:
+        text = fs.read_small(path / ".git", 4096).decode(errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith("gitdir: "):
+        return None
+    admin = Path(text.removeprefix("gitdir: "))  # <repo>/.git/worktrees/<name>
+    try:
+        back = fs.read_small(admin / "gitdir", 4096).decode(errors="replace").strip()
+    except OSError:
+        return None
+    ours = admin.parent.name == "worktrees" and Path(back) == path / ".git"
+    return admin.parent.parent.parent if ours else None
+
+
+def prune(
+    ctx: Context,
+    apply: bool = False,
+    include_unaccepted: bool = False,
+    scope: RepositoryScope | None = None,
+) -> dict:
+    actions = plan_prune(ctx, include_unaccepted, scope)
     if apply:
         actions = apply_prune(ctx, actions)
     return {"applied": apply, "actions": [asdict(a) for a in actions]}

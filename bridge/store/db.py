@@ -170,17 +170,32 @@ class Store:
         """The task's record; TaskNotFound naming the id."""
         rows = self.query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         if not rows:
-            raise TaskNotFound(
-                f"No task '{task_id}' in this store; `worker-bridge tasks list` shows the ids."
-            )
+            raise TaskNotFound.of(task_id)
         return TaskRecord.model_validate(self._decode(rows[0]))
 
-    def list_tasks(self, status: str | None = None, limit: int | None = None) -> list[TaskRecord]:
-        sql = "SELECT * FROM tasks"
+    def list_tasks(
+        self,
+        status: str | None = None,
+        limit: int | None = None,
+        under: list[str] | None = None,
+    ) -> list[TaskRecord]:
+        """Tasks newest first; ``under``: only those whose repository is one of these folders
+        or inside one."""
+        where: list[str] = []
         params: list[Any] = []
         if status:
-            sql += " WHERE status = ?"
+            where.append("status = ?")
             params.append(status)
+        if under is not None:
+            inside = []
+            for folder in under:
+                prefix = folder.rstrip("/") + "/"
+                inside.append("(repository = ? OR substr(repository, 1, ?) = ?)")
+                params += [folder, len(prefix), prefix]
+            where.append("(" + (" OR ".join(inside) or "0") + ")")
+        sql = "SELECT * FROM tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, rowid DESC"
         if limit:
             sql += " LIMIT ?"
@@ -191,7 +206,7 @@ class Store:
         """Just the status: what polling loops need, without decoding the whole row."""
         rows = self.query("SELECT status FROM tasks WHERE task_id = ?", (task_id,))
         if not rows:
-            raise TaskNotFound(f"No task '{task_id}' in this store.")
+            raise TaskNotFound.of(task_id)
         return rows[0]["status"]
 
     def statuses(self, task_ids: list[str]) -> dict[str, str]:
@@ -255,7 +270,7 @@ class Store:
                 "SELECT status FROM tasks WHERE task_id = ?", (task_id,)
             ).fetchone()
             if before is None:
-                raise TaskNotFound(f"No task '{task_id}' in this store.")
+                raise TaskNotFound.of(task_id)
             cur = conn.execute(
                 f"UPDATE tasks SET {sets} WHERE task_id = ? AND status IN ({marks})",
                 (*encoded.values(), task_id, *(str(s) for s in sources)),
