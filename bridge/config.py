@@ -101,6 +101,13 @@ class RouteConfig(BaseModel):
     key_env: str | None = Field(
         None, description="Name of the host environment variable that holds the key."
     )
+    paths: list[str] | None = Field(
+        None,
+        description="The requests the route lets through, as 'METHOD /path' (METHOD may be *; "
+        "a path ending in /* allows what is below it); any other is refused. Default: a "
+        "built-in route's own list (the model calls its CLIs make, see docs/network.md), "
+        "every path for a new route.",
+    )
 
 
 class GatewayConfig(BaseModel):
@@ -137,6 +144,13 @@ class GatewayConfig(BaseModel):
     )
     read_deadline_s: float = Field(
         60, gt=0, description="Longest the sandbox may take to send one request (head and body)."
+    )
+    memory_budget_mb: int = Field(
+        32,
+        ge=1,
+        description="Bytes one gateway holds in flight, across all its connections (worker "
+        "and setup gateways alike): no body is held whole, and each exchange through an "
+        "upstream takes 512 KiB of it, each tunnel read 64 KiB; past it, connections wait.",
     )
 
 
@@ -177,6 +191,12 @@ class Config(BaseModel):
         default_factory=list,
         description="Folders tasks may work in (each repository must be inside one); empty: "
         "any repository this user can read. Set it for a shared service (MCP over HTTP).",
+    )
+    allow_mock_routes: bool = Field(
+        False,
+        description="Let the mock worker's metadata.mock.routes ask for gateway model routes "
+        "(tests and demos): such a task's script then reaches a route with the host's key, so "
+        "it is off unless the owner turns it on.",
     )
     workers: dict[str, LinkedWorker] = Field(default_factory=dict, description="Linked workers.")
     worker_settings: dict[str, WorkerSettings] = Field(

@@ -43,6 +43,7 @@ def env(home, server):
     """config.yaml letting the gateway reach the package server on loopback; a route key in
     the CLI's environment (which no setup may see)."""
     (home / "config.yaml").write_text(
+        "allow_mock_routes: true\n"
         "gateway:\n"
         "  routes:\n"
         "    test:\n"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import poll
 from support.upstream import Upstream
 
 from bridge.config import GatewayConfig, RouteConfig, load_config
@@ -100,9 +101,11 @@ def test_a_route_gets_the_real_key_and_the_sandboxs_credential_is_dropped(workdi
     assert seen.headers["x-api-key"] == KEY
     assert "authorization" not in seen.headers  # the placeholder bearer never left
     [logged] = events.of("network.request")
-    assert logged["route"] == "test" and logged["status"] == 200 and logged["model"] == "claude-x"
+    # Filed under the model the upstream says served, not the one the sandbox named.
+    assert logged["route"] == "test" and logged["status"] == 200
+    assert logged["model"] == "served-claude-x"
     assert (logged["input_tokens"], logged["output_tokens"]) == (11, 7)
-    assert gw.usage.tokens == {"claude-x": {"input": 11, "output": 7}}
+    assert gw.usage.tokens == {"served-claude-x": {"input": 11, "output": 7}}
     assert not (gw.folder / ROUTES_SOCKET).exists() and not (gw.folder / PROXY_SOCKET).exists()
 
 
@@ -148,7 +151,7 @@ def test_token_usage_is_read_from_a_server_sent_event_stream(workdir, upstream):
     finally:
         gw.stop()
     assert b"message_stop" in answer
-    assert gw.usage.tokens == {"m2": {"input": 21, "output": 9}}
+    assert gw.usage.tokens == {"served-m2": {"input": 21, "output": 9}}
 
 
 @pytest.mark.parametrize(
@@ -317,6 +320,7 @@ def test_a_route_needing_a_missing_credential_is_refused_at_creation_naming_it(h
     from bridge import WorkerBridge
 
     (home / "config.yaml").write_text(
+        "allow_mock_routes: true\n"
         "gateway:\n  routes:\n    mine:\n      upstream: http://127.0.0.1:9\n"
         "      auth: bearer\n      key_env: WB_TEST_MISSING_KEY\n"
     )
@@ -336,6 +340,36 @@ def test_a_route_needing_a_missing_credential_is_refused_at_creation_naming_it(h
         bridge.create_task(bad)
     assert bridge.list_tasks() == []
     bridge.close()
+
+
+def test_mock_routes_are_refused_at_creation_unless_the_owner_allows_them(home, repo, monkeypatch):
+    from bridge import WorkerBridge
+    from bridge.workers.mock import MockWorker
+
+    monkeypatch.setenv("WB_TEST_MOCK_KEY", KEY)
+    routes = "gateway:\n  routes:\n    mine:\n      upstream: http://127.0.0.1:9\n"
+    (home / "config.yaml").write_text(routes + "      key_env: WB_TEST_MOCK_KEY\n")
+    spec = {
+        "objective": "x",
+        "workspace": {"repository": str(repo)},
+        "metadata": {"mock": {"routes": ["mine"], "script": "cat /proc/self/environ"}},
+    }
+    bridge = WorkerBridge(home=home)
+    try:
+        with pytest.raises(InvalidSpec, match="allow_mock_routes: true") as refused:
+            bridge.create_task(spec)
+        assert "\n" not in refused.value.message and refused.value.message.endswith(".")
+        assert bridge.list_tasks() == [], "nothing recorded for a refused spec"
+        # A task recorded while it was allowed gets no route once the setting is off.
+        assert MockWorker().routes(spec["metadata"], bridge.config) == []
+    finally:
+        bridge.close()
+    allowed = WorkerBridge(home=home, allow_mock_routes=True)
+    try:
+        assert allowed.create_task(spec).status == "created"
+        assert MockWorker().routes(spec["metadata"], allowed.config) == ["mine"]
+    finally:
+        allowed.close()
 
 
 def test_gateway_routes_come_from_config_with_their_key_variable(home):
@@ -493,3 +527,188 @@ def test_ipv4_carried_in_ipv6_is_judged_as_itself():
     assert "loopback" in address_refusal("2002:7f00:1::", [])  # 6to4 of 127.0.0.1
     assert "metadata" in address_refusal("2002:a9fe:a9fe::", [])  # 6to4 of 169.254.169.254
     assert "loopback" in address_refusal("::ffff:127.0.0.1", [])
+
+
+# -- routes reach only the model API --------------------------------------------------------------
+
+
+def _anthropic_like(upstream: Upstream) -> Route:
+    from bridge.gateway.policy import MESSAGES_PATHS
+
+    return Route("anthropic", upstream.url, "x-api-key", "K", KEY, tuple(MESSAGES_PATHS))
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "status"),
+    [
+        ("GET", "/anthropic/v1/models", 403),
+        ("POST", "/anthropic/v1/files", 403),
+        ("POST", "/anthropic/v1/messages/batches", 403),
+        ("GET", "/anthropic/v1/organizations/users", 403),
+        ("GET", "/anthropic/v1/messages", 403),  # the right path, the wrong method
+        ("POST", "/anthropic/v1/messages/%2e%2e/files", 400),
+        ("POST", "/anthropic/v1/messages/%2E%2E/files", 400),
+        ("POST", "/anthropic/v1/messages/%252e%252e/files", 400),
+        ("POST", "/anthropic/v1/messages/..;/files", 400),
+        ("POST", "/anthropic/v1/messages;jsessionid=1", 400),
+        ("POST", "/anthropic/v1\\messages", 400),
+        ("POST", "/anthropic/v1/%c0%ae%c0%ae/files", 400),  # overlong UTF-8 for ..
+        ("POST", "/anthropic/v1/%ff/files", 400),  # not UTF-8 at all
+        ("POST", "/anthropic/v1/messages%2f..%2ffiles", 400),
+        ("POST", "/anthropic//v1/messages", 400),
+        ("POST", "/anthropic/v1/./messages", 400),
+    ],
+)
+def test_a_built_in_route_refuses_what_is_not_a_model_call_and_every_encoded_variant(
+    workdir, upstream, method, target, status
+):
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    gw.routes["anthropic"] = _anthropic_like(upstream)
+    try:
+        answer = request(gw.folder / ROUTES_SOCKET, http(method, target, b'{"model": "m"}'))
+        fine = request(
+            gw.folder / ROUTES_SOCKET,
+            http("POST", "/anthropic/v1/messages?beta=true", b'{"model": "m"}'),
+        )
+    finally:
+        gw.stop()
+    assert status_of(answer) == status, body_of(answer)
+    assert status_of(fine) == 200, "the model call itself still goes through"
+    assert [r.path for r in upstream.requests] == ["/v1/messages?beta=true"], "the key went once"
+    [refused] = events.of("network.refused")
+    assert refused["route"] and refused["reason"], refused
+
+
+def test_every_built_in_route_has_a_list_and_keeps_it_wherever_it_points(home):
+    from bridge.gateway.policy import BUILTIN_ROUTES, all_routes
+
+    (home / "config.yaml").write_text(
+        "gateway:\n  routes:\n"
+        "    anthropic:\n      upstream: http://127.0.0.1:9\n"
+        "    openai:\n      paths: ['POST /v1/responses']\n"
+        "    mine:\n      upstream: http://127.0.0.1:9\n"
+    )
+    routes = all_routes(load_config(env={"WORKER_BRIDGE_HOME": str(home)}))
+    assert all(route.paths for route in BUILTIN_ROUTES.values())
+    assert routes["anthropic"].paths == BUILTIN_ROUTES["anthropic"].paths
+    assert routes["anthropic"].key_env is None, "another upstream gets no built-in key"
+    assert routes["openai"].paths == ["POST /v1/responses"]
+    assert routes["mine"].paths is None, "a new route lets every plainly spelled path through"
+
+
+def test_a_configured_routes_paths_are_checked_and_applied(workdir, upstream, home):
+    from bridge.gateway.policy import check_routes
+
+    (home / "config.yaml").write_text(
+        "gateway:\n  routes:\n    lab:\n      upstream: http://127.0.0.1:9\n"
+        "      paths: ['post /v1/x']\n"
+    )
+    with pytest.raises(InvalidSpec, match=r"gateway.routes.lab.paths: 'post /v1/x' must be"):
+        check_routes(load_config(env={"WORKER_BRIDGE_HOME": str(home)}), ["lab"], env={})
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events)
+    gw.routes["lab"] = Route(
+        "lab", upstream.url, "bearer", None, KEY, ("POST /v1/ok", "* /v1/tree/*")
+    )
+    try:
+        statuses = [
+            status_of(request(gw.folder / ROUTES_SOCKET, http(m, t)))
+            for m, t in [
+                ("POST", "/lab/v1/ok"),
+                ("GET", "/lab/v1/ok"),
+                ("GET", "/lab/v1/tree/a/b"),
+                ("GET", "/lab/v1/tree"),
+                ("GET", "/lab/v1/other"),
+            ]
+        ]
+    finally:
+        gw.stop()
+    assert statuses == [200, 403, 200, 403, 403]
+
+
+def test_an_unknown_route_is_answered_without_reading_its_body(workdir, upstream):
+    gw = gateway(workdir / "gw", upstream, Events())
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(gw.folder / ROUTES_SOCKET))
+            # A 30 MB body announced and never sent: the answer comes anyway, at once.
+            s.sendall(b"POST /nope/v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 31457280\r\n\r\n")
+            answer = s.recv(65536)
+    finally:
+        gw.stop()
+    assert status_of(answer) == 404
+
+
+def test_bodies_stream_through_within_the_byte_budget_without_a_deadlock(workdir, upstream):
+    """A flood of large bodies on many connections, through a budget that fits two exchanges
+    at once: every body arrives whole, the bytes held never exceed the budget."""
+    import threading
+
+    events = Events()
+    gw = gateway(workdir / "gw", upstream, events, memory_budget_mb=1, max_request_mb=64)
+    size, count, results = 6 * 2**20, 12, []
+
+    def flood() -> None:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(60)
+            s.connect(str(gw.folder / ROUTES_SOCKET))
+            s.sendall(
+                b"POST /test/v1/discard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                + f"Content-Length: {size}\r\n\r\n".encode()
+            )
+            block = b"z" * 2**20
+            for _ in range(size // len(block)):
+                s.sendall(block)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+            results.append(answer)
+
+    threads = [threading.Thread(target=flood) for _ in range(count)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        gw.stop()
+    assert [status_of(a) for a in results] == [200] * count
+    assert upstream.discarded == size * count
+    assert 0 < gw.budget.peak <= gw.budget.capacity == 2**20
+    assert gw.budget.free == gw.budget.capacity, "every grant was given back"
+    assert gw.usage.bytes_up == size * count
+
+
+def test_idle_tunnels_hold_none_of_the_budget_and_still_carry_bytes(workdir, upstream):
+    events = Events()
+    gw = gateway(
+        workdir / "gw",
+        upstream,
+        events,
+        allowlist=["localhost"],
+        trusted=["127.0.0.0/8"],
+        ports=[upstream.port],
+        memory_budget_mb=1,
+    )
+    tunnels = []
+    try:
+        for _ in range(40):  # more than the budget would fit at 64 KiB each if idle ones held it
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(str(gw.folder / PROXY_SOCKET))
+            s.sendall(f"CONNECT localhost:{upstream.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200"), "tunnel open"
+            tunnels.append(s)
+        poll(lambda: gw.budget.free == gw.budget.capacity, "every idle tunnel to hold nothing")
+        last = tunnels[-1]
+        last.sendall(b"GET /through HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := last.recv(65536):
+            answer += chunk
+    finally:
+        for s in tunnels:
+            s.close()
+        gw.stop()
+    assert status_of(answer) == 200 and b'"path": "/through"' in answer

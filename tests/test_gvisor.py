@@ -37,7 +37,7 @@ def test_a_task_with_a_model_route_runs_and_verifies_under_gvisor(cli, repo, wor
     upstream = Upstream().start()
     try:
         (home / "config.yaml").write_text(
-            "runtime: runsc\n"
+            "runtime: runsc\nallow_mock_routes: true\n"
             "gateway:\n  routes:\n    test:\n"
             f"      upstream: {upstream.url}\n      auth: x-api-key\n      key_env: WB_GV_KEY\n"
         )

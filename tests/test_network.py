@@ -32,6 +32,7 @@ def upstream():
 def env(home, upstream):
     """config.yaml with a `test` route to the upstream; the key in the CLI's environment."""
     (home / "config.yaml").write_text(
+        "allow_mock_routes: true\n"
         "gateway:\n"
         "  routes:\n"
         "    test:\n"
@@ -126,9 +127,11 @@ def test_a_route_reaches_the_upstream_with_the_real_key_which_is_nowhere_inside(
     requests = [
         e["data"] for e in events(cli, result["task_id"], env) if e["kind"] == "network.request"
     ]
-    assert requests and requests[0]["route"] == "test" and requests[0]["model"] == "mock-model"
+    assert (
+        requests and requests[0]["route"] == "test" and requests[0]["model"] == "served-mock-model"
+    )
     assert result["usage"]["requests"] >= 1
-    assert result["usage"]["tokens"] == {"mock-model": {"input": 11, "output": 7}}
+    assert result["usage"]["tokens"] == {"served-mock-model": {"input": 11, "output": 7}}
 
 
 def test_a_worker_that_names_no_route_has_no_gateway_at_all(cli, repo, workdir, env):

@@ -19,8 +19,11 @@ class Usage:
     bytes_down: int = 0
     tokens: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def add_tokens(self, model: str | None, counter: TokenCounter | None) -> None:
-        if model and counter is not None and (counter.input or counter.output):
+    def add_tokens(self, counter: TokenCounter | None) -> None:
+        """Tokens filed under the model the upstream's answer named (what the sandbox asked
+        for is its own word, and may be anything)."""
+        if counter is not None and (counter.input or counter.output):
+            model = counter.model or "unnamed"
             entry = self.tokens.setdefault(model, {"input": 0, "output": 0})
             entry["input"] += counter.input
             entry["output"] += counter.output
@@ -72,7 +75,6 @@ class Accounting:
         up: int,
         down: int,
         started: float,
-        model: str | None = None,
         counter: TokenCounter | None = None,
         error: str | None = None,
     ) -> None:
@@ -80,7 +82,7 @@ class Accounting:
         usage.requests += 1
         usage.bytes_up += up
         usage.bytes_down += down
-        usage.add_tokens(model, counter)
+        usage.add_tokens(counter)
         data: dict[str, Any] = {
             **where,
             "method": method,
@@ -89,8 +91,8 @@ class Accounting:
             "bytes_down": down,
             "duration_s": round(time.monotonic() - started, 3),
         }
-        if model:
-            data["model"] = model
+        if counter is not None and counter.model:
+            data["model"] = counter.model
         if counter is not None and (counter.input or counter.output):
             data.update(input_tokens=counter.input, output_tokens=counter.output)
         if error:

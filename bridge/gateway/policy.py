@@ -16,24 +16,43 @@ from dataclasses import dataclass
 
 from bridge.config import Config, RouteConfig
 from bridge.errors import InvalidSpec
+from bridge.gateway.paths import check_pattern
 from bridge.models import TaskSpec
+
+# What each built-in route lets through: the model calls its CLIs make (Claude Code: Messages,
+# and counting tokens; Codex: Responses; OpenCode: Chat Completions), nothing else of the
+# provider's API (files, batches, keys, organisation endpoints). See docs/network.md.
+MESSAGES_PATHS = ["POST /v1/messages", "POST /v1/messages/count_tokens"]
+OPENAI_PATHS = ["POST /v1/responses", "POST /v1/chat/completions"]
 
 # The built-in model routes; config `gateway.routes` adds to or replaces them.
 BUILTIN_ROUTES: dict[str, RouteConfig] = {
     "anthropic": RouteConfig(
-        upstream="https://api.anthropic.com", auth="x-api-key", key_env="ANTHROPIC_API_KEY"
+        upstream="https://api.anthropic.com",
+        auth="x-api-key",
+        key_env="ANTHROPIC_API_KEY",
+        paths=MESSAGES_PATHS,
     ),
     "openai": RouteConfig(
-        upstream="https://api.openai.com", auth="bearer", key_env="OPENAI_API_KEY"
+        upstream="https://api.openai.com",
+        auth="bearer",
+        key_env="OPENAI_API_KEY",
+        paths=OPENAI_PATHS,
     ),
     # A Claude subscription: the long-lived token of `claude setup-token`, added on the host as
     # a bearer token; the sandbox's Claude Code holds only a placeholder (see docs/workers.md).
     "claude-subscription": RouteConfig(
-        upstream="https://api.anthropic.com", auth="bearer", key_env="CLAUDE_CODE_OAUTH_TOKEN"
+        upstream="https://api.anthropic.com",
+        auth="bearer",
+        key_env="CLAUDE_CODE_OAUTH_TOKEN",
+        paths=MESSAGES_PATHS,
     ),
     # Z.ai's Anthropic-compatible endpoint (what zcode-glm, Claude Code on GLM, speaks).
     "zai": RouteConfig(
-        upstream="https://api.z.ai/api/anthropic", auth="bearer", key_env="ZCODE_AUTH_TOKEN"
+        upstream="https://api.z.ai/api/anthropic",
+        auth="bearer",
+        key_env="ZCODE_AUTH_TOKEN",
+        paths=MESSAGES_PATHS,
     ),
 }
 
@@ -54,6 +73,7 @@ class Route:
     auth: str
     key_env: str | None
     key: str | None  # the real credential, from the host's environment, never stored
+    paths: tuple[str, ...] | None = None  # what it lets through (None: every path)
 
     def auth_header(self) -> tuple[str, str] | None:
         if not self.key:
@@ -69,14 +89,16 @@ def all_routes(config: Config) -> dict[str, RouteConfig]:
     """The built-in routes with config's on top: for a built-in route, the keys config sets
     replace its own (``{anthropic: {key_env: MY_KEY}}`` changes only the variable); a built-in
     route given another upstream keeps nothing of its own (its key must not go there unless
-    config names the variable again)."""
+    config names the variable again). A built-in route keeps its list of paths wherever it
+    points, unless config gives one."""
     routes = dict(BUILTIN_ROUTES)
     for name, route in config.gateway.routes.items():
         base = routes.get(name)
         given = {k: v for k, v in route.model_dump().items() if v is not None}
+        fresh = RouteConfig(auth="bearer", paths=base.paths if base else None)
         if base is not None and given.get("upstream", base.upstream) != base.upstream:
             base = None  # pointed elsewhere: the built-in key must not go along
-        routes[name] = (base or RouteConfig(auth="bearer")).model_copy(update=given)
+        routes[name] = (base or fresh).model_copy(update=given)
     return routes
 
 
@@ -103,6 +125,10 @@ def check_routes(config: Config, names: list[str], env: Mapping[str, str] | None
                 f"gateway.routes.{name}.auth '{route.auth}' must be bearer, x-api-key or "
                 "header:<Name>."
             )
+        for pattern in route.paths or []:
+            why = check_pattern(pattern)
+            if why is not None:
+                raise InvalidSpec(f"gateway.routes.{name}.paths: {why}.")
         if route.key_env and not env.get(route.key_env):
             raise InvalidSpec(
                 f"Gateway route '{name}' needs its key in the environment variable "
@@ -119,6 +145,7 @@ def resolve_routes(config: Config, names: list[str]) -> dict[str, Route]:
             known[name].auth or "bearer",
             known[name].key_env,
             os.environ.get(known[name].key_env or "") or None,
+            tuple(known[name].paths) if known[name].paths is not None else None,
         )
         for name in names
         if name in known

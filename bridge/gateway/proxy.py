@@ -1,7 +1,8 @@
 """The allowlist proxy: CONNECT tunnels (HTTPS) and absolute-URI requests (HTTP) to names the
 task lists, on allowed ports, at addresses resolved here and checked on every connection (a
 listed name that resolves to a loopback, private, link-local or metadata address is refused
-unless config trusts that range)."""
+unless config trusts that range). A tunnel holds no budget while it is idle: each read, in
+either direction, takes a share of the gateway's byte budget until it is passed on."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import h11
 
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting
-from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, shown
+from bridge.gateway.budget import ByteBudget
+from bridge.gateway.conn import Conn, connect_tcp
+from bridge.gateway.exchange import HOP_BY_HOP, READ, Exchange, Refused, content_length, shown
 from bridge.gateway.policy import address_refusal, name_allowed, resolve
 from bridge.gateway.upstream import Outgoing, stream
 
@@ -28,13 +31,13 @@ class Proxy:
         trusted: list,
         config: GatewayConfig,
         accounts: Accounting,
+        budget: ByteBudget,
     ) -> None:
-        self.allowlist, self.trusted, self.config, self.accounts = (
-            allowlist,
-            trusted,
-            config,
-            accounts,
-        )
+        self.allowlist = allowlist
+        self.trusted = trusted
+        self.config = config
+        self.accounts = accounts
+        self.budget = budget
 
     async def check(self, host: str, port: int, ports: list[int], which: str) -> str:
         """The address to connect to, or Refused with the reason (recorded). ``ports``: those
@@ -70,56 +73,50 @@ class Proxy:
         # Raw TCP once tunnelled, so only TLS ports: on port 80 the Host inside is anyone's.
         address = await self.check(host, port, self.config.connect_ports, "connect_ports")
         try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(address, port), self.config.connect_timeout_s
-            )
+            upstream = await connect_tcp(address, port, self.config.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
             why = f"upstream unreachable ({exc.__class__.__name__})"
             self.accounts.refused("host", host, why, port=port)
             raise Refused(502, f"{host}:{port} is unreachable") from exc
-        await exchange.send(h11.Response(status_code=200, headers=[]))
-        leftover, _ = exchange.conn.trailing_data
-        counts = [len(leftover), 0]
-        if leftover:
-            up_writer.write(leftover)
+        counts = [0, 0]
         try:
-            await asyncio.wait_for(
-                asyncio.gather(
-                    self._pump(exchange.reader, up_writer, counts, 0),
-                    self._pump(up_reader, exchange.writer, counts, 1),
-                ),
-                self.config.total_timeout_s,
-            )
-        except TimeoutError:
+            await exchange.send(h11.Response(status_code=200, headers=[]))
+            leftover, _ = exchange.conn.trailing_data
+            counts[0] += len(leftover)
+            await upstream.sendall(leftover, self.config.idle_timeout_s)
+            exchange.release()  # from here on, each read takes its own share
+            pumps = [
+                asyncio.ensure_future(self._pump(exchange.sock, upstream, counts, 0)),
+                asyncio.ensure_future(self._pump(upstream, exchange.sock, counts, 1)),
+            ]
+            try:
+                await asyncio.wait(pumps, timeout=self.config.total_timeout_s)
+            finally:
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+        except (TimeoutError, ConnectionError, OSError):
             pass
         finally:
-            up_writer.close()
+            upstream.close()
             where = {"host": host, "port": port}
             self.accounts.request(where, "CONNECT", 200, counts[0], counts[1], started)
 
-    async def _pump(
-        self,
-        src: asyncio.StreamReader,
-        dst: asyncio.StreamWriter,
-        counts: list[int],
-        i: int,
-    ) -> None:
+    async def _pump(self, src: Conn, dst: Conn, counts: list[int], i: int) -> None:
+        idle = self.config.idle_timeout_s
         try:
             while True:
-                data = await asyncio.wait_for(src.read(65536), self.config.idle_timeout_s)
-                if not data:
-                    break
-                counts[i] += len(data)
-                dst.write(data)
-                await asyncio.wait_for(dst.drain(), self.config.idle_timeout_s)
-        except (TimeoutError, ConnectionError):
+                await src.readable(idle)
+                async with self.budget.hold(READ) as size:
+                    data = await src.recv(size, idle)
+                    if not data:
+                        break
+                    counts[i] += len(data)
+                    await dst.sendall(data, idle)
+        except (TimeoutError, ConnectionError, OSError):
             pass
         finally:
-            try:
-                if dst.can_write_eof():
-                    dst.write_eof()
-            except (OSError, RuntimeError):
-                pass
+            dst.end_writing()
 
     async def forward(
         self, session: aiohttp.ClientSession, exchange: Exchange, request: h11.Request
@@ -131,7 +128,6 @@ class Proxy:
             raise Refused(400, "the proxy request's URL is malformed") from exc
         limit = self.config.max_request_mb * 2**20
         if target.scheme != "http" or not hostname:
-            await exchange.body(limit)
             self.accounts.refused(
                 "request", shown(request.target.decode("latin-1")), "not a proxy request"
             )
@@ -141,20 +137,25 @@ class Proxy:
         except ValueError as exc:
             raise Refused(400, "the proxy request's URL has a bad port") from exc
         address = await self.check(host, port, self.config.http_ports, "http_ports")
-        body = await exchange.body(limit)
+        length = content_length(request)
+        if length is not None and length > limit:
+            self.accounts.refused("host", host, "request body too large", port=port)
+            raise Refused(413, f"request body over {limit // 2**20} MB (gateway.max_request_mb)")
         headers = [
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in request.headers
             if k.lower() not in _HOP
         ]
         headers.append(("Host", host if port == 80 else f"{host}:{port}"))
+        if length is not None:
+            headers.append(("content-length", str(length)))
         path = (target.path or "/") + (f"?{target.query}" if target.query else "")
         literal = f"[{address}]" if ":" in address else address
         out = Outgoing(
             request.method.decode(),
             f"http://{literal}:{port}{path}",
             headers,
-            body,
+            await exchange.body_or_none(request, limit),
             where={"host": host, "port": port},
         )
         return await stream(session, exchange, out, self.config, self.accounts)

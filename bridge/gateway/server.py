@@ -3,11 +3,16 @@
 It listens on two Unix sockets in a folder bind-mounted into the worker container, where a relay
 forwards 127.0.0.1:7800 and 127.0.0.1:7801 to them:
 
-- `routes.sock`: model routes by path prefix (`/anthropic/v1/messages` -> the route's upstream).
+- `routes.sock`: model routes by path prefix (`/anthropic/v1/messages` -> the route's upstream),
+  each letting through only its own list of methods and paths, spelled plainly (paths.py).
   Whatever credential the sandbox sent is dropped and the real key, from the host's environment,
-  is added on the way out; responses (server-sent events included) stream back as they arrive.
+  is added on the way out; request bodies stream out and responses (server-sent events
+  included) stream back as they arrive.
 - `proxy.sock`: the allowlist proxy (proxy.py), closed unless the task says
   `network: {mode: allowlist}`.
+
+Its memory is bounded by design: no body is ever held whole, and the bytes held in flight, across
+all its connections, stay within one byte budget (`gateway.memory_budget_mb`, budget.py).
 
 The gateway runs its own asyncio loop in a thread of the task's runner, alive exactly as long as
 the worker's container; a runner that adopts the container after a crash starts it again in the
@@ -18,23 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import aiohttp
 import h11
 
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting, Usage
+from bridge.gateway.budget import ByteBudget
+from bridge.gateway.conn import Conn
 from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, content_length, shown
+from bridge.gateway.paths import BadTarget, allowed, parse_target
 from bridge.gateway.policy import Route, check_ranges
 from bridge.gateway.proxy import Proxy
-from bridge.gateway.upstream import Outgoing, stream
-from bridge.gateway.usage import request_model
+from bridge.gateway.upstream import READ_BUFSIZE, Outgoing, stream
 
 ROUTES_SOCKET = "routes.sock"
 PROXY_SOCKET = "proxy.sock"
@@ -69,10 +75,13 @@ class Gateway:
         self.config = config
         self.owner = owner
         self.accounts = Accounting(emit, config.max_events)
-        self.proxy = Proxy(allowlist, check_ranges(config.trusted_ranges), config, self.accounts)
+        self.budget = ByteBudget(config.memory_budget_mb * 2**20)
+        self.proxy = Proxy(
+            allowlist, check_ranges(config.trusted_ranges), config, self.accounts, self.budget
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._servers: list[asyncio.AbstractServer] = []
+        self._listeners: list[socket.socket] = []
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
         self._busy_noted = False
@@ -100,31 +109,46 @@ class Gateway:
 
     async def _listen(self) -> None:
         self._session = aiohttp.ClientSession(
-            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            read_bufsize=READ_BUFSIZE,
         )
         for name, kind in ((ROUTES_SOCKET, "route"), (PROXY_SOCKET, "proxy")):
             path = self.folder / name
-            server = await asyncio.start_unix_server(
-                lambda r, w, k=kind: self._accept(r, w, k), path=str(path)
-            )
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
             os.chmod(path, 0o600)
             if self.owner is not None:
                 os.chown(path, *self.owner)
-            self._servers.append(server)
+            listener.listen(128)
+            listener.setblocking(False)
+            self._listeners.append(listener)
+            self._spawn(self._accept_loop(listener, kind))
 
-    def _accept(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str
-    ) -> None:
-        if len(self._tasks) >= self.config.max_connections:
-            # Refused at once: the sandbox cannot hold the runner's descriptors or memory.
-            if not self._busy_noted:
-                self.accounts.refused("connection", kind, "too many connections at once")
-                self._busy_noted = True
-            writer.close()
-            return
-        task = asyncio.ensure_future(self._serve(reader, writer, kind))
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _accept_loop(self, listener: socket.socket, kind: str) -> None:
+        loop = asyncio.get_running_loop()
+        connections: set[asyncio.Task] = set()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError:
+                return  # closed by stop()
+            if len(connections) >= self.config.max_connections:
+                # Refused at once: the sandbox cannot hold the runner's descriptors or memory.
+                if not self._busy_noted:
+                    self.accounts.refused("connection", kind, "too many connections at once")
+                    self._busy_noted = True
+                sock.close()
+                continue
+            task = self._spawn(self._serve(Conn(sock), kind))
+            connections.add(task)
+            task.add_done_callback(connections.discard)
 
     def stop(self) -> None:
         """Close the sockets, end every connection, remove the sockets. Idempotent."""
@@ -144,52 +168,59 @@ class Gateway:
             (self.folder / name).unlink(missing_ok=True)
 
     async def _close(self) -> None:
-        for server in self._servers:
-            server.close()
+        for listener in self._listeners:
+            listener.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for server in self._servers:
-            await server.wait_closed()
         if self._session is not None:
             await self._session.close()
 
     # -- connections --------------------------------------------------------------------------
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str
-    ) -> None:
+    async def _serve(self, conn: Conn, kind: str) -> None:
         cfg = self.config
-        exchange = Exchange(reader, writer, cfg.idle_timeout_s, cfg.read_deadline_s)
+        exchange = Exchange(conn, self.budget, cfg.idle_timeout_s, cfg.read_deadline_s)
         try:
-            while True:
+            while await exchange.begin():
                 try:
-                    event = await exchange.next()
-                except Refused as exc:  # the request's head took too long
-                    await exchange.answer(exc.status, exc.reason)
-                    return
-                if not isinstance(event, h11.Request):
-                    return
-                try:
-                    keep = await asyncio.wait_for(
-                        self._handle(exchange, event, kind), cfg.total_timeout_s
-                    )
-                except Refused as exc:
-                    await exchange.answer(exc.status, exc.reason)
-                    keep = exc.status < 500
-                if not keep or not exchange.reusable:
-                    if exchange.conn.their_state is not h11.DONE:
-                        await exchange.linger()  # the answer must not be lost to a reset
-                    return
+                    if not await self._one(exchange, kind):
+                        return
+                finally:
+                    exchange.release()
                 exchange.conn.start_next_cycle()
         except (h11.RemoteProtocolError, h11.LocalProtocolError, ValueError) as exc:
             self.accounts.refused("request", kind, shown(f"malformed HTTP exchange ({exc})"))
             await exchange.answer(400, "malformed HTTP request")
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        except (TimeoutError, ConnectionError, OSError):
             pass
         finally:
-            writer.close()
+            exchange.release()
+            conn.close()
+
+    async def _one(self, exchange: Exchange, kind: str) -> bool:
+        """One request and its answer, under the exchange's share of the budget; True when the
+        connection may carry another."""
+        try:
+            event = await exchange.next()
+        except Refused as exc:  # the request's head took too long
+            await exchange.answer(exc.status, exc.reason)
+            return False
+        if not isinstance(event, h11.Request):
+            return False
+        try:
+            keep = await asyncio.wait_for(
+                self._handle(exchange, event, kind), self.config.total_timeout_s
+            )
+        except Refused as exc:
+            await exchange.answer(exc.status, exc.reason)
+            keep = exc.status < 500
+        if not keep or not exchange.reusable:
+            if exchange.conn.their_state is not h11.DONE:
+                await exchange.linger()  # the answer must not be lost to a reset
+            return False
+        return True
 
     async def _handle(self, exchange: Exchange, request: h11.Request, kind: str) -> bool:
         assert self._session is not None
@@ -202,30 +233,33 @@ class Gateway:
 
     async def _route(self, exchange: Exchange, request: h11.Request) -> bool:
         assert self._session is not None
-        name, _, rest = request.target.decode("latin-1").lstrip("/").partition("/")
-        limit = self.config.max_request_mb * 2**20
+        method = request.method.decode("latin-1")
+        try:
+            target = parse_target(request.target)
+        except BadTarget as exc:
+            self.accounts.refused("route", shown(request.target.decode("latin-1")), str(exc))
+            raise Refused(400, f"refused: {exc}") from None
+        name = target.route
         route = self.routes.get(name)
-        if route is None:
+        if route is None:  # answered at once: its body is not read
             self.accounts.refused("route", shown(name), "no such route for this task")
-            await exchange.body(limit)
             known = ", ".join(sorted(self.routes)) or "none"
             raise Refused(
                 404, f"no gateway route '{shown(name, 60)}' for this task (it has: {known})"
             )
-        path = unquote(rest.partition("?")[0])
-        if ".." in path.split("/") or "\\" in path:  # the key is for the route's path only
-            self.accounts.refused("route", name, "a path that leaves the route")
-            raise Refused(400, "the path leaves the route's upstream prefix")
+        if not allowed(route.paths, method, target.path):
+            shown_path = shown(target.path, 120)
+            self.accounts.refused(
+                "route", name, f"{method} {shown_path} is not on the route's list"
+            )
+            raise Refused(
+                403, f"{method} {shown_path} is not a model call the route '{name}' lets through"
+            )
+        limit = self.config.max_request_mb * 2**20
         length = content_length(request)
         if length is not None and length > limit:
             self.accounts.refused("route", name, "request body too large")
             raise Refused(413, f"request body over {limit // 2**20} MB (gateway.max_request_mb)")
-        started = time.monotonic()
-        try:
-            body = await exchange.body(limit)
-        except Refused:
-            self.accounts.request({"route": name}, request.method.decode(), 413, 0, 0, started)
-            raise
         auth = route.auth_header()
         # The sandbox's copies of credentials (and of the route's own header) never leave, and
         # it cannot ask for compression (so token usage can always be read from the answer).
@@ -235,15 +269,16 @@ class Gateway:
             for k, v in request.headers
             if k.lower() not in drop
         ]
+        if length is not None:
+            headers.append(("content-length", str(length)))
         if auth is not None:
             headers.append(auth)
         out = Outgoing(
-            request.method.decode(),
-            f"{route.upstream}/{rest}",
+            method,
+            route.upstream + target.raw_rest.decode("ascii"),
             headers,
-            body,
+            await exchange.body_or_none(request, limit),
             where={"route": name},
-            model=request_model(body),
             count_tokens=True,
         )
         return await stream(self._session, exchange, out, self.config, self.accounts)

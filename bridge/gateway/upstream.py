@@ -1,10 +1,12 @@
 """Sending one request on to an upstream (a model provider, or an allowlisted host) with
-aiohttp's client and streaming the answer back as it arrives: never buffered whole, bounded in
-size and in time, with token usage read from the passing bytes."""
+aiohttp's client, streaming its body from the sandbox as it arrives and the answer back the same
+way: neither is ever held whole, both are bounded in size and in time, and token usage (with the
+model the upstream says answered) is read from the passing bytes."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -16,7 +18,10 @@ from bridge.gateway.exchange import Exchange, Refused
 from bridge.gateway.usage import TokenCounter
 
 _DROP_BACK = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"}
-_JSON_LIMIT = 8 * 2**20  # how much of a JSON answer is kept to read its token usage
+_JSON_LIMIT = 8 * 2**20  # how much of a JSON answer is looked at for its token usage
+# The client's read buffer per answer (aiohttp pauses the upstream past twice this): small, as
+# each exchange's share of the gateway's byte budget covers it (exchange.EXCHANGE_BYTES).
+READ_BUFSIZE = 2**15
 
 
 class _SandboxGone(Exception):
@@ -26,7 +31,7 @@ class _SandboxGone(Exception):
 async def _give(exchange: Exchange, *events: object) -> None:
     try:
         await exchange.send(*events)
-    except (ConnectionError, TimeoutError) as exc:
+    except (ConnectionError, TimeoutError, OSError) as exc:
         raise _SandboxGone() from exc
 
 
@@ -35,10 +40,29 @@ class Outgoing:
     method: str
     url: str
     headers: list[tuple[str, str]]
-    body: bytes
+    body: AsyncIterator[bytes] | None  # the sandbox's body as it arrives; None: no body
     where: dict  # route or host, for the event
-    model: str | None = None
     count_tokens: bool = False
+
+
+class _Body:
+    """The request body on its way out: counted, and a refusal met while reading it (too large,
+    malformed, too slow) kept, since the HTTP client reports a failing body only as its own
+    error."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+        self.sent = 0
+        self.refusal: Refused | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.chunks:
+                self.sent += len(chunk)
+                yield chunk
+        except Refused as exc:
+            self.refusal = exc
+            raise
 
 
 def _final(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -58,10 +82,13 @@ async def stream(
     accounts: Accounting,
 ) -> bool:
     """Relay ``out`` and its answer; True when the connection may serve another request.
-    Refused(502/504) when the upstream fails before answering (the sandbox is told why)."""
+    Refused when nothing was answered yet: the refusal met while reading the sandbox's body
+    (too large, malformed, too slow), or 502/504 when the upstream failed (the sandbox is told
+    why)."""
     started = time.monotonic()
     counter = TokenCounter() if out.count_tokens else None
-    status, down, note = 0, 0, None
+    body = _Body(out.body) if out.body is not None else None
+    status, down, note, answered = 0, 0, None, False
     timeout = aiohttp.ClientTimeout(
         total=config.total_timeout_s,
         sock_connect=config.connect_timeout_s,
@@ -72,16 +99,17 @@ async def stream(
             out.method,
             out.url,
             headers=out.headers,
-            data=out.body or None,
+            data=body.__aiter__() if body is not None else None,
             timeout=timeout,
             allow_redirects=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         ) as response:
             status = response.status
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP_BACK]
             if "route" in out.where and status in (401, 403):
                 headers = _final(headers)
             await _give(exchange, h11.Response(status_code=status, headers=headers))
+            answered = True
             streaming = "text/event-stream" in response.headers.get("content-type", "")
             kept = bytearray()
             limit = config.max_response_mb * 2**20
@@ -95,39 +123,29 @@ async def stream(
                     if streaming:
                         counter.feed_event_stream(chunk)
                     elif len(kept) < _JSON_LIMIT:
-                        kept += chunk
+                        kept += chunk[: _JSON_LIMIT - len(kept)]
+            if note is None and body is not None and body.refusal is not None:
+                note = body.refusal.reason  # answered early, then the body went wrong
             if note is None:
                 await _give(exchange, h11.EndOfMessage())
             if counter is not None and kept:
                 counter.feed_json(bytes(kept))
     except _SandboxGone:
         note = "the sandbox hung up or stopped reading"
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        note = "upstream too slow (gateway timeouts)"
-        _fail(accounts, out, started, down, counter, note, status, 504, exc)
-    except aiohttp.ClientError as exc:
-        note = f"upstream unreachable or failing ({exc.__class__.__name__})"
-        _fail(accounts, out, started, down, counter, note, status, 502, exc)
-    accounts.request(
-        out.where, out.method, status, len(out.body), down, started, out.model, counter, note
-    )
+    except (TimeoutError, aiohttp.ClientError, Refused, OSError) as exc:
+        up = body.sent if body is not None else 0
+        refusal = body.refusal if body is not None else None
+        if refusal is None and isinstance(exc, Refused):
+            raise
+        if refusal is not None:
+            answer, note = refusal.status, refusal.reason
+        elif isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+            answer, note = 504, "upstream too slow (gateway timeouts)"
+        else:
+            answer, note = 502, f"upstream unreachable or failing ({exc.__class__.__name__})"
+        if not answered:
+            accounts.request(out.where, out.method, answer, up, down, started, counter, note)
+            raise (refusal or Refused(answer, f"gateway: {note}")) from exc
+    up = body.sent if body is not None else 0
+    accounts.request(out.where, out.method, status, up, down, started, counter, note)
     return note is None
-
-
-def _fail(
-    accounts: Accounting,
-    out: Outgoing,
-    started: float,
-    down: int,
-    counter: TokenCounter | None,
-    note: str,
-    status: int,
-    answer: int,
-    exc: Exception,
-) -> None:
-    """Before the upstream answered, the sandbox gets ``answer`` with the reason."""
-    if status == 0:
-        accounts.request(
-            out.where, out.method, answer, len(out.body), down, started, out.model, counter, note
-        )
-        raise Refused(answer, f"gateway: {note}") from exc

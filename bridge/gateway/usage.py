@@ -1,7 +1,8 @@
-"""Token accounting for model routes: the model named in a request, and the input and output
-tokens a response reports, from a JSON body or a server-sent event stream as it passes (the
+"""Token accounting for model routes: the input and output tokens a response reports and the
+model it says answered, from a JSON body or a server-sent event stream as it passes (the
 Anthropic Messages, OpenAI Responses and Chat Completions shapes). Parsing is bounded and never
-holds a response back: the bytes are forwarded first, then looked at."""
+holds a response back: the bytes are forwarded first, then looked at. The request is never
+parsed: its body streams through unread, and the model it names is the sandbox's word."""
 
 from __future__ import annotations
 
@@ -12,21 +13,13 @@ from typing import Any
 MAX_EVENT_LINE = 1 << 20  # longer SSE lines are passed through without being parsed
 
 
-def request_model(body: bytes) -> str | None:
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    model = doc.get("model") if isinstance(doc, dict) else None
-    return str(model)[:200] if model else None
-
-
 @dataclass
 class TokenCounter:
-    """Input and output tokens seen in one response."""
+    """Input and output tokens seen in one response, and the model it named (the first)."""
 
     input: int = 0
     output: int = 0
+    model: str | None = None
     _pending: bytearray = field(default_factory=bytearray)
     _skipping: bool = False
 
@@ -65,9 +58,20 @@ class TokenCounter:
 
     def feed_document(self, doc: dict[str, Any]) -> None:
         """Usage from one JSON document: a whole response or one streamed event."""
+        if self.model is None:
+            self.model = _model(doc)
         for usage in _usages(doc):
             self.input = max(self.input, _int(usage, "input_tokens", "prompt_tokens"))
             self.output = max(self.output, _int(usage, "output_tokens", "completion_tokens"))
+
+
+def _model(doc: dict[str, Any]) -> str | None:
+    """The model an answer names: on the document (Messages, Chat Completions chunks), or on
+    its `message` (Messages' message_start) or `response` (Responses' events)."""
+    for holder in (doc, doc.get("message"), doc.get("response")):
+        if isinstance(holder, dict) and isinstance(holder.get("model"), str) and holder["model"]:
+            return holder["model"][:200]
+    return None
 
 
 def _usages(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaun
 _KEYS = {"write", "delete", "script", "sleep", "exit_code", "summary", "on_follow_up", "routes"}
 
 
-def check_mock_metadata(metadata: dict) -> None:
+def check_mock_metadata(metadata: dict, config: Config) -> None:
     mock = metadata.get("mock", {})
     if not isinstance(mock, dict):
         raise InvalidSpec("metadata.mock must be an object; see the mock worker in the contract.")
@@ -29,6 +29,12 @@ def check_mock_metadata(metadata: dict) -> None:
     routes = mock.get("routes", [])
     if not isinstance(routes, list) or not all(isinstance(r, str) for r in routes):
         raise InvalidSpec("metadata.mock.routes must be a list of gateway route names.")
+    if routes and not config.allow_mock_routes:
+        raise InvalidSpec(
+            "metadata.mock.routes is refused here: it would give the task's script a model "
+            "route with the host's key; the owner can allow it with `allow_mock_routes: true` "
+            "in config.yaml."
+        )
 
 
 class MockWorker(Worker):
@@ -50,7 +56,10 @@ class MockWorker(Worker):
         )
 
     def routes(self, metadata: dict, config: Config) -> list[str]:
-        # The mock declares no model route unless told to (the gateway tests do).
+        # The mock declares no model route unless told to (the gateway tests do), and only
+        # where the owner allows it (also for a task recorded before the setting changed).
+        if not config.allow_mock_routes:
+            return []
         return list((metadata.get("mock") or {}).get("routes") or [])
 
     def can_repair(self, metadata: dict) -> bool:
@@ -70,4 +79,4 @@ class MockWorker(Worker):
         return ParsedLine.message(line)
 
     def check_metadata(self, metadata: dict, config: Config) -> None:
-        check_mock_metadata(metadata)
+        check_mock_metadata(metadata, config)

@@ -1,6 +1,8 @@
 """A small HTTP upstream the gateway tests start on the host's loopback (no provider is reachable
-from here): it records every request with the headers it got, answers JSON with token usage,
-streams server-sent events slowly, can be slow to answer, and sends large bodies."""
+from here): it records every request with the headers it got, answers JSON with token usage and
+the model it says served (`served-<the model asked for>`, so a test can tell the two apart),
+streams server-sent events slowly, can be slow to answer, sends large bodies, and counts a body
+it discards unread (`/discard`, for floods)."""
 
 from __future__ import annotations
 
@@ -32,19 +34,27 @@ class Upstream(LoopbackServer):
     port: int = 0
     requests: list[Seen] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)  # ends /held streams
+    discarded: int = 0  # bytes of /discard bodies
 
     def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/{tail:.*}", self._handle)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/discard"):  # streamed through and dropped: a flood's sink
+            seen = 0
+            async for chunk in request.content.iter_any():
+                seen += len(chunk)
+            self.discarded += seen
+            return web.json_response({"received": seen})
         body = await request.read()
+        served = "served-" + _asked_model(body)
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append(Seen(request.method, request.path_qs, headers, body))
         path = request.path
         if path.endswith("/sse"):
-            return await self._sse(request, delay=0.0)
+            return await self._sse(request, served, delay=0.0)
         if path.endswith("/slow-sse"):
-            return await self._sse(request, delay=0.4)
+            return await self._sse(request, served, delay=0.4)
         if path.endswith("/held"):  # one chunk, then waits for release (or 60 s)
             response = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await response.prepare(request)
@@ -65,16 +75,17 @@ class Upstream(LoopbackServer):
             "authorization_sha256": _digest(request.headers.get("authorization")),
             "x_api_key_sha256": _digest(request.headers.get("x-api-key")),
             "usage": {"input_tokens": 11, "output_tokens": 7},
+            "model": served,
         }
         return web.json_response(answer)
 
-    async def _sse(self, request: web.Request, delay: float) -> web.StreamResponse:
+    async def _sse(self, request: web.Request, served: str, delay: float) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         events = [
             {
                 "type": "message_start",
-                "message": {"usage": {"input_tokens": 21, "output_tokens": 1}},
+                "message": {"model": served, "usage": {"input_tokens": 21, "output_tokens": 1}},
             },
             {"type": "content_block_delta", "delta": {"text": "hello"}},
             {"type": "message_delta", "usage": {"output_tokens": 9}},
@@ -84,3 +95,11 @@ class Upstream(LoopbackServer):
             await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
             await asyncio.sleep(delay)
         return response
+
+
+def _asked_model(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return "unnamed"
+    return str(doc.get("model") or "unnamed") if isinstance(doc, dict) else "unnamed"
