@@ -117,7 +117,10 @@ def _home(root: Path, name: str, server_port: int) -> Path:
     """A fresh state root whose gateways may reach the registry on loopback."""
     home = root / name
     home.mkdir()
-    config = f"gateway:\n  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{server_port}]\n"
+    config = (
+        "allowed_images: ['worker-bridge-test/*']\n"
+        f"gateway:\n  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{server_port}]\n"
+    )
     (home / "config.yaml").write_text(config)
     return home
 

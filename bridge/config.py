@@ -198,6 +198,12 @@ class Config(BaseModel):
         "(tests and demos): such a task's script then reaches a route with the host's key, so "
         "it is off unless the owner turns it on.",
     )
+    allowed_images: list[str] = Field(
+        default_factory=list,
+        description="Images a task's spec may name (environment.image, verification.image, a "
+        "devcontainer.json's image), as glob patterns such as 'my-org/*'; besides these, only "
+        "this state root's own (worker-bridge/*:<image_tag> and its project environments).",
+    )
     workers: dict[str, LinkedWorker] = Field(default_factory=dict, description="Linked workers.")
     worker_settings: dict[str, WorkerSettings] = Field(
         default_factory=dict, description="Route and model of the built-in workers, by name."

@@ -1,14 +1,23 @@
-"""Which repositories this bridge may touch: config `repositories` bounds every operation on a
-task, not only its creation. A task whose repository lies outside it is treated as absent by the
-facade (not listed, "no such task" for every verb, left alone by prune), so each front end (MCP
-over stdio and HTTP, the CLI, the library) gets the same boundary from one check."""
+"""What a task may touch on this host, checked in the facade so every front end (MCP over stdio
+and HTTP, the CLI, the library) gets the same boundary from one place:
+
+- repositories: config `repositories` bounds every operation on a task, not only its creation.
+  A task whose repository lies outside it is treated as absent (not listed, "no such task" for
+  every verb, left alone by prune).
+- images: a spec (or the devcontainer.json it points at) may name only images config
+  `allowed_images` allows, besides this state root's own; any other is refused at creation,
+  the same way whether or not the engine has it.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.config import Config
 from bridge.errors import InvalidSpec
+from bridge.sandbox.spec import home_id
 
 
 @dataclass(frozen=True)
@@ -50,4 +59,29 @@ class RepositoryScope:
         raise InvalidSpec(
             f"Repository {repo} is outside the folders tasks may work in ({allowed}); move it "
             "there or add its folder to `repositories` in config.yaml."
+        )
+
+
+def own_images(config: Config) -> list[str]:
+    """The images a spec may always name: those `images build` makes, and the project
+    environments this state root set up or built."""
+    home = home_id(config.home)
+    return [
+        f"worker-bridge/*:{config.image_tag}",
+        f"worker-bridge-env:*-{home}",
+        f"worker-bridge-env-build:*-{home}",
+    ]
+
+
+def image_allowed(config: Config, ref: str) -> bool:
+    patterns = [*own_images(config), *config.allowed_images]
+    return any(fnmatch.fnmatchcase(ref, pattern) for pattern in patterns)
+
+
+def check_image(config: Config, ref: str, where: str) -> None:
+    """At creation: InvalidSpec unless ``ref`` (as ``where`` names it) is an allowed image."""
+    if not image_allowed(config, ref):
+        raise InvalidSpec(
+            f"{where} {ref!r} is not an image tasks may use here; the owner can allow it by "
+            "adding a pattern for it to `allowed_images` in config.yaml."
         )

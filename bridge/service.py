@@ -21,7 +21,7 @@ from bridge.pipeline.runner import TaskRunner
 from bridge.records import AcceptResult, TaskRecord, TaskResult, WorkerInfo
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
-from bridge.scope import RepositoryScope
+from bridge.scope import RepositoryScope, check_image
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
@@ -138,13 +138,26 @@ class WorkerBridge:
     def _check_environment(
         self, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
     ) -> None:
-        """At creation: the environment's definition (and devcontainer.json) reads, its worker
-        can run in one, and a named image is in the engine (InvalidSpec naming what is not)."""
+        """At creation: the images the spec names are allowed, the environment's definition (and
+        devcontainer.json) reads, its worker can run in one, and a named image is in the
+        engine (InvalidSpec naming what is not)."""
         from bridge.environments.definition import resolve_definition
 
+        if spec.verification.image:
+            check_image(self.config, spec.verification.image, "verification.image")
         definition = resolve_definition(self.config, spec, repo, base_commit)
         if definition is None:
             return
+        if definition.image and (spec.environment is not None or definition.devcontainer):
+            # Named by the caller (or by the devcontainer.json at the ref the caller chose);
+            # a configured default is the owner's own choice. Checked before the engine is
+            # asked, so a refusal says nothing of what the engine holds.
+            where = (
+                f"{definition.devcontainer}'s image"
+                if definition.devcontainer
+                else ("environment.image")
+            )
+            check_image(self.config, definition.image, where)
         if worker.probe is None:
             raise InvalidSpec(
                 f"The {worker.name} worker cannot run inside a project environment; drop "

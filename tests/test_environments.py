@@ -44,6 +44,7 @@ def env(home, server):
     the CLI's environment (which no setup may see)."""
     (home / "config.yaml").write_text(
         "allow_mock_routes: true\n"
+        "allowed_images: ['worker-bridge-test/*']\n"
         "gateway:\n"
         "  routes:\n"
         "    test:\n"
@@ -354,8 +355,9 @@ def test_bad_environments_are_refused_at_creation_naming_what_is_wrong(
         return res.stderr
 
     assert "Unknown key 'environment.foo'" in refused({"image": env_image, "foo": 1})
-    missing = refused({"image": "wb-no-such-image:1"})
-    assert "wb-no-such-image:1 is not present" in missing and "docker load" in missing
+    missing = refused({"image": "worker-bridge-test/no-such-image:1"})
+    assert "no-such-image:1 is not present" in missing and "docker load" in missing
+    assert "allowed_images" in refused({"image": "wb-not-allowed:1"})
     assert "devcontainer.json" in refused({"devcontainer": True})
     assert "names no image" in refused({"setup": ["true"]})
     assert "setup_network" in refused({"image": env_image, "setup_network": ["http://x/"]})

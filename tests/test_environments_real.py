@@ -43,6 +43,7 @@ def test_a_real_cli_works_inside_the_project_environment(
         # real_env's routes to the scripted model, and the registry on loopback for setup.
         with (home / "config.yaml").open("a") as config:
             config.write(f"  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{server.port}]\n")
+            config.write("allowed_images: ['worker-bridge-test/*']\n")
         env = real_env
         repo = node_project(workdir / "node", server)
         spec = {

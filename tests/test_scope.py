@@ -179,3 +179,80 @@ def test_an_idempotency_key_of_another_repositorys_task_reveals_nothing(workdir,
         assert done not in refused.value.message
     finally:
         scoped.close()
+
+
+# -- images a spec may name ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def secret_image(docker_images):
+    """An image the engine has but no task may use (a CI image with secrets baked in), made by
+    tagging the mock image; removed afterwards."""
+    import docker
+
+    client = docker.from_env()
+    tag = f"wb-secret-ci:{secrets.token_hex(4)}"
+    client.images.get(docker_images.image_for("mock")).tag(tag)
+    yield tag
+    client.images.remove(tag)
+    client.close()
+
+
+async def test_a_spec_names_only_allowed_images_and_a_refusal_tells_nothing_of_the_engine(
+    workdir, home, repo, secret_image, docker_images
+):
+    from bridge.sandbox import home_id
+
+    other_setup = f"worker-bridge-env:{'0' * 32}-{home_id(workdir / 'another-home')}"
+    async with mcp_server(home) as client:
+        said = {}
+        for name, image in [
+            ("present", secret_image),
+            ("absent", "wb-secret-ci:not-there"),
+            ("other state root", other_setup),
+        ]:
+            said[name] = await call_error(
+                client,
+                "worker_delegate",
+                {"objective": "x", "repository": str(repo), "environment": {"image": image}},
+            )
+            assert "allowed_images" in said[name] and image in said[name], said[name]
+        assert said["present"].replace(secret_image, "X") == said["absent"].replace(
+            "wb-secret-ci:not-there", "X"
+        ), "the same words whether the engine has the image or not"
+        (repo / ".devcontainer").mkdir()
+        (repo / ".devcontainer" / "devcontainer.json").write_text(f'{{"image": "{secret_image}"}}')
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "a devcontainer naming the secret image")
+        through_repo = await call_error(
+            client,
+            "worker_delegate",
+            {"objective": "x", "repository": str(repo), "environment": {"devcontainer": True}},
+        )
+        assert "devcontainer.json's image" in through_repo and "allowed_images" in through_repo
+    assert not (home / "bridge.db").exists() or WorkerBridge(home=home).list_tasks() == []
+
+    bridge = WorkerBridge(home=home)
+    try:
+        from bridge.errors import InvalidSpec
+
+        spec = {
+            "objective": "x",
+            "worker": "mock",
+            "workspace": {"repository": str(repo)},
+            "verification": {"commands": ["cat /etc/secret"], "image": secret_image},
+        }
+        with pytest.raises(InvalidSpec, match="verification.image .*allowed_images"):
+            bridge.create_task(spec)
+        own = {
+            **spec,
+            "verification": {"commands": ["true"], "image": docker_images.verify_image_ref},
+        }
+        assert bridge.create_task(own).status == "created", "this state root's own images are fine"
+    finally:
+        bridge.close()
+    allowing = WorkerBridge(home=home, allowed_images=["wb-secret-ci:*"])
+    try:
+        assert allowing.create_task(spec).status == "created", "the owner may allow it"
+    finally:
+        allowing.close()
