@@ -396,6 +396,18 @@ def test_a_task_without_verify_commands_succeeds_unverified(
     assert git(repo, "show", f"{result['branch']}:a.txt") == "a\n"
 
 
+def test_the_summary_is_the_workers_result_line_after_more_output_than_the_engine_keeps(
+    docker_images, bridge, repo: Path
+) -> None:
+    # 27 MB of progress: past max_progress_events, and past the engine's kept log, whose
+    # rotation ends the live stream early; the result line still comes through.
+    script = "yes 'a moderately long line of progress from the worker' | head -n 400000"
+    spec = mock_task(repo, {"script": script, "summary": "the result line"})
+    result = bridge.run_task(bridge.create_task(spec).task_id)
+    assert result.status == "succeeded", result.error
+    assert result.summary == "the result line"
+
+
 def test_a_read_only_task_cannot_write_and_fails_with_worker_exit(
     docker_images, cli, repo: Path, home: Path
 ) -> None:

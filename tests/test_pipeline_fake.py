@@ -306,6 +306,30 @@ def test_progress_events_are_bounded_per_task(home, repo):
     bridge.close()
 
 
+@pytest.mark.parametrize("stream_ends_after", [None, 12])
+def test_the_summary_is_the_result_line_past_the_event_bound_and_a_stream_that_ended_early(
+    home, repo, stream_ends_after
+):
+    lines = [f'{{"type": "progress", "message": "line {i}"}}' for i in range(50)]
+    lines.append('{"type": "result", "summary": "the worker\'s own result"}')
+
+    def behaviour(spec: ContainerSpec) -> Scripted | None:
+        if role(spec) != "worker":
+            return None
+        return Scripted(output=lines, stream_ends_after=stream_ends_after)
+
+    bridge = fake_bridge(home, FakeSandbox(behaviour), max_progress_events=10)
+    result = run(bridge, mock_task(repo, {}))
+    assert result.summary == "the worker's own result"
+    notes = [
+        e["data"]["text"]
+        for e in bridge.task_logs(result.task_id, limit=1000)["events"]
+        if e["kind"] == "worker.progress"
+    ]
+    assert ("live output ended early" in notes[-1]) == (stream_ends_after is not None)
+    bridge.close()
+
+
 def test_a_missing_image_fails_at_once_naming_the_build_command(home, repo):
     sandbox = FakeSandbox(missing_images=["worker-bridge/mock:0.1.0"])
     bridge = fake_bridge(home, sandbox)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from bridge.environments.setup import Ready
 
 MAX_LINE = 2000  # characters of one progress event's text
+SETTLE_LINES = 200  # the last lines of a worker's output read again once it exited
 
 
 def run_worker_turn(
@@ -52,8 +53,10 @@ def run_worker_turn(
         )
     spec = _container_spec(handle, ws, worker, turn, env)
     reader = _ProgressReader(handle, worker)
+    container: list[str] = []
 
     def started(container_id: str, adopted: bool) -> None:
+        container.append(container_id)
         if adopted:  # what the dead runner already recorded of this turn is not recorded twice
             store = handle.ctx.store
             since = store.last_event_id(handle.task_id, "worker.started")
@@ -70,6 +73,9 @@ def run_worker_turn(
 
     def exited(info: ExitInfo) -> None:
         over = watch.message("The worker")
+        # The live stream can end early (the engine's log rotation under a fast writer): the
+        # worker's last lines, its result line among them, are read again from the kept log.
+        reader.settle(handle.ctx.sandbox.output(container[0], tail=SETTLE_LINES))
         summary = next(
             (s for s in (reader.summary, reader.failure, reader.last_message) if s is not None),
             reader.last_line or "",  # a plain CLI's last line is its final word
@@ -278,6 +284,40 @@ class _ProgressReader:
                     self._emit(progress)
         except Exception as exc:  # a broken log stream must not break the run
             self._emit(Progress("error", f"[output stream ended: {exc}]"), always=True)
+
+    def settle(self, tail: Iterator[bytes]) -> None:
+        """Take the worker's last lines from the engine's kept log once it exited: when the live
+        stream ended before them, its summary, failure and session come from there (parsed
+        again: the last one seen wins), with a note that the live view missed lines."""
+        try:
+            lines = [line for line in bounded_lines(tail, self.handle.limits.line_kb * 1024)]
+        except Exception:  # noqa: BLE001 - no kept log: what the stream gave stands
+            return
+        kept = [line for line in lines if line.strip()]
+        if not kept or kept[-1] == self.last_line:
+            return  # the stream saw the end
+        self._emit(
+            Progress(
+                "error",
+                "[worker-bridge: the live output ended early; the last lines come from the "
+                "engine's kept log]",
+            ),
+            always=True,
+        )
+        for line in kept:
+            parsed = self.worker.parse_line(line)
+            if parsed.summary is not None:
+                self.summary = parsed.summary
+            if parsed.failure is not None:
+                self.failure = parsed.failure
+            if parsed.session_id and parsed.session_id != self.session_id:
+                self._session(parsed.session_id)
+            for progress in parsed.progress:
+                if progress.text.strip():
+                    self.last_progress = progress.text
+                    if progress.kind == "message":
+                        self.last_message = progress.text
+        self.last_line = kept[-1]
 
     def _session(self, session_id: str) -> None:
         """Record the CLI's session id, if it has the CLI's own shape (see session_ok)."""

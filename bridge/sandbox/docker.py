@@ -334,9 +334,15 @@ class DockerSandbox:
         since: float | None = None,
         stdout: bool = True,
         stderr: bool = True,
+        tail: int | None = None,
     ) -> Iterator[bytes]:
-        options = {"since": float(since)} if since else {}
+        options: dict = {"since": float(since)} if since else {}
         try:
+            if tail is not None:  # the engine splits long lines into 16 KiB entries: bounded
+                yield self.client.api.logs(
+                    container_id, stream=False, stdout=stdout, stderr=stderr, tail=tail
+                )
+                return
             stream = self.client.api.logs(
                 container_id, stream=True, follow=True, stdout=stdout, stderr=stderr, **options
             )

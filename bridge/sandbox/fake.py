@@ -41,6 +41,9 @@ class Scripted:
     oom_killed: bool = False
     run_for: float = 0.0
     effect: Callable[[Callable[[str], Path]], None] | None = None
+    # The live stream ends after this many chunks, as a real engine's log follower can when
+    # its log file rotates under a fast writer; the rest is only in the kept log (``tail``).
+    stream_ends_after: int | None = None
 
 
 # Decides how a container runs: a Scripted outcome, or None to run it as a local process.
@@ -280,12 +283,20 @@ class FakeSandbox:
         since: float | None = None,
         stdout: bool = True,
         stderr: bool = True,
+        tail: int | None = None,
     ) -> Iterator[bytes]:
         container = self._get(container_id)
         if container is None:
             return
         wanted = {name for name, on in (("stdout", stdout), ("stderr", stderr)) if on}
-        i = 0
+        if tail is not None:
+            with container.done:
+                kept = b"".join(c for name, c, _ in container.chunks if name in wanted)
+            lines = kept.splitlines(keepends=True)
+            yield b"".join(lines[-tail:])
+            return
+        cut = container.scripted.stream_ends_after if container.scripted else None
+        i = delivered = 0
         while True:
             with container.done:
                 while i >= len(container.chunks) and container.finished is None:
@@ -294,7 +305,10 @@ class FakeSandbox:
                 i = len(container.chunks)
                 over = container.finished is not None
             for name, chunk, at in batch:
+                if cut is not None and delivered >= cut:
+                    return
                 if name in wanted and (since is None or at >= since):
+                    delivered += 1
                     yield chunk
             if over and i >= len(container.chunks):
                 return

@@ -84,10 +84,13 @@ class Sandbox(Protocol):
         since: float | None = None,
         stdout: bool = True,
         stderr: bool = True,
+        tail: int | None = None,
     ) -> Iterator[bytes]:
         """The container's output as it arrives (the streams asked for), from the start or
         from ``since`` (epoch seconds), until it exits. Raw chunks: bounding what is kept is
-        the reader's job (see `bridge.sandbox.output`)."""
+        the reader's job (see `bridge.sandbox.output`). With ``tail``: only the last ``tail``
+        lines the engine kept, at once, without following (what a live stream may have missed
+        at the end: an engine's log rotation can end its follower early)."""
         ...
 
     def wait(self, container_id: str, timeout: float | None) -> ExitInfo:
