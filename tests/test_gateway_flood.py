@@ -25,10 +25,10 @@ BOUND_MB = 256
 
 # Runs inside the sandbox: CONNECTIONS threads each POST a BODY_MB body, streamed, either to a
 # model route (argv: route base URL) or through the proxy (argv: proxy URL and absolute URL).
-FLOOD = """
+FLOOD = f"""
 import json, socket, sys, threading
 from urllib.parse import urlsplit
-connections, size = {connections}, {body_mb} * 2**20
+connections, size = {CONNECTIONS}, {BODY_MB} * 2**20
 if len(sys.argv) == 2:
     where = urlsplit(sys.argv[1])
     address, target = (where.hostname, where.port), where.path + "/v1/discard"
@@ -54,7 +54,7 @@ threads = [threading.Thread(target=one) for _ in range(connections)]
 for t in threads: t.start()
 for t in threads: t.join()
 print("flood statuses:", json.dumps(sorted(set(statuses))), "over", len(statuses))
-""".format(connections=CONNECTIONS, body_mb=BODY_MB)
+"""
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
