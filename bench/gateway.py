@@ -1,18 +1,25 @@
 """The gateway's cost: per-request latency (p50/p99) of a small JSON call through a model route,
-and the throughput of a streamed 10 MB response, each against the same upstream (on loopback)
-reached directly, alternated in one run and reported as ratios. The client speaks to the
-gateway's Unix socket the way the sandbox's relay does; the relay itself (socat in the
-container) is not in the measurement."""
+the throughput of a streamed 10 MB response and of a 30 MB request body, each against the same
+upstream (on loopback) reached directly, alternated in one run and reported as ratios. The
+client speaks to the gateway's Unix socket the way the sandbox's relay does; the relay itself
+(socat in the container) is not in the measurement.
+
+And its memory under a flood: a process that hosts nothing but a gateway (as a task's runner
+does), flooded with 64 connections each sending a 30 MB body, its peak resident memory sampled
+from outside against the same process's resident memory before the flood."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import psutil
 from aiohttp import web
 
 from bench.common import median, percentile
@@ -21,6 +28,8 @@ from bridge.gateway.policy import Route
 from bridge.gateway.server import ROUTES_SOCKET, Gateway
 
 STREAM_BYTES = 10 * 2**20
+UPLOAD_BYTES = 30 * 2**20
+FLOOD_CONNECTIONS = 64
 
 
 class _Upstream:
@@ -33,6 +42,7 @@ class _Upstream:
         app = web.Application()
         app.router.add_get("/v1/small", lambda r: web.json_response({"ok": True}))
         app.router.add_get("/v1/stream", self._stream)
+        app.router.add_post("/v1/upload", self._upload)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -49,6 +59,12 @@ class _Upstream:
             sent += len(chunk)
         return response
 
+    async def _upload(self, request: web.Request) -> web.Response:
+        seen = 0
+        async for chunk in request.content.iter_any():
+            seen += len(chunk)
+        return web.json_response({"received": seen})
+
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -62,6 +78,92 @@ def _get(connect, target: str, host: str) -> int:
         while chunk := s.recv(1 << 20):
             total += len(chunk)
         return total
+
+
+def _post(connect, target: str, size: int) -> int:
+    """One POST of ``size`` bytes (Connection: close), sent a MiB at a time; returns the status."""
+    block = b"u" * 2**20
+    with connect() as s:
+        head = f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        s.sendall((head + f"Content-Length: {size}\r\n\r\n").encode())
+        for _ in range(size // len(block)):
+            s.sendall(block)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+# The process the flood measures: a gateway and nothing else, until its stdin closes.
+_HOST = """
+import sys
+from pathlib import Path
+from bridge.config import GatewayConfig
+from bridge.gateway.policy import Route
+from bridge.gateway.server import Gateway
+routes = {"b": Route("b", sys.argv[2], "bearer", None, "k")}
+gateway = Gateway(Path(sys.argv[1]), routes, None, GatewayConfig(max_events=10), lambda k, d: None)
+gateway.start()
+print("ready", flush=True)
+sys.stdin.read()
+gateway.stop()
+"""
+
+
+def _flood_memory(upstream_port: int, connections: int, body: int) -> dict:
+    folder = Path(tempfile.mkdtemp(prefix="wb-gw-flood-", dir="/dev/shm"))
+    host = subprocess.Popen(
+        [sys.executable, "-c", _HOST, str(folder), f"http://127.0.0.1:{upstream_port}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "ready"
+        process = psutil.Process(host.pid)
+        idle = process.memory_info().rss
+        peak, done = idle, threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, process.memory_info().rss)
+                time.sleep(0.02)
+
+        def via() -> socket.socket:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(folder / ROUTES_SOCKET))
+            return s
+
+        statuses: list[int] = []
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.perf_counter()
+        flood = [
+            threading.Thread(target=lambda: statuses.append(_post(via, "/b/v1/upload", body)))
+            for _ in range(connections)
+        ]
+        for thread in flood:
+            thread.start()
+        for thread in flood:
+            thread.join()
+        seconds = time.perf_counter() - t0
+        done.set()
+        sampler.join()
+    finally:
+        if host.stdin is not None:
+            host.stdin.close()
+        host.wait(timeout=60)
+    if statuses != [200] * connections:
+        raise RuntimeError(f"gateway flood: answers {sorted(set(statuses))}, not all 200")
+    return {
+        "connections": connections,
+        "body_mb": body // 2**20,
+        "idle_rss_mib": round(idle / 2**20, 1),
+        "peak_rss_mib": round(peak / 2**20, 1),
+        "peak_vs_idle_ratio": round(peak / idle, 2),
+        "flood_s": round(seconds, 2),
+    }
 
 
 def bench_gateway(samples: int) -> dict:
@@ -98,6 +200,16 @@ def bench_gateway(samples: int) -> dict:
                 t0 = time.perf_counter()
                 size = _get(fn, target, "127.0.0.1")
                 out.append(size / 2**20 / (time.perf_counter() - t0))
+        up_direct, up_via = [], []
+        for _ in range(max(samples // 50, 3)):
+            for fn, out, target in (
+                (direct, up_direct, "/v1/upload"),
+                (via, up_via, "/b/v1/upload"),
+            ):
+                t0 = time.perf_counter()
+                _post(fn, target, UPLOAD_BYTES)
+                out.append(UPLOAD_BYTES / 2**20 / (time.perf_counter() - t0))
+        flood = _flood_memory(upstream.port, FLOOD_CONNECTIONS, UPLOAD_BYTES)
     finally:
         gateway.stop()
         upstream.stop()
@@ -108,16 +220,28 @@ def bench_gateway(samples: int) -> dict:
         "gateway_p99_ms": round(percentile(lat_via, 99), 3),
         "stream_direct_mib_s": round(median(thr_direct), 1),
         "stream_gateway_mib_s": round(median(thr_via), 1),
+        "upload_direct_mib_s": round(median(up_direct), 1),
+        "upload_gateway_mib_s": round(median(up_via), 1),
+        "flood": flood,
     }
     result["latency_p50_ratio"] = round(result["gateway_p50_ms"] / result["direct_p50_ms"], 2)
     result["latency_p99_ratio"] = round(result["gateway_p99_ms"] / result["direct_p99_ms"], 2)
     result["stream_throughput_ratio"] = round(
         result["stream_gateway_mib_s"] / result["stream_direct_mib_s"], 3
     )
+    result["upload_throughput_ratio"] = round(
+        result["upload_gateway_mib_s"] / result["upload_direct_mib_s"], 3
+    )
     print(
         f"  gateway: p50 {result['gateway_p50_ms']:.2f} ms vs direct {result['direct_p50_ms']:.2f} "
         f"ms ({result['latency_p50_ratio']}x), p99 {result['latency_p99_ratio']}x; 10 MB stream "
         f"{result['stream_gateway_mib_s']} vs {result['stream_direct_mib_s']} MiB/s "
-        f"({result['stream_throughput_ratio']}x)"
+        f"({result['stream_throughput_ratio']}x); 30 MB upload {result['upload_gateway_mib_s']} vs "
+        f"{result['upload_direct_mib_s']} MiB/s ({result['upload_throughput_ratio']}x)"
+    )
+    print(
+        f"  gateway flood ({flood['connections']} x {flood['body_mb']} MB bodies): the process "
+        f"hosting it peaked at {flood['peak_rss_mib']} MiB resident, {flood['idle_rss_mib']} "
+        f"MiB before ({flood['peak_vs_idle_ratio']}x), in {flood['flood_s']} s"
     )
     return result
