@@ -244,14 +244,15 @@ def test_past_the_session_cap_initialize_is_refused_and_open_sessions_keep_worki
             listed = session_call(server, token, session, "tools/list")
             assert {t["name"] for t in result_of(listed)["tools"]} == MCP_TOOLS
         ended = session_call(server, token, sessions[0], None)  # DELETE: the client ends it
-        reopened = initialize(server, token)
+        # the SDK forgets the session just after answering the DELETE
+        wait_for(lambda: initialize(server, token).status_code == 200, "a slot is free again")
 
     assert {r.status_code for r in refused} == {503}, refused[0].text
     assert refused[0].headers["retry-after"].isdigit()
     message = refused[0].json()["error"]["message"]
     assert "http.max_sessions" in message and "2 MCP sessions" in message, message
     assert message.count(". ") == 0 and message.endswith("."), f"one sentence: {message}"
-    assert ended.is_success and reopened.status_code == 200, (ended.text, reopened.text)
+    assert ended.is_success, ended.text
 
 
 def test_an_idle_session_is_reaped_and_its_id_then_answers_session_not_found(home, token_file):
