@@ -154,6 +154,66 @@ class GatewayConfig(BaseModel):
     )
 
 
+class HttpConfig(BaseModel):
+    """Bounds of the MCP server's HTTP listener (`worker-bridge-mcp --http`), sized for a service
+    shared by a team's agents. The deadlines and connection caps act before the token is checked,
+    so they hold for clients without it too; see docs/security.md."""
+
+    model_config = ConfigDict(extra="forbid")
+    head_timeout_s: float = Field(
+        10,
+        gt=0,
+        description="Longest a client may take to send a request's line and headers, from "
+        "connecting or from the previous response; then 408 and the connection is closed.",
+    )
+    body_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="Longest a client may take to send a request's body once its head has "
+        "arrived; then 408 (or, once answered, just closed).",
+    )
+    keep_alive_s: int = Field(
+        5, ge=1, description="An idle connection between requests is closed after this long."
+    )
+    max_head_kb: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Largest request line and headers together (a bigger head is refused "
+        "with 400 and the connection closed).",
+    )
+    max_body_kb: int = Field(
+        4096,
+        ge=1,
+        description="Largest request body, read whole before the SDK sees the request "
+        "(a bigger one is refused with 413).",
+    )
+    max_connections: int = Field(
+        256,
+        ge=1,
+        description="Connections open at once, all clients together; one more is answered "
+        "503 and closed before anything of it is read.",
+    )
+    max_connections_per_client: int = Field(
+        32,
+        ge=1,
+        description="Connections open at once from one client address (an IPv6 client: its "
+        "/64); behind a proxy or Docker's port publishing every client shares one address.",
+    )
+    max_sessions: int = Field(
+        256,
+        ge=1,
+        description="MCP sessions open at once; past it a new `initialize` is refused with "
+        "503 and one sentence, while open sessions keep working.",
+    )
+    session_idle_timeout_s: float = Field(
+        1800,
+        gt=0,
+        description="An MCP session with no request in flight (and no open GET stream) for "
+        "this long is closed; its id then answers 404 'Session not found'.",
+    )
+
+
 class Config(BaseModel):
     """The effective configuration. Every key has a default; unknown keys are errors."""
 
@@ -216,6 +276,11 @@ class Config(BaseModel):
     )
     setup_timeout_s: int = Field(
         1800, ge=1, description="Deadline of an environment's setup (all its commands)."
+    )
+    http: HttpConfig = Field(
+        default_factory=HttpConfig,
+        description="Bounds of the MCP server's HTTP listener (deadlines, connection and "
+        "session caps).",
     )
 
     @property

@@ -11,6 +11,12 @@ else `$WORKER_BRIDGE_MCP_TOKEN`; it is removed from the environment once read, s
 runners and tools this server starts do not inherit it. Without a token the server refuses to
 start, unless it is bound to a loopback address and given `--no-token`.
 
+Below the gate, bridge/mcp_http_limits.py bounds what any client may hold (config `http`):
+deadlines for a request's head and body, connection caps per client address and in total, a
+request body read whole and bounded before the SDK sees it, and the SDK's session cap and idle
+reaping. A request refused for its token gets its 401 and the connection closed, so without the
+token a client never holds more than one head, for no longer than the head deadline.
+
 No `mcp` import here (that stays in mcp_server.py): the SDK app comes from the server object.
 """
 
@@ -24,13 +30,24 @@ import logging
 import os
 import re
 import stat
-import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.config import HttpConfig
 from bridge.errors import ConfigError
+from bridge.mcp_http_limits import (
+    ASGIApp,
+    Receive,
+    RefusalLog,
+    Scope,
+    Send,
+    SessionCapNotice,
+    WholeBody,
+    describe_bounds,
+    uvicorn_options,
+)
 from bridge.version import __version__
 
 log = logging.getLogger("worker_bridge.mcp.http")
@@ -38,7 +55,6 @@ log = logging.getLogger("worker_bridge.mcp.http")
 TOKEN_ENV = "WORKER_BRIDGE_MCP_TOKEN"
 TOKEN_FILE_ENV = "WORKER_BRIDGE_MCP_TOKEN_FILE"
 MCP_PATH = "/mcp"
-REFUSAL_LOG_INTERVAL_S = 10.0  # one refusal line per client address per interval
 HEALTH_PATH = "/healthz"
 SHUTDOWN_GRACE_S = 5
 MIN_TOKEN_CHARS = 16
@@ -51,11 +67,6 @@ _GIVE_TOKEN = (
     "(e.g. from `openssl rand -hex 32`)"
 )
 _HOW_TO_GIVE = f"{_GIVE_TOKEN}, or pass --no-token on a loopback address"
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -210,7 +221,7 @@ class BearerGate:
         self.app = app
         self._token = token.encode() if token is not None else None
         self._health = json.dumps({"ok": True, "version": __version__}).encode()
-        self._logged: dict[str, tuple[float, int]] = {}
+        self._refusals = RefusalLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -224,7 +235,7 @@ class BearerGate:
         client = scope.get("client")
         who = f"{client[0]}:{client[1]}" if client else "an unknown client"
         method = scope.get("method", kind.upper())
-        if self._may_log(f"{client[0] if client else ''} ({refusal})"):
+        if self._refusals.may_log(f"{client[0] if client else ''} ({refusal})"):
             path = _printable(str(scope.get("path", "")))
             log.warning("refused %s %s from %s: %s", _printable(method), path, who, refusal)
         if kind != "http":  # a websocket: nothing is served there, close before accepting
@@ -237,23 +248,9 @@ class BearerGate:
             "message": "send the header 'Authorization: Bearer <token>' with the token this "
             "server was started with",
         }
-        await _respond(send, 401, json.dumps(body).encode(), [(b"www-authenticate", challenge)])
-
-    def _may_log(self, client: str) -> bool:
-        """One line per client address and kind of refusal per interval, then a count: a
-        client without the token cannot grow the log (and the disk under the state root) at
-        request speed."""
-        now = time.monotonic()
-        last, skipped = self._logged.get(client, (0.0, 0))
-        if now - last < REFUSAL_LOG_INTERVAL_S:
-            self._logged[client] = (last, skipped + 1)
-            return False
-        if skipped:
-            log.warning("refused %d more requests from %s, not logged one by one", skipped, client)
-        if len(self._logged) > 10_000:  # bounded memory too
-            self._logged.clear()
-        self._logged[client] = (now, 0)
-        return True
+        # Closed after the answer: without the token a connection holds one head, never more.
+        refused = [(b"www-authenticate", challenge), (b"connection", "close")]
+        await _respond(send, 401, json.dumps(body).encode(), refused)
 
     def _refusal(self, scope: Scope) -> str | None:
         """Why the request is refused (words for the log, never the token), or None."""
@@ -304,10 +301,12 @@ def _rebinding_guard(host: str) -> Any:
     )
 
 
-def serve(server: Any, options: HttpOptions) -> int:
-    """Serve the MCP server object (the SDK's MCPServer) until SIGINT/SIGTERM."""
+def serve(server: Any, options: HttpOptions, limits: HttpConfig | None = None) -> int:
+    """Serve the MCP server object (the SDK's MCPServer) until SIGINT/SIGTERM, within the
+    listener's bounds (config `http`)."""
     import uvicorn
 
+    limits = limits or HttpConfig()
     for warning in options.warnings:
         log.warning("%s", warning)
     if options.token is None:
@@ -318,6 +317,9 @@ def serve(server: Any, options: HttpOptions) -> int:
         streamable_http_path=MCP_PATH,
         host=options.host,
         transport_security=_rebinding_guard(options.host),
+        max_request_body_size=limits.max_body_kb * 1024,
+        max_sessions=limits.max_sessions,
+        session_idle_timeout=limits.session_idle_timeout_s,
     )
     shown = f"[{options.host}]" if ":" in options.host else options.host
     log.info(
@@ -328,8 +330,9 @@ def serve(server: Any, options: HttpOptions) -> int:
         HEALTH_PATH,
         options.token_source,
     )
+    log.info("listener bounds (config http): %s", describe_bounds(limits))
     config = uvicorn.Config(
-        BearerGate(app, options.token),
+        BearerGate(WholeBody(SessionCapNotice(app, limits), limits), options.token),
         host=options.host,
         port=options.port,
         log_config=None,  # uvicorn's loggers propagate to ours: stderr and logs/mcp-server.log
@@ -337,6 +340,7 @@ def serve(server: Any, options: HttpOptions) -> int:
         server_header=False,
         proxy_headers=False,  # the peer logged is the real one, not an X-Forwarded-For
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        **uvicorn_options(limits),
     )
     uvicorn.Server(config).run()
     return 0

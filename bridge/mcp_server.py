@@ -355,7 +355,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
         log.warning("recovery skipped: %s", exc.message)
     server = build_server(bridge)
     if http is not None:
-        return mcp_http.serve(server, http)
+        return mcp_http.serve(server, http, bridge.config.http)
     server.run("stdio")
     return 0
 

@@ -17,6 +17,22 @@ def test_defaults_are_documented_values(home):
     assert config.sandbox_uid == 10001
 
 
+def test_the_http_listener_bounds_have_defaults_and_come_from_yaml_or_env(home):
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    assert (config.http.head_timeout_s, config.http.body_timeout_s) == (10, 30)
+    assert (config.http.max_connections, config.http.max_connections_per_client) == (256, 32)
+    assert (config.http.max_sessions, config.http.session_idle_timeout_s) == (256, 1800)
+    (home / "config.yaml").write_text("http:\n  max_sessions: 9\n  head_timeout_s: 2.5\n")
+    env = {"WORKER_BRIDGE_HOME": str(home), "WORKER_BRIDGE_HTTP__MAX_SESSIONS": "3"}
+    config = load_config(env=env)
+    assert (config.http.max_sessions, config.http.head_timeout_s) == (3, 2.5)
+    with pytest.raises(ConfigError, match="WORKER_BRIDGE_HTTP__MAX_CONNECTIONS"):
+        load_config(env={**env, "WORKER_BRIDGE_HTTP__MAX_CONNECTIONS": "0"})
+    (home / "config.yaml").write_text("http:\n  header_timeout_s: 2\n")
+    with pytest.raises(ConfigError, match="http.header_timeout_s"):
+        load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+
+
 def test_env_wins_over_config_yaml(home):
     (home / "config.yaml").write_text("max_concurrency: 7\nrepo_concurrency: 5\n")
     env = {"WORKER_BRIDGE_HOME": str(home), "WORKER_BRIDGE_MAX_CONCURRENCY": "2"}

@@ -21,8 +21,9 @@ OWNERS = {
     "tenacity": "sandbox/",
     # the gateway, and the scripted model server that smoke tests and the tests serve
     "aiohttp": ("gateway/", "smoke/"),
-    "h11": "gateway/",
-    "uvicorn": "mcp_http.py",
+    # h11 also for the MCP listener's protocol (its deadlines read the parser's state)
+    "h11": ("gateway/", "mcp_http_limits.py"),
+    "uvicorn": ("mcp_http.py", "mcp_http_limits.py"),
 }
 
 
