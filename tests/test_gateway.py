@@ -532,52 +532,66 @@ def test_ipv4_carried_in_ipv6_is_judged_as_itself():
 # -- routes reach only the model API --------------------------------------------------------------
 
 
-def _anthropic_like(upstream: Upstream) -> Route:
-    from bridge.gateway.policy import MESSAGES_PATHS
+def _built_in(upstream: Upstream) -> dict[str, Route]:
+    """Every built-in route with its own list of paths, pointed at the test upstream."""
+    from bridge.gateway.policy import BUILTIN_ROUTES
 
-    return Route("anthropic", upstream.url, "x-api-key", "K", KEY, tuple(MESSAGES_PATHS))
+    return {
+        name: Route(name, upstream.url, "bearer", None, KEY, tuple(route.paths or ()))
+        for name, route in BUILTIN_ROUTES.items()
+    }
 
 
 @pytest.mark.parametrize(
-    ("method", "target", "status"),
+    ("method", "path", "status"),
     [
-        ("GET", "/anthropic/v1/models", 403),
-        ("POST", "/anthropic/v1/files", 403),
-        ("POST", "/anthropic/v1/messages/batches", 403),
-        ("GET", "/anthropic/v1/organizations/users", 403),
-        ("GET", "/anthropic/v1/messages", 403),  # the right path, the wrong method
-        ("POST", "/anthropic/v1/messages/%2e%2e/files", 400),
-        ("POST", "/anthropic/v1/messages/%2E%2E/files", 400),
-        ("POST", "/anthropic/v1/messages/%252e%252e/files", 400),
-        ("POST", "/anthropic/v1/messages/..;/files", 400),
-        ("POST", "/anthropic/v1/messages;jsessionid=1", 400),
-        ("POST", "/anthropic/v1\\messages", 400),
-        ("POST", "/anthropic/v1/%c0%ae%c0%ae/files", 400),  # overlong UTF-8 for ..
-        ("POST", "/anthropic/v1/%ff/files", 400),  # not UTF-8 at all
-        ("POST", "/anthropic/v1/messages%2f..%2ffiles", 400),
-        ("POST", "/anthropic//v1/messages", 400),
-        ("POST", "/anthropic/v1/./messages", 400),
+        ("GET", "/v1/models", 403),
+        ("POST", "/v1/files", 403),
+        ("POST", "/v1/messages/batches", 403),
+        ("POST", "/v1/batches", 403),
+        ("GET", "/v1/organizations/users", 403),
+        ("DELETE", "/v1/responses/resp_1", 403),
+        ("GET", "/v1/messages", 403),  # a model call's path, the wrong method
+        ("POST", "/v1/messages/%2e%2e/files", 400),
+        ("POST", "/v1/responses/%2E%2E/files", 400),
+        ("POST", "/v1/messages/%252e%252e/files", 400),
+        ("POST", "/v1/messages/..;/files", 400),
+        ("POST", "/v1/responses;jsessionid=1", 400),
+        ("POST", "/v1\\messages", 400),
+        ("POST", "/v1/%c0%ae%c0%ae/files", 400),  # overlong UTF-8 for ..
+        ("POST", "/v1/%ff/files", 400),  # not UTF-8 at all
+        ("POST", "/v1/messages%2f..%2ffiles", 400),
+        ("POST", "//v1/messages", 400),
+        ("POST", "/v1/./responses", 400),
     ],
 )
-def test_a_built_in_route_refuses_what_is_not_a_model_call_and_every_encoded_variant(
-    workdir, upstream, method, target, status
+def test_every_built_in_route_refuses_what_is_not_a_model_call_and_every_encoded_variant(
+    workdir, upstream, method, path, status
 ):
+    from bridge.gateway.policy import BUILTIN_ROUTES
+
     events = Events()
     gw = gateway(workdir / "gw", upstream, events)
-    gw.routes["anthropic"] = _anthropic_like(upstream)
+    gw.routes.update(_built_in(upstream))
     try:
-        answer = request(gw.folder / ROUTES_SOCKET, http(method, target, b'{"model": "m"}'))
-        fine = request(
-            gw.folder / ROUTES_SOCKET,
-            http("POST", "/anthropic/v1/messages?beta=true", b'{"model": "m"}'),
-        )
+        answers = {
+            name: request(gw.folder / ROUTES_SOCKET, http(method, f"/{name}{path}", b"{}"))
+            for name in BUILTIN_ROUTES
+        }
+        fine = {}
+        for name, route in BUILTIN_ROUTES.items():
+            allowed_method, allowed_path = route.paths[0].split(" ")
+            fine[name] = request(
+                gw.folder / ROUTES_SOCKET, http(allowed_method, f"/{name}{allowed_path}", b"{}")
+            )
     finally:
         gw.stop()
-    assert status_of(answer) == status, body_of(answer)
-    assert status_of(fine) == 200, "the model call itself still goes through"
-    assert [r.path for r in upstream.requests] == ["/v1/messages?beta=true"], "the key went once"
-    [refused] = events.of("network.refused")
-    assert refused["route"] and refused["reason"], refused
+    for name, answer in answers.items():
+        assert status_of(answer) == status, (name, body_of(answer))
+    assert {name: status_of(a) for name, a in fine.items()} == dict.fromkeys(BUILTIN_ROUTES, 200)
+    assert len(upstream.requests) == len(BUILTIN_ROUTES), "the key went out for model calls only"
+    refused = events.of("network.refused")
+    assert len(refused) == len(BUILTIN_ROUTES) and all(r["reason"] for r in refused), refused
 
 
 def test_every_built_in_route_has_a_list_and_keeps_it_wherever_it_points(home):
