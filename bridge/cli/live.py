@@ -85,7 +85,8 @@ class LiveView:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._poll()  # what happened after the last poll
+        if exc[0] is None:  # refused (another process runs it): its events are not this view's
+            self._poll()  # what happened after the last poll
         self._clear_status()
         self.stream.flush()
 
