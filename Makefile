@@ -12,7 +12,7 @@ export TESTCONTAINERS_RYUK_DISABLED := true
 export WORKER_BRIDGE_EXTRA_CA_FILE ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 LINT_PATHS := bridge tests scripts $(wildcard bench/*.py bench/*/)
 
-.PHONY: install base-image images demo test test-fast lint format bench bench-quick clean-containers
+.PHONY: install base-image images images-all test-deps demo test test-fast lint format bench bench-quick clean-containers
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,15 +25,30 @@ install: $(VENV)/.installed
 base-image:
 	scripts/bootstrap-base-image $(BASE_IMAGE)
 
+# What the demo uses: base, verify and mock (apt only: nothing from the npm registry).
 images: install base-image
+	$(BIN)/worker-bridge images build --base-image $(BASE_IMAGE) > .images-build.log 2>&1 \
+	  || (tail -30 .images-build.log; exit 1)
+	@tail -1 .images-build.log
+
+# Every image, the worker CLIs' too (their CLIs come from the npm registry): what the tests use.
+images-all: install base-image
 	$(BIN)/worker-bridge images build --all --base-image $(BASE_IMAGE) > .images-build.log 2>&1 \
 	  || (tail -30 .images-build.log; exit 1)
 	@tail -1 .images-build.log
 
+# What the tests need besides the images: docker-compose (the compose tests) and the TypeScript
+# MCP client's packages (the interop test), so a fresh `make test` skips nothing.
+test-deps: install tests/interop/node_modules/.package-lock.json
+	@command -v docker-compose >/dev/null 2>&1 || scripts/install-test-deps docker-compose
+
+tests/interop/node_modules/.package-lock.json: tests/interop/package-lock.json
+	npm ci --prefix tests/interop --no-audit --no-fund --loglevel=error
+
 demo: images
 	$(BIN)/python scripts/demo.py
 
-test: images
+test: images-all test-deps
 	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
 test-fast: install
@@ -47,10 +62,10 @@ format: install
 	$(BIN)/ruff format $(LINT_PATHS)
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 
-bench: images
+bench: images-all
 	WORKER_BRIDGE_TEST_BASE_IMAGE=$(BASE_IMAGE) $(BIN)/python -m bench $(BENCH_ARGS)
 
-bench-quick: images
+bench-quick: images-all
 	WORKER_BRIDGE_TEST_BASE_IMAGE=$(BASE_IMAGE) $(BIN)/python -m bench --quick --out .bench-quick.json
 
 clean-containers:

@@ -37,9 +37,10 @@ def anyio_backend() -> str:
 @pytest.fixture(autouse=True)
 def compose_tool():
     if COMPOSE is None:
+        why = "docker-compose is not installed; `make test-deps` installs it (Debian's package)"
         if REQUIRE_DOCKER:
-            pytest.fail("docker-compose is not installed (apt-get install docker-compose)")
-        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+            pytest.fail(why)
+        pytest.skip(why)
 
 
 def compose(project: str, env: dict[str, str], *args: str, timeout: float = 600):

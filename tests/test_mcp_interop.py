@@ -32,7 +32,7 @@ def node() -> str:
     if found is None:
         missing = "node is not on PATH"
     elif not SDK.is_dir():
-        missing = f"{SDK} is missing; run `npm ci --prefix tests/interop` in the checkout"
+        missing = f"{SDK} is missing; `make test-deps` installs it"
     if missing:
         if REQUIRE:
             pytest.fail(f"WORKER_BRIDGE_REQUIRE_INTEROP=1 but {missing}")

@@ -23,6 +23,28 @@ from bridge.version import __version__
 
 SOURCE_URL = "https://github.com/worker-bridge/worker-bridge"  # the OCI source label
 DEFAULT_TARGETS = ("base", "verify", "mock")
+_KEPT_LINES = 40  # of the failing step's output, to find the registry's own error in
+# What a registry's failure looks like in a step's output, and what to do about it.
+_TLS = (
+    "SELF_SIGNED_CERT_IN_CHAIN",
+    "UNABLE_TO_GET_ISSUER_CERT",
+    "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+    "CERT_UNTRUSTED",
+    "CERTIFICATE_VERIFY_FAILED",
+    "certificate verify failed",
+    "self-signed certificate",
+)
+_UNREACHABLE = (
+    "ENOTFOUND",
+    "EAI_AGAIN",
+    "ECONNREFUSED",
+    "ECONNRESET",
+    "ETIMEDOUT",
+    "Could not resolve",
+    "Temporary failure resolving",
+    "Failed to fetch",
+    "Network is unreachable",
+)
 
 
 def images_dir() -> Path:
@@ -78,17 +100,53 @@ def build_images(
         tag = config.image_for(name)
         parent = (base_image or config.base_image) if name == "base" else base_ref
         on_line(f"==> building {tag} (FROM {parent})")
-        sandbox.build_image(
-            tag,
-            _context(name, config.extra_ca_file),
-            buildargs={"BASE_IMAGE": parent},
-            labels={
-                "io.worker-bridge.image": name,
-                "org.opencontainers.image.title": f"worker-bridge {name}",
-                "org.opencontainers.image.version": __version__,
-                "org.opencontainers.image.source": SOURCE_URL,
-            },
-            on_line=on_line,
-        )
+        step: list[str] = []
+
+        def seen(line: str, step: list[str] = step) -> None:
+            if line.startswith("Step "):
+                step.clear()
+            step.append(line)
+            del step[:-_KEPT_LINES]
+            on_line(line)
+
+        try:
+            sandbox.build_image(
+                tag,
+                _context(name, config.extra_ca_file),
+                buildargs={"BASE_IMAGE": parent},
+                labels={
+                    "io.worker-bridge.image": name,
+                    "org.opencontainers.image.title": f"worker-bridge {name}",
+                    "org.opencontainers.image.version": __version__,
+                    "org.opencontainers.image.source": SOURCE_URL,
+                },
+                on_line=seen,
+            )
+        except BridgeError as exc:
+            raise BridgeError(explain_build_failure(exc.message, step, config)) from exc
         built.append(tag)
     return built
+
+
+def explain_build_failure(message: str, step_output: list[str], config: Config) -> str:
+    """The engine's account of a failed build (it names the step), with the registry's own
+    error from the step's output and what to do about it, when there is one."""
+    cause = next((line.strip() for line in reversed(step_output) if _registry_error(line)), None)
+    if cause is None:
+        return message
+    said = f"{message.rstrip('.')}; the step said: {cause[:300]}"
+    if any(mark in cause for mark in _TLS):
+        has = f" (now {config.extra_ca_file})" if config.extra_ca_file else ""
+        return (
+            f"{said}. The registry's TLS certificate is not trusted inside the build (a network "
+            "that intercepts TLS): set extra_ca_file in config.yaml or WORKER_BRIDGE_EXTRA_CA_FILE "
+            f"to that network's CA bundle{has}, then build again."
+        )
+    return (
+        f"{said}. The registry could not be reached from the build (the step was retried with "
+        "backoff); check the engine's network, or build again later."
+    )
+
+
+def _registry_error(line: str) -> bool:
+    return any(mark in line for mark in (*_TLS, *_UNREACHABLE))
