@@ -29,6 +29,29 @@ from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
 
 ENV_PREFIX = "WORKER_BRIDGE_"
+# WORKER_BRIDGE_* variables that are not configuration keys; any other that names no key is an
+# error naming it, as an unknown key in config.yaml is (a misspelt limit must not pass silently).
+OTHER_VARIABLES = {
+    "MCP_TOKEN": "the MCP HTTP server's bearer token",
+    "MCP_TOKEN_FILE": "a file holding that token",
+    "IN_CONTAINER": "set in the bridge's own image: the same-path check is on",
+    "REPOS": "the repositories folder of the compose deployment",
+    "IMAGES_DIR": "image contexts to build instead of the package's own",
+    "SMOKE_KEY": "the throwaway key of `images build --smoke`",
+    # compose/compose.yaml's own settings, read by docker-compose from the same shell
+    "VERSION": "compose: the bridge image's tag",
+    "BIND": "compose: the address the port is published on",
+    "PORT": "compose: the published port",
+    "TOKEN_FILE": "compose: the token file given to the container as a secret",
+    "SOURCE": "the bridge image's source label (a build argument)",
+    # the test suite's and CI's
+    "REQUIRE_DOCKER": "tests: fail rather than skip without an engine",
+    "REQUIRE_INTEROP": "tests: fail rather than skip without the TypeScript client",
+    "REQUIRE_RUNSC": "tests: fail rather than skip without gVisor",
+    "TEST_BASE_IMAGE": "tests and bench: the local base image",
+    "MCP_COMMAND": "the interop test's server command",
+    "INTEROP_REPO": "the interop test's repository",
+}
 
 
 class LimitDefaults(BaseModel):
@@ -350,6 +373,7 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
     env = dict(os.environ if env is None else env)
     home = Path(overrides.pop("home", None) or default_home(env)).expanduser().absolute()
     path = home / "config.yaml"
+    _check_variables(env)
     _check_yaml(path)
     token = _LOADING.set((env, path))
     try:
@@ -359,6 +383,29 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
     finally:
         _LOADING.reset(token)
     return Config.model_validate(loaded.model_dump())
+
+
+def _check_variables(env: Mapping[str, str]) -> None:
+    """ConfigError naming a WORKER_BRIDGE_* variable that is neither a key (nested keys as
+    KEY__SUBKEY, which the key's own model checks) nor one of OTHER_VARIABLES."""
+    import difflib
+
+    keys = set(Config.model_fields)
+    for name in sorted(env):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX) :]
+        if rest.split("__", 1)[0].lower() in keys or rest.upper() in OTHER_VARIABLES:
+            continue
+        known = [f"{ENV_PREFIX}{k.upper()}" for k in keys] + [
+            f"{ENV_PREFIX}{k}" for k in OTHER_VARIABLES
+        ]
+        close = difflib.get_close_matches(name.upper(), known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(
+            f"Unknown environment variable {name}{hint}; unset it or fix its name (every "
+            "configuration key can be set as WORKER_BRIDGE_<KEY>)."
+        )
 
 
 def _check_yaml(path: Path) -> None:

@@ -83,3 +83,24 @@ def test_the_effective_config_is_recorded_with_each_task(bridge, repo):
     stored = bridge.store.load_task(task.task_id)
     assert stored.limits.timeout_seconds == 42
     assert stored.config.max_concurrency == 4
+
+
+def test_an_unknown_worker_bridge_variable_is_an_error_naming_it_like_an_unknown_key(tmp_path):
+    from bridge.config import OTHER_VARIABLES
+
+    env = {"WORKER_BRIDGE_HOME": str(tmp_path), "WORKER_BRIDGE_MAX_CONCURENCY": "2"}
+    with pytest.raises(ConfigError) as refused:
+        load_config(env=env)
+    message = refused.value.message
+    assert "WORKER_BRIDGE_MAX_CONCURENCY" in message and "WORKER_BRIDGE_MAX_CONCURRENCY" in message
+    # Keys (nested ones too), and the variables that are not keys, pass.
+    fine = {
+        "WORKER_BRIDGE_HOME": str(tmp_path),
+        "WORKER_BRIDGE_MAX_CONCURRENCY": "2",
+        "WORKER_BRIDGE_LIMITS__TIMEOUT_SECONDS": "60",
+        **{f"WORKER_BRIDGE_{name}": "x" for name in OTHER_VARIABLES},
+    }
+    config = load_config(env=fine)
+    assert config.max_concurrency == 2 and config.limits.timeout_seconds == 60
+    with pytest.raises(ConfigError, match="LIMITS__TIMEOUT_SECONDZ|timeout_secondz"):
+        load_config(env={**fine, "WORKER_BRIDGE_LIMITS__TIMEOUT_SECONDZ": "1"})
