@@ -24,6 +24,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from bridge.config_sections import GatewayConfig, HttpConfig, RouteConfig
 from bridge.errors import ConfigError
 from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
@@ -52,6 +53,18 @@ OTHER_VARIABLES = {
     "MCP_COMMAND": "the interop test's server command",
     "INTEROP_REPO": "the interop test's repository",
 }
+
+
+__all__ = [
+    "Config",
+    "GatewayConfig",
+    "HttpConfig",
+    "LimitDefaults",
+    "LinkedWorker",
+    "RouteConfig",
+    "WorkerSettings",
+    "load_config",
+]
 
 
 class LimitDefaults(BaseModel):
@@ -104,137 +117,6 @@ class WorkerSettings(BaseModel):
         None, description="Gateway model route it uses; default the worker's own (see workers.md)."
     )
     model: str | None = Field(None, description="Model the CLI asks for; default the CLI's own.")
-
-
-class RouteConfig(BaseModel):
-    """A model route of the gateway: `/<name>/...` inside the sandbox is proxied to
-    ``upstream``, with the real key (from the host variable ``key_env``) added on the way out."""
-
-    model_config = ConfigDict(extra="forbid")
-    upstream: str | None = Field(
-        None,
-        description="Base URL, e.g. https://api.anthropic.com (required for a new route; a "
-        "built-in route keeps its own unless given).",
-    )
-    auth: str | None = Field(
-        None,
-        description="How the key is sent: `bearer` (Authorization: Bearer, the default for a "
-        "new route), `x-api-key`, or `header:<Name>` for another header.",
-    )
-    key_env: str | None = Field(
-        None, description="Name of the host environment variable that holds the key."
-    )
-    paths: list[str] | None = Field(
-        None,
-        description="The requests the route lets through, as 'METHOD /path' (METHOD may be *; "
-        "a path ending in /* allows what is below it); any other is refused. Default: a "
-        "built-in route's own list (the model calls its CLIs make, see docs/network.md), "
-        "every path for a new route.",
-    )
-
-
-class GatewayConfig(BaseModel):
-    """The per-task gateway: model routes, the allowlist proxy and its bounds."""
-
-    model_config = ConfigDict(extra="forbid")
-    routes: dict[str, RouteConfig] = Field(
-        default_factory=dict, description="Routes added to (or replacing) the built-in ones."
-    )
-    trusted_ranges: list[str] = Field(
-        default_factory=list,
-        description="Address ranges (CIDR) an allowlisted name may resolve to although they "
-        "are loopback, private or link-local (private mirrors; tests).",
-    )
-    connect_ports: list[int] = Field(
-        default_factory=lambda: [443],
-        description="Ports a CONNECT tunnel (HTTPS) may reach: raw TCP, so only TLS ports.",
-    )
-    http_ports: list[int] = Field(
-        default_factory=lambda: [80], description="Ports plain-HTTP proxy requests may reach."
-    )
-    max_request_mb: int = Field(32, ge=1, description="Largest request body through a route.")
-    max_response_mb: int = Field(512, ge=1, description="Largest response through a route.")
-    idle_timeout_s: float = Field(120, gt=0, description="Silence that ends a request.")
-    total_timeout_s: float = Field(1800, gt=0, description="Longest one request may take.")
-    connect_timeout_s: float = Field(15, gt=0, description="Connecting to an upstream.")
-    max_events: int = Field(2000, ge=10, description="network.* events stored per task.")
-    max_connections: int = Field(64, ge=1, description="Connections open at once per gateway.")
-    setup_max_connections: int = Field(
-        1024,
-        ge=1,
-        description="Connections open at once on an environment setup's gateway (package "
-        "managers open one per download, all at once).",
-    )
-    read_deadline_s: float = Field(
-        60, gt=0, description="Longest the sandbox may take to send one request (head and body)."
-    )
-    memory_budget_mb: int = Field(
-        32,
-        ge=1,
-        description="Bytes one gateway holds in flight, across all its connections (worker "
-        "and setup gateways alike): no body is held whole, and each exchange through an "
-        "upstream takes 512 KiB of it, each tunnel read 64 KiB; past it, connections wait.",
-    )
-
-
-class HttpConfig(BaseModel):
-    """Bounds of the MCP server's HTTP listener (`worker-bridge-mcp --http`), sized for a service
-    shared by a team's agents. The deadlines and connection caps act before the token is checked,
-    so they hold for clients without it too; see docs/security.md."""
-
-    model_config = ConfigDict(extra="forbid")
-    head_timeout_s: float = Field(
-        10,
-        gt=0,
-        description="Longest a client may take to send a request's line and headers, from "
-        "connecting or from the previous response; then 408 and the connection is closed.",
-    )
-    body_timeout_s: float = Field(
-        30,
-        gt=0,
-        description="Longest a client may take to send a request's body once its head has "
-        "arrived; then 408 (or, once answered, just closed).",
-    )
-    keep_alive_s: int = Field(
-        5, ge=1, description="An idle connection between requests is closed after this long."
-    )
-    max_head_kb: int = Field(
-        16,
-        ge=1,
-        le=1024,
-        description="Largest request line and headers together (a bigger head is refused "
-        "with 400 and the connection closed).",
-    )
-    max_body_kb: int = Field(
-        4096,
-        ge=1,
-        description="Largest request body, read whole before the SDK sees the request "
-        "(a bigger one is refused with 413).",
-    )
-    max_connections: int = Field(
-        256,
-        ge=1,
-        description="Connections open at once, all clients together; one more is answered "
-        "503 and closed before anything of it is read.",
-    )
-    max_connections_per_client: int = Field(
-        32,
-        ge=1,
-        description="Connections open at once from one client address (an IPv6 client: its "
-        "/64); behind a proxy or Docker's port publishing every client shares one address.",
-    )
-    max_sessions: int = Field(
-        256,
-        ge=1,
-        description="MCP sessions open at once; past it a new `initialize` is refused with "
-        "503 and one sentence, while open sessions keep working.",
-    )
-    session_idle_timeout_s: float = Field(
-        1800,
-        gt=0,
-        description="An MCP session with no request in flight (and no open GET stream) for "
-        "this long is closed; its id then answers 404 'Session not found'.",
-    )
 
 
 class Config(BaseModel):

@@ -1,39 +1,31 @@
-"""The MCP server (`worker-bridge-mcp`, also `worker-bridge mcp`): the contract's tools over the
-same WorkerBridge facade as the CLI, on stdio or (with --http, see bridge/mcp_http.py) over
-streamable HTTP. All `mcp` imports live in this module.
-
-Every blocking call (SQLite, git, Docker) runs in a worker thread, so no tool blocks the event
-loop; `worker_delegate(wait=true)` polls the store asynchronously while the task runs in a
-detached runner process. A failed call is a tool error (`isError`) with one sentence the model
-can act on; stdout carries protocol messages only, logs go to stderr and a file.
+"""The MCP server (`worker-bridge-mcp`, also `worker-bridge mcp`): the contract's tools
+(bridge/mcp_tools.py) over the same WorkerBridge facade as the CLI, on stdio or (with --http,
+see bridge/mcp_http.py) over streamable HTTP. The `mcp` SDK is imported only by these three
+modules. stdout carries protocol messages only; logs go to stderr and a rotated file. Tasks
+whose runner died are handed to new runners at start and every RECOVERY_SECONDS.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import logging.handlers
 import sys
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+import threading
 
-import anyio
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
 
 from bridge import mcp_http
 from bridge.errors import BridgeError
-from bridge.models import TERMINAL
+from bridge.mcp_tools import TOOLS, BridgeTools
 from bridge.sandbox.host_paths import require_state_root
 from bridge.service import WorkerBridge
 from bridge.version import __version__
 
 log = logging.getLogger("worker_bridge.mcp")
-T = TypeVar("T")
 
-STATUS_LIST_LIMIT = 20
-POLL_SECONDS = 0.25
+RECOVERY_SECONDS = 30.0  # how often a long-lived server hands stranded tasks to new runners
 
 INSTRUCTIONS = """\
 worker-bridge delegates a scoped coding task to another coding agent (a "worker") that runs in a
@@ -48,263 +40,14 @@ worker_follow_up to ask for more changes on the same worktree.
 """
 
 
-def _describe(text: str) -> Any:
-    return Field(description=text)
-
-
-class BridgeTools:
-    """The tools, bound to one WorkerBridge (one state root)."""
-
-    def __init__(self, bridge: WorkerBridge) -> None:
-        self.bridge = bridge
-        bridge.store  # open it now, not concurrently from two worker threads  # noqa: B018
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking bridge call in a thread; BridgeError becomes a tool error."""
-        try:
-            return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
-        except BridgeError as exc:
-            raise ToolError(exc.message) from exc
-        except ToolError:
-            raise
-        except Exception as exc:
-            log.exception("tool call failed")
-            raise ToolError(
-                f"worker-bridge hit an internal error ({exc.__class__.__name__}); "
-                "see the server log under the state root's logs/ folder."
-            ) from exc
-
-    async def wait_for_end(self, task_id: str) -> dict[str, Any]:
-        while True:
-            result = await self.call(self.bridge.get_task, task_id)
-            if result.status in TERMINAL:
-                return result.document()
-            await anyio.sleep(POLL_SECONDS)
-
-
 def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
-    bridge = bridge or WorkerBridge()
-    tools = BridgeTools(bridge)
+    tools = BridgeTools(bridge or WorkerBridge())
     server = MCPServer("worker-bridge", version=__version__, instructions=INSTRUCTIONS)
-
-    @server.tool()
-    async def worker_delegate(
-        objective: Annotated[
-            str,
-            _describe(
-                "What the worker should do, as a self-contained instruction: the goal, where "
-                "in the code, and how to tell it is done. The worker sees only this and the "
-                "repository."
-            ),
-        ],
-        repository: Annotated[
-            str, _describe("Absolute path to the git repository on this machine (a work tree).")
-        ],
-        worker: Annotated[
-            str,
-            _describe(
-                "Which worker runs the task; list_workers shows the installed ones. 'mock' is a "
-                "deterministic test worker driven by metadata.mock."
-            ),
-        ] = "mock",
-        permission: Annotated[
-            Literal["read_only", "workspace_write", "full_access"],
-            _describe(
-                "read_only mounts the worktree read-only (for analysis tasks); "
-                "workspace_write (default) lets the worker edit files; full_access only "
-                "widens what the worker CLI itself allows, still inside the container."
-            ),
-        ] = "workspace_write",
-        verify: Annotated[
-            list[str] | None,
-            _describe(
-                "Shell commands worker-bridge runs itself, in a clean container without "
-                "network, on the worker's result (e.g. ['pytest -q']). The task succeeds only "
-                "if all exit 0. "
-                "Without any, the result is unverified and needs allow_unverified to accept."
-            ),
-        ] = None,
-        base_ref: Annotated[
-            str, _describe("Branch, tag or commit the worker starts from.")
-        ] = "HEAD",
-        wait: Annotated[
-            bool,
-            _describe(
-                "false (default): return at once with the task_id and poll worker_status. true: "
-                "return when the task has finished (may take minutes)."
-            ),
-        ] = False,
-        type: Annotated[
-            Literal["chore", "feature", "hotfix", "refactor"] | None,
-            _describe("Kind of change, recorded as metadata.type."),
-        ] = None,
-        metadata: Annotated[
-            dict[str, Any] | None,
-            _describe(
-                "Extra task metadata (for the mock worker: {'mock': {'write': {path: text}, "
-                "'script': 'sh code', 'exit_code': n, 'summary': 'text'}})."
-            ),
-        ] = None,
-        environment: Annotated[
-            dict[str, Any] | None,
-            _describe(
-                "The project's toolchain, for the worker and for verification: "
-                "{'image': 'an image in this engine', 'setup': ['npm ci'], 'setup_network': "
-                "['registry.npmjs.org']} or {'devcontainer': true} (the repository's "
-                "devcontainer.json). Setup runs once and is cached. Omit it to use the "
-                "configured default for the repository, else the generic images."
-            ),
-        ] = None,
-    ) -> dict[str, Any]:
-        """Delegate a scoped coding task to a worker agent running in an isolated container.
-
-        Use it for self-contained work that takes a worker minutes (a feature, a refactor, a bug
-        fix with a test); do not delegate a one-line edit you can make yourself. The worker runs
-        on its own git worktree with no network; your repository is not changed until you call
-        worker_accept. Returns the task result (task_id, status, ...); with wait=false the status
-        is 'queued': poll worker_status with the task_id, and page worker_logs for progress.
-        """
-        spec: dict[str, Any] = {
-            "objective": objective,
-            "worker": worker,
-            "workspace": {"repository": repository, "base_ref": base_ref},
-            "verification": {"commands": list(verify or [])},
-            "permission": permission,
-            "metadata": dict(metadata or {}),
-        }
-        if type:
-            spec["metadata"]["type"] = type
-        if environment is not None:
-            spec["environment"] = environment
-        created = await tools.call(bridge.create_task, spec)
-        started = await tools.call(bridge.start_detached, created.task_id)
-        if wait:
-            return await tools.wait_for_end(created.task_id)
-        return started.document()
-
-    @server.tool()
-    async def worker_status(
-        task_id: Annotated[
-            str | None, _describe("The task to show. Leave out to list recent tasks, newest first.")
-        ] = None,
-    ) -> dict[str, Any]:
-        """Show a delegated task's result: status (created, queued, running, verifying, then
-        succeeded, failed, cancelled, timed_out, accepted or rejected), the worker's summary,
-        changed_files, verification (ok, and each command's exit code and output tail), the
-        diff's path in artifacts, and error {kind, message} when it failed. Cheap: poll it.
-        Without task_id: {"tasks": [...]} for the most recent tasks, newest first."""
-        await tools.call(bridge.recover)
-        if task_id:
-            return (await tools.call(bridge.get_task, task_id)).document()
-        tasks = await tools.call(bridge.list_tasks, None, STATUS_LIST_LIMIT)
-        return {"tasks": [t.document() for t in tasks]}
-
-    @server.tool()
-    async def list_workers() -> dict[str, Any]:
-        """List the workers that can run tasks here, with whether their image is installed and
-        healthy, the image, and what they can do. Pick `worker` for worker_delegate from it."""
-        return {"workers": [w.document() for w in await tools.call(bridge.list_workers)]}
-
-    @server.tool()
-    async def worker_cancel(
-        task_id: Annotated[str, _describe("The task to cancel.")],
-    ) -> dict[str, Any]:
-        """Cancel a task: its container (worker or verification) is killed with everything in
-        it, and the status becomes 'cancelled' for good. A task that already finished is left
-        as it is. Returns the task's result with its final status."""
-        return (await tools.call(bridge.cancel_task, task_id)).document()
-
-    @server.tool()
-    async def worker_logs(
-        task_id: Annotated[str, _describe("The task whose events to read.")],
-        after: Annotated[
-            int,
-            _describe(
-                "Return only events after this event_id; pass the previous call's next_after to "
-                "page forward without missing or repeating events."
-            ),
-        ] = 0,
-        limit: Annotated[int, Field(ge=1, le=1000, description="Most events to return.")] = 200,
-    ) -> dict[str, Any]:
-        """Read a task's event log: status changes, workspace and worker events, each line of the
-        worker's output (worker.progress) and each verification command. Returns
-        {events: [{event_id, kind, at, data}], next_after, has_more}; call again with
-        after=next_after while has_more is true, or later to follow a running task."""
-        page = await tools.call(bridge.task_logs, task_id, after, limit + 1)
-        events = page["events"]
-        has_more = len(events) > limit
-        events = events[:limit]
-        next_after = events[-1]["event_id"] if events else after
-        return {"events": events, "next_after": next_after, "has_more": has_more}
-
-    @server.tool()
-    async def worker_prune(
-        apply: Annotated[
-            bool,
-            _describe("false (default): only report what would be reclaimed. true: remove it."),
-        ] = False,
-        include_unaccepted: Annotated[
-            bool,
-            _describe(
-                "Also reclaim succeeded tasks whose change was never accepted (their work is lost)."
-            ),
-        ] = False,
-    ) -> dict[str, Any]:
-        """Reclaim disk from finished tasks: worktrees and branches of failed, cancelled,
-        timed-out, rejected and accepted tasks, orphan folders and containers, and old artifacts.
-        Running tasks are never touched. Dry run unless apply is true."""
-        return await tools.call(bridge.prune_workspaces, apply, include_unaccepted)
-
-    @server.tool()
-    async def worker_accept(
-        task_id: Annotated[str, _describe("A succeeded task to accept.")],
-        allow_unverified: Annotated[
-            bool, _describe("Accept a task that had no verify commands (review its diff first).")
-        ] = False,
-        reverify: Annotated[
-            bool,
-            _describe(
-                "When the repository's HEAD moved past the task's base: true (default) runs the "
-                "verify commands again on HEAD plus the change and writes only if they pass; "
-                "false writes without (the result then says reverified=false)."
-            ),
-        ] = True,
-    ) -> dict[str, Any]:
-        """Write the task's verified change into the repository's working tree as uncommitted
-        changes (nothing is committed). Refused, changing nothing, when the task did not
-        succeed, was not verified, would overwrite uncommitted edits on the same paths, adds a
-        symlink pointing outside the repository, no longer applies, or (when HEAD moved) fails
-        its checks on HEAD plus the change. Returns {accepted, applied: [paths], reason, kind,
-        head, reverified}."""
-        accepted = await tools.call(
-            bridge.accept_task, task_id, allow_unverified=allow_unverified, reverify=reverify
+    for name, hints in TOOLS.items():
+        method = getattr(tools, name)
+        server.add_tool(
+            method, name=name, description=inspect.cleandoc(method.__doc__ or ""), annotations=hints
         )
-        return accepted.document()
-
-    @server.tool()
-    async def worker_follow_up(
-        task_id: Annotated[str, _describe("A finished (succeeded or failed) task to continue.")],
-        message: Annotated[
-            str,
-            _describe(
-                "What the worker should change next, e.g. review comments or a failing test."
-            ),
-        ],
-        wait: Annotated[
-            bool,
-            _describe(
-                "false (default): return at once; poll worker_status. true: return when done."
-            ),
-        ] = False,
-    ) -> dict[str, Any]:
-        """Ask the worker for another turn on the same worktree (its earlier changes are kept),
-        then collect and verify again. Use it instead of a new delegation to iterate on a
-        result. Returns the task result, status 'queued' unless wait is true."""
-        result = await tools.call(bridge.follow_up, task_id, message)
-        if wait:
-            return await tools.wait_for_end(task_id)
-        return result.document()
-
     return server
 
 
@@ -328,6 +71,27 @@ def _setup_logging(bridge: WorkerBridge) -> None:
     )
 
 
+def _keep_recovering(bridge: WorkerBridge) -> None:
+    """Hand tasks whose runner died to new runners now and every RECOVERY_SECONDS, in a thread
+    of the server's own: the tools that only read (status, logs) never start a process."""
+    stop = threading.Event()
+
+    def recover_now() -> None:
+        try:
+            bridge.recover()
+        except BridgeError as exc:
+            log.warning("recovery skipped: %s", exc.message)
+        except Exception:  # noqa: BLE001 - the server outlives a failed round
+            log.exception("recovery failed")
+
+    def loop() -> None:
+        while not stop.wait(RECOVERY_SECONDS):
+            recover_now()
+
+    recover_now()
+    threading.Thread(target=loop, name="recovery", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="worker-bridge-mcp",
@@ -349,10 +113,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
         return exc.exit_code
     _setup_logging(bridge)
     log.info("worker-bridge MCP server %s, state root %s", __version__, bridge.config.home)
-    try:
-        bridge.recover()
-    except BridgeError as exc:
-        log.warning("recovery skipped: %s", exc.message)
+    _keep_recovering(bridge)
     server = build_server(bridge)
     if http is not None:
         return mcp_http.serve(server, http, bridge.config.http)

@@ -15,7 +15,7 @@ OWNERS = {
     "requests": "sandbox/",
     "sqlite_utils": "store/",
     "sqlite3": "store/",
-    "mcp": ("mcp_server.py", "mcp_http.py"),
+    "mcp": ("mcp_server.py", "mcp_tools.py", "mcp_http.py"),
     "yaml": "config.py",
     "pydantic_settings": "config.py",
     "tenacity": "sandbox/",

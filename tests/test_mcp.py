@@ -182,6 +182,23 @@ def paths(result: dict[str, Any]) -> dict[str, str]:
 # -- the tool listing --------------------------------------------------------------------------
 
 
+async def test_every_tool_says_what_it_does_to_the_world(home):
+    async with mcp_server(home) as client:
+        listing = await client.list_tools()
+    hints = {tool.name: tool.annotations for tool in listing.tools}
+    assert set(hints) == MCP_TOOLS and all(h is not None for h in hints.values())
+    for name in ("worker_status", "worker_logs", "list_workers"):
+        assert hints[name].read_only_hint is True and hints[name].destructive_hint is False, name
+    for name in ("worker_prune", "worker_cancel", "worker_accept"):
+        assert hints[name].destructive_hint is True and hints[name].read_only_hint is False, name
+        assert hints[name].idempotent_hint is True, name
+    for name in ("worker_delegate", "worker_follow_up"):
+        hint = hints[name]
+        assert hint.read_only_hint is False and hint.idempotent_hint is False, name
+        assert hint.open_world_hint is True, "the worker reaches its model provider"
+    assert all(h.title for h in hints.values())
+
+
 async def test_all_eight_tools_are_listed_with_described_parameters_and_their_defaults(home):
     async with mcp_server(home) as client:
         listing = await client.list_tools()
@@ -218,6 +235,10 @@ async def test_all_eight_tools_are_listed_with_described_parameters_and_their_de
     assert "worker_status" in delegate_.description and "poll" in delegate_.description.lower()
 
     assert "task_id" not in tools["worker_status"].input_schema.get("required", [])
+    for tool in tools.values():  # the docstring's indentation stays in the source
+        lines = tool.description.splitlines()
+        assert not any(line.startswith(" ") for line in lines), (tool.name, tool.description)
+        assert tool.description == tool.description.strip()
     logs = tools["worker_logs"].input_schema
     assert logs["required"] == ["task_id"]
     assert logs["properties"]["after"]["default"] == 0

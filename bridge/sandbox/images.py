@@ -102,12 +102,13 @@ def build_images(
         on_line(f"==> building {tag} (FROM {parent})")
         step: list[str] = []
 
-        def seen(line: str, step: list[str] = step) -> None:
-            if line.startswith("Step "):
-                step.clear()
-            step.append(line)
+        def seen(text: str, step: list[str] = step) -> None:
+            for line in text.splitlines():  # an engine's message may hold several
+                if line.startswith("Step "):
+                    step.clear()
+                step.append(line)
             del step[:-_KEPT_LINES]
-            on_line(line)
+            on_line(text)
 
         try:
             sandbox.build_image(
@@ -131,6 +132,7 @@ def build_images(
 def explain_build_failure(message: str, step_output: list[str], config: Config) -> str:
     """The engine's account of a failed build (it names the step), with the registry's own
     error from the step's output and what to do about it, when there is one."""
+    message = " ".join(message.split())  # one line, whatever the engine's text held
     cause = next((line.strip() for line in reversed(step_output) if _registry_error(line)), None)
     if cause is None:
         return message
@@ -149,4 +151,6 @@ def explain_build_failure(message: str, step_output: list[str], config: Config) 
 
 
 def _registry_error(line: str) -> bool:
+    if line.startswith("wb-retry:"):  # its own note quotes the command, not the registry
+        return False
     return any(mark in line for mark in (*_TLS, *_UNREACHABLE))
