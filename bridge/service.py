@@ -273,7 +273,9 @@ class WorkerBridge:
         return self.get_task(task_id)
 
     def recover(self) -> list[str]:
-        """Hand tasks whose runner died to new runners; remove orphan containers if any."""
+        """Hand tasks whose runner died to new runners (of every repository: they were made
+        within their own scope); remove orphan containers if any. Returns the ids of those in
+        this bridge's scope."""
         if self._store is None and not self.config.store_path.exists():
             return []  # no store yet: nothing to recover, and nothing to create
         recovered = recover_stranded(self.context())
@@ -282,7 +284,8 @@ class WorkerBridge:
                 remove_orphan_containers(self.context())
             except BridgeError:
                 pass
-        return recovered
+        scope = self.scope
+        return [t for t in recovered if scope.allows(self.store.load_task(t).repository)]
 
     def get_task(self, task_id: str) -> TaskResult:
         return task_result(self._task(task_id), self.store.artifacts(task_id))

@@ -69,7 +69,7 @@ def wait_for_status(cli, task_id: str, deadline_s: float = 90) -> dict:
 
 
 def cli_events(cli, task_id: str) -> list[dict]:
-    """Events through the CLI (which, like every `tasks` command, also runs recovery)."""
+    """Events through the CLI (which, being a read, recovers nothing)."""
     logs = cli("tasks", "logs", task_id, "--json")
     assert logs.code == 0, logs.stderr
     return logs.json()["events"]
@@ -371,7 +371,7 @@ def assert_workspace_is_only_the_tasks(repo: Path, home: Path, task_id: str) -> 
         "verifying",
     ],
 )
-def test_a_runner_killed_in_any_phase_is_resumed_by_the_next_command_and_succeeds(
+def test_a_runner_killed_in_any_phase_is_resumed_by_the_next_command_that_acts_and_succeeds(
     cli, repo, workdir, home, docker_images, phase, kill_at, mock_sleep
 ):
     mock = {"write": {"out.txt": "done\n"}}
@@ -399,8 +399,15 @@ def test_a_runner_killed_in_any_phase_is_resumed_by_the_next_command_and_succeed
         (home / "gitdirs" / task_id).mkdir(parents=True)
         (home / "gitdirs" / task_id / "partial").write_text("x")
 
-    listed = cli("tasks", "list")  # no pause: any command recovers the stranded task
+    # Reads start nothing: the task stays stranded through them.
+    for read in (["show", task_id], ["list"], ["logs", task_id]):
+        assert cli("tasks", *read).code == 0
+    assert runner_row(home, task_id)["runner_pid"] == pid, "no read handed it to a runner"
+    assert not kinds(cli_events(cli, task_id), "task.recovering")
+
+    listed = cli("tasks", "recover", "--json")  # a command that acts recovers the stranded task
     assert listed.code == 0, listed.stderr
+    assert listed.json() == {"recovered": [task_id]}
     result = wait_for_status(cli, task_id)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["ok"] is True
@@ -435,7 +442,7 @@ def test_a_queued_task_whose_runner_died_waiting_for_capacity_is_picked_up_again
     kill_runner(first["runner_pid"])
     assert runner_row(home, queued_id)["status"] == "queued"  # it died still waiting
 
-    listed = cli("tasks", "list")
+    listed = cli("tasks", "recover")
     assert listed.code == 0, listed.stderr
     assert kinds(cli_events(cli, queued_id), "task.recovering")
     second = poll(
@@ -488,7 +495,7 @@ def test_the_lease_of_a_killed_runner_is_free_at_once_and_both_tasks_finish(
     a_resumed = kinds(store_events(home, a_id), "task.resumed")
     assert all(e["event_id"] > b_running["event_id"] for e in a_resumed)
 
-    listed = cli("tasks", "list")  # recovers A
+    listed = cli("tasks", "recover")  # recovers A
     assert listed.code == 0, listed.stderr
     for task_id in (a_id, b_id):
         result = wait_for_status(cli, task_id)
@@ -520,7 +527,7 @@ def test_a_killed_runners_still_running_container_keeps_its_slot(
     a_running = [c for c in task_containers(a_id, role="worker") if c.status == "running"]
     assert not a_running, "B's worker started while A's worker container was still running"
 
-    assert cli("tasks", "list").code == 0
+    assert cli("tasks", "recover").code == 0
     for task_id in (a_id, b_id):
         assert wait_for_status(cli, task_id)["status"] == "succeeded"
 
@@ -561,7 +568,8 @@ def test_runners_killed_at_random_instants_leave_nothing_recovery_and_prune_cann
             pass  # it already finished
 
     def all_done():
-        listed = cli("tasks", "list", "--json")  # recovers whatever is stranded
+        assert cli("tasks", "recover").code == 0  # whatever is stranded
+        listed = cli("tasks", "list", "--json")
         assert listed.code == 0, listed.stderr
         tasks = {t["task_id"]: t for t in listed.json()["tasks"]}
         return all(tasks[t]["status"] in TERMINAL for t in ids) and tasks

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from bridge.cli import commands as c
 from bridge.cli.render import SafeStream
@@ -22,148 +25,259 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"worker-bridge: {message} (see `{self.prog} --help`)\n")
 
 
-def _task_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--objective", help="what the worker should do")
-    p.add_argument("--repo", help="path to the git repository (made absolute)")
-    p.add_argument("--worker", help="worker name (`workers list`)")
-    p.add_argument("--verify", action="append", metavar="CMD", help="verify command (repeatable)")
-    p.add_argument(
-        "--protect", action="append", metavar="GLOB", help="protected path pattern (repeatable)"
-    )
-    p.add_argument("--type", choices=["chore", "feature", "hotfix", "refactor"])
-    p.add_argument("--spec", metavar="FILE", help="JSON task spec; flags override its fields")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--timeout", type=int, metavar="S", help="deadline for the whole task")
-    p.add_argument("--base-ref", help="commit-ish to start from (default HEAD)")
-    p.add_argument("--permission", choices=["read_only", "workspace_write", "full_access"])
-    p.add_argument("--metadata-json", metavar="JSON", help="merged into the spec's metadata")
-    p.add_argument("--json", action="store_true", help="print the task result as JSON")
+@dataclass(frozen=True)
+class Arg:
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+
+
+def arg(*flags: str, **options: Any) -> Arg:
+    return Arg(flags, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One CLI command: where it is (`group name`, or a group of its own), its arguments, the
+    function in commands.py that runs it, and whether it acts (only a command that acts hands
+    tasks whose runner died to new runners; one that reads starts nothing)."""
+
+    group: str
+    name: str | None
+    help: str
+    run: Callable[..., int]
+    args: tuple[Arg, ...] = ()
+    acts: bool = False
+
+
+JSON = arg("--json", action="store_true", help="print JSON (one document on stdout)")
+TASK_ID = arg("task_id")
+TASK_FLAGS = (
+    arg("--objective", help="what the worker should do"),
+    arg("--repo", help="path to the git repository (made absolute)"),
+    arg("--worker", help="worker name (`workers list`)"),
+    arg("--verify", action="append", metavar="CMD", help="verify command (repeatable)"),
+    arg("--protect", action="append", metavar="GLOB", help="protected path pattern (repeatable)"),
+    arg("--type", choices=["chore", "feature", "hotfix", "refactor"]),
+    arg("--spec", metavar="FILE", help="JSON task spec; flags override its fields"),
+    arg("--priority", type=int),
+    arg("--timeout", type=int, metavar="S", help="deadline for the whole task"),
+    arg("--base-ref", help="commit-ish to start from (default HEAD)"),
+    arg("--permission", choices=["read_only", "workspace_write", "full_access"]),
+    arg("--metadata-json", metavar="JSON", help="merged into the spec's metadata"),
+    arg("--json", action="store_true", help="print the task result as JSON"),
+)
+APPLY = arg("--apply", action="store_true", help="remove, rather than list")
+
+GROUPS = {
+    "tasks": "create, run and inspect tasks",
+    "workspaces": "reclaim worktrees, branches and artifacts",
+    "environments": "show and reclaim project environment caches",
+    "workers": "list and link workers",
+    "images": "build the worker-bridge images",
+}
+
+# Every command: adding one is an entry here and its function in commands.py.
+COMMANDS = (
+    Command(
+        "tasks",
+        "create",
+        "validate and record a task; prints its id",
+        c.cmd_tasks_create,
+        TASK_FLAGS,
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "run",
+        "create a task and run it to the end",
+        c.cmd_tasks_run,
+        TASK_FLAGS,
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "start",
+        "start a created task",
+        c.cmd_tasks_start,
+        (
+            TASK_ID,
+            arg("--wait", action="store_true", help="run in this process until it ends"),
+            JSON,
+        ),
+        acts=True,
+    ),
+    Command("tasks", "show", "show a task result", c.cmd_tasks_show, (TASK_ID, JSON)),
+    Command(
+        "tasks",
+        "list",
+        "list tasks, newest first",
+        c.cmd_tasks_list,
+        (arg("--status"), arg("--limit", type=int), JSON),
+    ),
+    Command(
+        "tasks",
+        "logs",
+        "a task's events",
+        c.cmd_tasks_logs,
+        (
+            TASK_ID,
+            arg("--follow", action="store_true", help="keep printing until the task ends"),
+            arg("--after", type=int, default=0, help="only events after this event id"),
+            JSON,
+        ),
+    ),
+    Command(
+        "tasks",
+        "accept",
+        "write a verified snapshot into the working tree",
+        c.cmd_tasks_accept,
+        (
+            TASK_ID,
+            arg("--allow-unverified", action="store_true"),
+            arg(
+                "--no-reverify",
+                action="store_true",
+                help="when HEAD moved past the task's base, write without running the checks on it",
+            ),
+            JSON,
+        ),
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "follow-up",
+        "another worker turn on a finished task's worktree",
+        c.cmd_tasks_follow_up,
+        (
+            TASK_ID,
+            arg("message", help="what the worker should change next"),
+            arg("--wait", action="store_true", help="wait for the turn to end"),
+            JSON,
+        ),
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "reject",
+        "reject a succeeded task's change",
+        c.cmd_tasks_reject,
+        (TASK_ID, arg("--reason", default="", help="why (recorded with the task)"), JSON),
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "cancel",
+        "cancel a task and kill its containers",
+        c.cmd_tasks_cancel,
+        (TASK_ID, JSON),
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "recover",
+        "hand tasks whose runner died to new runners (every command that acts does this first)",
+        c.cmd_tasks_recover,
+        (JSON,),
+        acts=True,
+    ),
+    Command(
+        "workspaces",
+        "prune",
+        "reclaim what finished tasks left (dry run by default)",
+        c.cmd_workspaces_prune,
+        (
+            APPLY,
+            arg(
+                "--include-unaccepted",
+                action="store_true",
+                help="also reclaim succeeded tasks whose work was not accepted",
+            ),
+            JSON,
+        ),
+        acts=True,
+    ),
+    Command(
+        "environments",
+        "list",
+        "the setup caches, most recently used first",
+        c.cmd_environments_list,
+        (JSON,),
+    ),
+    Command(
+        "environments",
+        "prune",
+        "reclaim unused setup caches (dry run by default)",
+        c.cmd_environments_prune,
+        (
+            APPLY,
+            arg("--all", action="store_true", help="every cache entry and built environment image"),
+            JSON,
+        ),
+    ),
+    Command("workers", "list", "the workers and whether they can run", c.cmd_workers_list, (JSON,)),
+    Command(
+        "workers",
+        "link",
+        "register a command-line agent as a worker",
+        c.cmd_workers_link,
+        (
+            arg("name"),
+            arg("--command-json", required=True, help='e.g. \'["my-agent","run","{prompt}"]\''),
+            arg("--image", help="image to run it in (default: the base image)"),
+            arg(
+                "--route",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="a gateway model route it uses (repeatable), e.g. anthropic",
+            ),
+        ),
+    ),
+    Command(
+        "images",
+        "build",
+        "build base, verify and worker images",
+        c.cmd_images_build,
+        (
+            arg("names", nargs="*", metavar="NAME", help="base, verify or a worker name"),
+            arg("--base-image", help="BASE_IMAGE for the base image (a local ref works)"),
+            arg(
+                "--all",
+                action="store_true",
+                help="every image: base, verify, mock and each worker CLI",
+            ),
+            arg(
+                "--smoke",
+                action="store_true",
+                help="then run one task in each worker image built (each CLI against a scripted "
+                "model)",
+            ),
+        ),
+    ),
+    Command("doctor", None, "check that tasks can run here", c.cmd_doctor, (JSON,)),
+    Command("mcp", None, "run the MCP server (stdio, or streamable HTTP with --http)", c.cmd_mcp),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="worker-bridge", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="group", required=True, parser_class=_Parser)
-
-    tasks = sub.add_parser("tasks", help="create, run and inspect tasks")
-    tsub = tasks.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = tsub.add_parser("create", help="validate and record a task; prints its id")
-    _task_flags(p)
-    p.set_defaults(func=c.cmd_tasks_create)
-    p = tsub.add_parser("run", help="create a task and run it to the end")
-    _task_flags(p)
-    p.set_defaults(func=c.cmd_tasks_run)
-    p = tsub.add_parser("start", help="start a created task")
-    p.add_argument("task_id")
-    p.add_argument("--wait", action="store_true", help="run in this process until it ends")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_start)
-    p = tsub.add_parser("show", help="show a task result")
-    p.add_argument("task_id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_show)
-    p = tsub.add_parser("list", help="list tasks, newest first")
-    p.add_argument("--status")
-    p.add_argument("--limit", type=int)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_list)
-    p = tsub.add_parser("logs", help="a task's events")
-    p.add_argument("task_id")
-    p.add_argument("--follow", action="store_true", help="keep printing until the task ends")
-    p.add_argument("--after", type=int, default=0, help="only events after this event id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_logs)
-    p = tsub.add_parser("accept", help="write a verified snapshot into the working tree")
-    p.add_argument("task_id")
-    p.add_argument("--allow-unverified", action="store_true")
-    p.add_argument(
-        "--no-reverify",
-        action="store_true",
-        help="when HEAD moved past the task's base, write without running the checks on it",
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_accept)
-
-    p = tsub.add_parser("follow-up", help="another worker turn on a finished task's worktree")
-    p.add_argument("task_id")
-    p.add_argument("message", help="what the worker should change next")
-    p.add_argument("--wait", action="store_true", help="wait for the turn to end")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_follow_up)
-    p = tsub.add_parser("reject", help="reject a succeeded task's change")
-    p.add_argument("task_id")
-    p.add_argument("--reason", default="", help="why (recorded with the task)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_reject)
-
-    p = tsub.add_parser("cancel", help="cancel a task and kill its containers")
-    p.add_argument("task_id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_tasks_cancel)
-
-    spaces = sub.add_parser("workspaces", help="reclaim worktrees, branches and artifacts")
-    ssub = spaces.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = ssub.add_parser("prune", help="reclaim what finished tasks left (dry run by default)")
-    p.add_argument("--apply", action="store_true", help="remove, rather than list")
-    p.add_argument(
-        "--include-unaccepted",
-        action="store_true",
-        help="also reclaim succeeded tasks whose work was not accepted",
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_workspaces_prune)
-
-    envs = sub.add_parser("environments", help="show and reclaim project environment caches")
-    esub = envs.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = esub.add_parser("list", help="the setup caches, most recently used first")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_environments_list)
-    p = esub.add_parser("prune", help="reclaim unused setup caches (dry run by default)")
-    p.add_argument("--apply", action="store_true", help="remove, rather than list")
-    p.add_argument(
-        "--all", action="store_true", help="every cache entry and built environment image"
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_environments_prune)
-
-    workers = sub.add_parser("workers", help="list and link workers")
-    wsub = workers.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = wsub.add_parser("list")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_workers_list)
-    p = wsub.add_parser("link", help="register a command-line agent as a worker")
-    p.add_argument("name")
-    p.add_argument("--command-json", required=True, help='e.g. \'["my-agent","run","{prompt}"]\'')
-    p.add_argument("--image", help="image to run it in (default: the base image)")
-    p.add_argument(
-        "--route",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a gateway model route it uses (repeatable), e.g. anthropic",
-    )
-    p.set_defaults(func=c.cmd_workers_link)
-
-    images = sub.add_parser("images", help="build the worker-bridge images")
-    isub = images.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = isub.add_parser("build", help="build base, verify and worker images")
-    p.add_argument("names", nargs="*", metavar="NAME", help="base, verify or a worker name")
-    p.add_argument("--base-image", help="BASE_IMAGE for the base image (a local ref works)")
-    p.add_argument(
-        "--all", action="store_true", help="every image: base, verify, mock and each worker CLI"
-    )
-    p.add_argument(
-        "--smoke",
-        action="store_true",
-        help="then run one task in each worker image built (each CLI against a scripted model)",
-    )
-    p.set_defaults(func=c.cmd_images_build)
-
-    p = sub.add_parser("doctor", help="check that tasks can run here")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=c.cmd_doctor)
-    p = sub.add_parser("mcp", help="run the MCP server (stdio, or streamable HTTP with --http)")
-    add_mcp_transport_arguments(p)
-    p.set_defaults(func=c.cmd_mcp)
+    groups: dict[str, Any] = {}
+    for command in COMMANDS:
+        if command.name is None:
+            p = sub.add_parser(command.group, help=command.help)
+        else:
+            if command.group not in groups:
+                group = sub.add_parser(command.group, help=GROUPS[command.group])
+                groups[command.group] = group.add_subparsers(
+                    dest="command", required=True, parser_class=_Parser
+                )
+            p = groups[command.group].add_parser(command.name, help=command.help)
+        for argument in command.args:
+            p.add_argument(*argument.flags, **argument.options)
+        if command.group == "mcp":
+            add_mcp_transport_arguments(p)
+        p.set_defaults(func=command.run, acts=command.acts)
     return parser
 
 
@@ -175,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     bridge = None
     try:
         bridge = WorkerBridge()
-        if args.group in ("tasks", "workspaces", "jobs"):
+        if args.group in ("tasks", "workspaces"):
             require_state_root(bridge.config.home)  # in a container: shared with the host?
-            bridge.recover()  # any command resolves tasks whose runner died
+        if args.acts:  # a command that acts first resolves tasks whose runner died
+            args.recovered = bridge.recover()
         return args.func(bridge, args)
     except BridgeError as exc:
         print(f"worker-bridge: {exc.message}", file=sys.stderr)

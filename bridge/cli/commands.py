@@ -251,6 +251,19 @@ def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks_recover(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    # main() already recovered (this command acts); say what it handed on
+    recovered = getattr(args, "recovered", [])
+    if args.json:
+        out_json({"recovered": recovered})
+    elif recovered:
+        for task_id in recovered:
+            print(f"task {task_id}: its runner had died; a new one resumes it")
+    else:
+        print("no task had lost its runner")
+    return 0
+
+
 def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     report = bridge.prune_workspaces(apply=args.apply, include_unaccepted=args.include_unaccepted)
     if args.json:
