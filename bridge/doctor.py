@@ -10,6 +10,7 @@ from bridge.errors import BridgeError
 from bridge.sandbox.host_paths import deployment_checks
 from bridge.sandbox.runtimes import runtime_check
 from bridge.service import WorkerBridge
+from bridge.store import store_writable
 from bridge.workers import all_workers
 
 
@@ -29,14 +30,15 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
     except BridgeError as exc:
         add("engine", False, exc.message)
         engine = False
-    try:
-        bridge.store.add_event("doctor", "doctor.check", {})
+    # Checked without writing: doctor leaves the store (and a state root without one) as it is.
+    problem = store_writable(config.store_path)
+    if problem is None:
         add("store", True, f"store {config.store_path} writable")
-    except Exception as exc:  # any failure here means tasks cannot be recorded
+    else:
         add(
             "store",
             False,
-            f"store {config.store_path} is not writable ({exc}); fix its "
+            f"store {config.store_path} is not writable ({problem}); fix its "
             "permissions or set WORKER_BRIDGE_STORE.",
         )
     if engine:

@@ -51,3 +51,25 @@ def test_a_task_below_the_disk_reserve_fails_before_allocating(cli, repo, home, 
     assert "reserve" in result["error"]["message"] and "prune" in result["error"]["message"]
     assert not (home / "worktrees").exists() or not any((home / "worktrees").iterdir())
     assert git(repo, "branch", "--list", "worker-bridge/*") == ""
+
+
+def test_doctor_writes_nothing_into_the_store(cli, home, docker_images):
+    assert cli("doctor", "--json").code == 0
+    assert not (home / "bridge.db").exists(), "no store is made for a check"
+    from bridge.store import Store
+
+    store = Store(home / "bridge.db")
+    before = store.query("SELECT COUNT(*) AS n FROM events")[0]["n"]
+    store.close()
+    result = cli("doctor", "--json")
+    assert result.code == 0 and result.json()["checks"], result.stderr
+    store = Store(home / "bridge.db")
+    try:
+        assert store.query("SELECT COUNT(*) AS n FROM events")[0]["n"] == before
+    finally:
+        store.close()
+    (home / "bridge.db").chmod(0o444)
+    import os
+
+    if os.geteuid() != 0:  # root writes anyway
+        assert cli("doctor", "--json").json()["ok"] is False

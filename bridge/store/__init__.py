@@ -1,6 +1,6 @@
 """The host's SQLite store: tasks, events, leases and artifacts.
 sqlite-utils (and sqlite3) are imported only in this package."""
 
-from bridge.store.db import Store
+from bridge.store.db import Store, store_writable
 
-__all__ = ["Store"]
+__all__ = ["Store", "store_writable"]

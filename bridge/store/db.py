@@ -7,6 +7,7 @@ committed in the same transaction as their `task.status` event.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -49,6 +50,27 @@ def _plain(value: Any) -> Any:
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def store_writable(path: Path) -> str | None:
+    """Why tasks could not be recorded in the store at ``path`` (None: they can), found without
+    writing anything: an existing store's write lock is taken and let go; a store not made yet
+    needs only a folder this user may write in."""
+    if not path.exists():
+        folder = next((p for p in path.parents if p.exists()), None)
+        if folder is None or not os.access(folder, os.W_OK | os.X_OK):
+            return f"{folder} is not writable, so the store cannot be made there"
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return str(exc)
+    return None
 
 
 class Store:
