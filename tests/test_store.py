@@ -12,7 +12,7 @@ import pytest
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL, TRANSITIONS, Status
 from bridge.store import Store
-from bridge.store.migrations import MIGRATIONS
+from bridge.store.migrations import MIGRATION_SET, STEPS
 from bridge.store.owners import Owner
 
 
@@ -234,7 +234,31 @@ def test_migrations_are_recorded_and_not_applied_twice(workdir):
     path = workdir / "m.db"
     Store(path).close()
     s = Store(path)
-    names = [r[0] for r in s.db.conn.execute("SELECT name FROM migrations")]
-    assert names == [name for name, _ in MIGRATIONS]
+    names = [r[0] for r in s.db.conn.execute("SELECT name FROM _sqlite_migrations ORDER BY id")]
+    assert names == [name for name, _ in STEPS]
     assert names[:3] == ["0001_initial", "0002_runners_and_owners", "0003_follow_ups"]
     assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_store_from_the_hand_written_runner_moves_to_sqlite_utils_migrations(workdir):
+    import sqlite3
+
+    path = workdir / "old.db"
+    Store(path).close()
+    conn = sqlite3.connect(path)  # as the old runner left it: its own table, no sqlite-utils'
+    applied = conn.execute("SELECT name, applied_at FROM _sqlite_migrations ORDER BY id").fetchall()
+    conn.execute("DROP TABLE _sqlite_migrations")
+    conn.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at TEXT)")
+    conn.executemany("INSERT INTO migrations VALUES (?, ?)", applied[:-1])  # one still pending
+    conn.execute("ALTER TABLE tasks DROP COLUMN session_id")
+    conn.commit()
+    conn.close()
+    s = Store(path)
+    try:
+        rows = s.query("SELECT migration_set, name FROM _sqlite_migrations ORDER BY id")
+        assert [r["name"] for r in rows] == [name for name, _ in STEPS]
+        assert {r["migration_set"] for r in rows} == {MIGRATION_SET}
+        assert "session_id" in s.db["tasks"].columns_dict, "the pending one was applied"
+        assert not s.db["migrations"].exists()
+    finally:
+        s.close()

@@ -20,7 +20,7 @@ from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
 from bridge.records import TaskRecord
 from bridge.store.leases import Leases, Runners
-from bridge.store.migrations import MIGRATIONS
+from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -119,17 +119,34 @@ class Store:
                 conn.execute("COMMIT")
 
     def _migrate(self) -> None:
-        with self.transaction() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
-            )
-            done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
-            for name, migrate in MIGRATIONS:
-                if name not in done:
-                    migrate(self.db)  # sqlite-utils is only imported when a migration runs
-                    conn.execute(
-                        "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (name, now_iso())
+        """Apply pending migrations, one process at a time (under the write lock). A store from
+        before sqlite-utils' runner had its own `migrations` table: its record moves over."""
+        if self._applied() >= {name for name, _ in STEPS}:
+            return  # up to date: sqlite-utils is not even imported
+        with self.transaction():
+            db = self.db
+            old = db["migrations"]
+            if old.exists():
+                migrations().ensure_migrations_table(db)
+                for row in old.rows:
+                    db["_sqlite_migrations"].insert(
+                        {
+                            "migration_set": MIGRATION_SET,
+                            "name": row["name"],
+                            "applied_at": row["applied_at"],
+                        }
                     )
+                old.drop()
+            migrations().apply(db)
+
+    def _applied(self) -> set[str]:
+        try:
+            rows = self.conn.execute(
+                "SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (MIGRATION_SET,)
+            ).fetchall()
+        except sqlite3.OperationalError:  # no such table: a new store, or one from before
+            return set()
+        return {row[0] for row in rows}
 
     @staticmethod
     def _decode(row: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Named, forward-only schema migrations. Append new ones; never edit or reorder applied ones."""
+"""Named, forward-only schema migrations, applied by sqlite-utils' own `Migrations` runner (which
+records them in its `_sqlite_migrations` table). Append new ones; never edit or reorder applied
+ones. sqlite-utils is imported only when one is pending: a store that is up to date opens
+without it (see Store._migrate)."""
 
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ def _initial(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
+STEPS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = [
     ("0001_initial", _initial),
 ]
 
@@ -96,7 +99,7 @@ def _runners_and_owners(db: sqlite_utils.Database) -> None:
     db["tasks"].create_index(["status", "runner_expires_at"])
 
 
-MIGRATIONS.append(("0002_runners_and_owners", _runners_and_owners))
+STEPS.append(("0002_runners_and_owners", _runners_and_owners))
 
 
 def _follow_ups(db: sqlite_utils.Database) -> None:
@@ -104,7 +107,7 @@ def _follow_ups(db: sqlite_utils.Database) -> None:
     db["tasks"].add_column("follow_ups", str)
 
 
-MIGRATIONS.append(("0003_follow_ups", _follow_ups))
+STEPS.append(("0003_follow_ups", _follow_ups))
 
 
 def _dropped(db: sqlite_utils.Database) -> None:
@@ -112,7 +115,7 @@ def _dropped(db: sqlite_utils.Database) -> None:
     db["tasks"].add_column("dropped", str)
 
 
-MIGRATIONS.append(("0004_dropped", _dropped))
+STEPS.append(("0004_dropped", _dropped))
 
 
 def _usage(db: sqlite_utils.Database) -> None:
@@ -120,7 +123,7 @@ def _usage(db: sqlite_utils.Database) -> None:
     db["tasks"].add_column("usage", str)
 
 
-MIGRATIONS.append(("0005_usage", _usage))
+STEPS.append(("0005_usage", _usage))
 
 
 def _session_id(db: sqlite_utils.Database) -> None:
@@ -128,4 +131,17 @@ def _session_id(db: sqlite_utils.Database) -> None:
     db["tasks"].add_column("session_id", str)
 
 
-MIGRATIONS.append(("0006_session_id", _session_id))
+STEPS.append(("0006_session_id", _session_id))
+
+
+MIGRATION_SET = "worker-bridge"
+
+
+def migrations() -> sqlite_utils.Migrations:
+    """The steps as a sqlite-utils migration set."""
+    from sqlite_utils import Migrations
+
+    found = Migrations(MIGRATION_SET)
+    for name, step in STEPS:
+        found(name=name)(step)
+    return found
