@@ -77,10 +77,10 @@ def _events(bridge, task_id: str) -> list[dict[str, Any]]:
     after = 0
     while True:
         page = bridge.task_logs(task_id, after=after, limit=500)
-        out.extend(page["events"])
-        if len(page["events"]) < 500:
+        out.extend(e.document() for e in page.events)
+        if len(page.events) < 500:
             return out
-        after = page["next_after"]
+        after = page.next_after
 
 
 def _run(bridge, spec: dict) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:

@@ -105,7 +105,7 @@ def bench_store(root: Path, tasks: int, events: int, samples: int) -> dict:
         t = time.perf_counter()
         page = bridge.task_logs(big, after=middle, limit=200)
         logs.append((time.perf_counter() - t) * 1000)
-        assert len(page["events"]) == 200
+        assert len(page.events) == 200
     full = []
     for _ in range(3):
         t = time.perf_counter()

@@ -207,11 +207,13 @@ class BridgeTools:
         {events: [{event_id, kind, at, data}], next_after, has_more}; call again with
         after=next_after while has_more is true, or later to follow a running task."""
         page = await self.call(self.bridge.task_logs, task_id, after, limit + 1)
-        events = page["events"]
-        has_more = len(events) > limit
-        events = events[:limit]
-        next_after = events[-1]["event_id"] if events else after
-        return {"events": events, "next_after": next_after, "has_more": has_more}
+        events = page.events[:limit]
+        next_after = events[-1].event_id if events else after
+        return {
+            "events": [e.document() for e in events],
+            "next_after": next_after,
+            "has_more": len(page.events) > limit,
+        }
 
     async def worker_prune(
         self,

@@ -226,3 +226,26 @@ class WorkerInfo(BaseModel):
 
     def document(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+class Event(BaseModel):
+    """One entry of a task's log (`tasks logs`, `worker_logs`): ids increase per store."""
+
+    event_id: int
+    task_id: str
+    kind: str
+    at: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class EventPage(BaseModel):
+    """Events after a cursor, and the cursor to pass next (the last id, or the one given)."""
+
+    events: list[Event]
+    next_after: int
+
+    def document(self) -> dict[str, Any]:
+        return {"events": [e.document() for e in self.events], "next_after": self.next_after}

@@ -18,7 +18,7 @@ from bridge.pipeline.handle import PipelineHooks
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
-from bridge.records import AcceptResult, TaskRecord, TaskResult, WorkerInfo
+from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, WorkerInfo
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
 from bridge.scope import RepositoryScope, check_image
@@ -309,10 +309,15 @@ class WorkerBridge:
         artifacts = self.store.artifacts_of([r.task_id for r in records]) if records else {}
         return [task_result(r, artifacts.get(r.task_id, {})) for r in records]
 
-    def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+    def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> EventPage:
         self._task(task_id)  # TaskNotFound for an unknown id, or one outside the scope
         events = self.store.events(task_id, after=after, limit=limit)
-        return {"events": events, "next_after": events[-1]["event_id"] if events else after}
+        return EventPage(events=events, next_after=events[-1].event_id if events else after)
+
+    def task_state(self, task_id: str) -> tuple[str, str | None]:
+        """The task's status and phase, cheaply (a live view's status line)."""
+        self._task(task_id)
+        return self.store.status_and_phase(task_id)
 
     def prune_workspaces(self, apply: bool = False, include_unaccepted: bool = False) -> dict:
         """Reclaim disk from finished tasks in scope (dry run unless ``apply``); see

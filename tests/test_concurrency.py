@@ -34,10 +34,10 @@ def events(bridge, task_id: str) -> list[dict]:
     after = 0
     while True:
         page = bridge.task_logs(task_id, after=after, limit=200)
-        if not page["events"]:
+        if not page.events:
             return out
-        out.extend(page["events"])
-        after = page["next_after"]
+        out.extend(e.document() for e in page.events)
+        after = page.next_after
 
 
 def started_events(bridge, task_id: str) -> list[dict]:

@@ -9,24 +9,28 @@ import json
 from conftest import poll
 
 from bridge.cli.live import LiveView, describe
+from bridge.records import Event, EventPage
 
 
 class FakeBridge:
-    """Just what the view reads: a task's events and its status row."""
+    """Just what the view reads: a task's events and its status."""
 
     def __init__(self) -> None:
-        self.events: list[dict] = []
-        self.store = self
+        self.events: list[Event] = []
 
     def add(self, kind: str, data: dict) -> None:
-        self.events.append({"event_id": len(self.events) + 1, "kind": kind, "data": data})
+        self.events.append(event(kind, data, len(self.events) + 1))
 
-    def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> dict:
-        page = [e for e in self.events if e["event_id"] > after][:limit]
-        return {"events": page, "next_after": page[-1]["event_id"] if page else after}
+    def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> EventPage:
+        page = [e for e in self.events if e.event_id > after][:limit]
+        return EventPage(events=page, next_after=page[-1].event_id if page else after)
 
-    def query(self, sql: str, params: tuple) -> list[dict]:
-        return [{"status": "running", "phase": "worker"}]
+    def task_state(self, task_id: str) -> tuple[str, str | None]:
+        return "running", "worker"
+
+
+def event(kind: str, data: dict, event_id: int = 1) -> Event:
+    return Event(event_id=event_id, task_id="t1", kind=kind, at="2026-01-01T00:00:00Z", data=data)
 
 
 class Tty(io.StringIO):
@@ -60,8 +64,8 @@ def test_into_a_pipe_only_plain_lines():
 
 
 def test_events_not_worth_showing_live_are_left_out():
-    assert describe({"kind": "workspace.ready", "data": {}}) is None
-    line = describe({"kind": "worker.progress", "data": {"line": "an old event"}})
+    assert describe(event("workspace.ready", {})) is None
+    line = describe(event("worker.progress", {"line": "an old event"}))
     assert line == "  an old event"
 
 

@@ -521,7 +521,8 @@ def test_secrets_are_redacted_in_what_is_stored_and_shown_but_not_in_what_runs(
             ensure_ascii=False,
         )
         stored_events = json.dumps(
-            direct.store.events(task_id, after=0, limit=10_000), ensure_ascii=False
+            [e.document() for e in direct.store.events(task_id, after=0, limit=10_000)],
+            ensure_ascii=False,
         )
     finally:
         direct.close()

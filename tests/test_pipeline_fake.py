@@ -34,12 +34,12 @@ def run(bridge: WorkerBridge, spec: dict):
 
 
 def kinds(bridge: WorkerBridge, task_id: str) -> list[str]:
-    return [e["kind"] for e in bridge.task_logs(task_id, limit=10_000)["events"]]
+    return [e.kind for e in bridge.task_logs(task_id, limit=10_000).events]
 
 
 def statuses(bridge: WorkerBridge, task_id: str) -> list[str]:
-    events = bridge.task_logs(task_id, limit=10_000)["events"]
-    return [e["data"]["to"] for e in events if e["kind"] == "task.status"]
+    events = bridge.task_logs(task_id, limit=10_000).events
+    return [e.data["to"] for e in events if e.kind == "task.status"]
 
 
 def role(spec: ContainerSpec) -> str:
@@ -206,7 +206,7 @@ def test_secrets_printed_by_the_worker_and_the_checks_are_masked_everywhere_stor
     spec = mock_task(repo, {"script": script}, verify=[f"echo {token}; echo Hunter2x9"])
     result = run(fast, spec)
     stored = fast.task_logs(result.task_id, limit=10_000)
-    text = str(stored) + result.model_dump_json()
+    text = stored.model_dump_json() + result.model_dump_json()
     assert token not in text
     assert "Hunter2x9" not in text
     assert "[REDACTED]" in text
@@ -298,11 +298,11 @@ def test_progress_events_are_bounded_per_task(home, repo):
     result = run(bridge, mock_task(repo, {}))
     progress = [
         e
-        for e in bridge.task_logs(result.task_id, limit=1000)["events"]
-        if e["kind"] == "worker.progress"
+        for e in bridge.task_logs(result.task_id, limit=1000).events
+        if e.kind == "worker.progress"
     ]
     assert len(progress) == 11
-    assert "beyond 10 events" in progress[-1]["data"]["text"]
+    assert "beyond 10 events" in progress[-1].data["text"]
     bridge.close()
 
 
@@ -322,9 +322,9 @@ def test_the_summary_is_the_result_line_past_the_event_bound_and_a_stream_that_e
     result = run(bridge, mock_task(repo, {}))
     assert result.summary == "the worker's own result"
     notes = [
-        e["data"]["text"]
-        for e in bridge.task_logs(result.task_id, limit=1000)["events"]
-        if e["kind"] == "worker.progress"
+        e.data["text"]
+        for e in bridge.task_logs(result.task_id, limit=1000).events
+        if e.kind == "worker.progress"
     ]
     assert ("live output ended early" in notes[-1]) == (stream_ends_after is not None)
     bridge.close()

@@ -39,7 +39,7 @@ def store(workdir):
 def test_a_new_task_is_stored_with_its_created_and_status_events(store):
     store.insert_task(_row("t1"), {"worker": "mock"})
     assert store.load_task("t1").status == "created"
-    kinds = [e["kind"] for e in store.events("t1")]
+    kinds = [e.kind for e in store.events("t1")]
     assert kinds == ["task.created", "task.status"]
 
 
@@ -47,8 +47,8 @@ def test_a_transition_writes_the_status_and_its_event_together(store):
     store.insert_task(_row("t1"), {})
     assert store.transition("t1", Status.QUEUED)
     last = store.events("t1")[-1]
-    assert last["kind"] == "task.status"
-    assert last["data"] == {"from": "created", "to": "queued"}
+    assert last.kind == "task.status"
+    assert last.data == {"from": "created", "to": "queued"}
 
 
 def test_a_transition_from_a_status_the_table_does_not_allow_writes_nothing(store):
@@ -96,10 +96,10 @@ def test_event_ids_increase_and_paging_with_after_returns_only_later_events(stor
     for i in range(10):
         store.add_event("t1", "worker.progress", {"line": str(i)})
     events = store.events("t1")
-    ids = [e["event_id"] for e in events]
+    ids = [e.event_id for e in events]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     later = store.events("t1", after=ids[4], limit=3)
-    assert [e["event_id"] for e in later] == ids[5:8]
+    assert [e.event_id for e in later] == ids[5:8]
 
 
 def test_list_tasks_is_newest_first_and_filters_by_status(store):
@@ -219,7 +219,7 @@ def test_claiming_a_created_task_queues_it_in_the_same_transaction(store):
     store.insert_task(_row("t"), {})
     assert store.runners.claim("t", Owner(), ttl=30)
     assert store.load_task("t").status == "queued"
-    assert store.events("t")[-1]["data"] == {"from": "created", "to": "queued"}
+    assert store.events("t")[-1].data == {"from": "created", "to": "queued"}
 
 
 def test_a_queued_task_without_a_live_runner_is_stranded(store):

@@ -156,17 +156,17 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     collected: list[dict[str, Any]] = []
     while True:
         page = bridge.task_logs(args.task_id, after=after, limit=500)
-        for event in page["events"]:
+        for event in page.events:
             if args.json:
-                collected.append(event)
+                collected.append(event.document())
             else:
-                print_event(event)
-        after = page["next_after"]
-        if page["events"]:
+                print_event(event.document())
+        after = page.next_after
+        if page.events:
             continue
         if not args.follow or bridge.task_status(args.task_id) in TERMINAL:
             # one last page: events written just before the terminal status
-            if args.follow and bridge.task_logs(args.task_id, after=after)["events"]:
+            if args.follow and bridge.task_logs(args.task_id, after=after).events:
                 continue
             break
         time.sleep(0.25)

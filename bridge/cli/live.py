@@ -10,18 +10,19 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from bridge.cli.render import one_line, terminal_safe
+from bridge.records import Event
 from bridge.service import WorkerBridge
 
 POLL_S = 0.3
 WIDTH = 160  # characters of one shown line
 
 
-def describe(event: dict[str, Any]) -> str | None:
+def describe(event: Event) -> str | None:
     """One line for a person, or None for an event not worth showing live."""
-    kind, data = event["kind"], event["data"]
+    kind, data = event.kind, event.data
     if kind == "worker.progress":
         name = data.get("name")
         label = data.get("kind", "message")
@@ -101,12 +102,12 @@ class LiveView:
     def _poll(self) -> None:
         while True:
             page = self.bridge.task_logs(self.task_id, after=self.cursor, limit=200)
-            for event in page["events"]:
+            for event in page.events:
                 line = describe(event)
                 if line is not None:
                     self._print(line)
-            self.cursor = page["next_after"]
-            if len(page["events"]) < 200:
+            self.cursor = page.next_after
+            if len(page.events) < 200:
                 return
 
     def _print(self, line: str) -> None:
@@ -117,12 +118,7 @@ class LiveView:
     def _draw_status(self) -> None:
         if not self.tty:
             return
-        rows = self.bridge.store.query(
-            "SELECT status, phase FROM tasks WHERE task_id = ?", (self.task_id,)
-        )
-        if not rows:
-            return
-        status, phase = rows[0]["status"], rows[0]["phase"]
+        status, phase = self.bridge.task_state(self.task_id)
         elapsed = int(time.monotonic() - self._started)
         where = f"{status} · {phase}" if phase and status in ("running", "verifying") else status
         self.stream.write(f"\r\x1b[K[{where} · {elapsed} s]")

@@ -124,12 +124,10 @@ def repair_message(bad: CommandResult) -> str:
 def repairs_taken(store: Store, task_id: str) -> int:
     """Repair turns since the task's last explicit turn (from the log, so a runner that resumes
     a task after a crash does not get a fresh budget)."""
-    events = store.query(
-        "SELECT kind FROM events WHERE task_id = ? AND kind IN"
-        " ('task.follow_up', 'verification.auto_repair') ORDER BY event_id",
-        (task_id,),
+    events = store.events(
+        task_id, limit=1_000_000, kinds=("task.follow_up", "verification.auto_repair")
     )
     taken = 0
     for event in events:
-        taken = 0 if event["kind"] == "task.follow_up" else taken + 1
+        taken = 0 if event.kind == "task.follow_up" else taken + 1
     return taken

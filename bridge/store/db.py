@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
-from bridge.records import TaskRecord
+from bridge.records import Event, TaskRecord
 from bridge.store.leases import Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
 
@@ -331,15 +331,30 @@ class Store:
         with self.transaction() as conn:
             return self._insert_event(conn, task_id, kind, data or {})
 
-    def events(self, task_id: str, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
-        rows = self.query(
+    def events(
+        self, task_id: str, after: int = 0, limit: int = 200, kinds: tuple[str, ...] = ()
+    ) -> list[Event]:
+        """The task's events after ``after`` in order, at most ``limit``; only ``kinds`` when
+        given."""
+        sql = (
             "SELECT event_id, task_id, kind, at, data FROM events"
-            " WHERE task_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
-            (task_id, after, limit),
+            " WHERE task_id = ? AND event_id > ?"
         )
-        for row in rows:
-            row["data"] = json.loads(row["data"])
-        return rows
+        params: list[Any] = [task_id, after]
+        if kinds:
+            sql += f" AND kind IN ({', '.join('?' for _ in kinds)})"
+            params += kinds
+        rows = self.query(sql + " ORDER BY event_id LIMIT ?", [*params, limit])
+        return [
+            Event.model_validate({**row, "data": json.loads(row["data"] or "{}")}) for row in rows
+        ]
+
+    def status_and_phase(self, task_id: str) -> tuple[str, str | None]:
+        """What a live view's status line shows, without decoding the whole row."""
+        rows = self.query("SELECT status, phase FROM tasks WHERE task_id = ?", (task_id,))
+        if not rows:
+            raise TaskNotFound.of(task_id)
+        return rows[0]["status"], rows[0]["phase"]
 
     def count_events(self, task_id: str, kind: str, after: int = 0) -> int:
         rows = self.query(
