@@ -1,21 +1,22 @@
-"""`worker-bridge doctor`: can tasks run here? One actionable line per problem."""
+"""`worker-bridge doctor`'s checks: can tasks run here? One actionable line per problem, each
+`{check, ok, detail, severity}`. Nothing is written (the store's write lock is taken and let
+go); `WorkerBridge.doctor` runs them and the CLI prints them."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from typing import Any
 
+from bridge.config import Config
 from bridge.errors import BridgeError
+from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import deployment_checks
 from bridge.sandbox.runtimes import runtime_check
-from bridge.service import WorkerBridge
 from bridge.store import store_writable
 from bridge.workers import all_workers
 
 
-def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
-    config = bridge.config
+def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
 
     def add(name: str, ok: bool, detail: str, severity: str = "error") -> None:
@@ -24,7 +25,7 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
         )
 
     try:
-        version = bridge.sandbox.ping()
+        version = sandbox.ping()
         add("engine", True, f"Docker engine {version} reachable")
         engine = True
     except BridgeError as exc:
@@ -43,7 +44,7 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
         )
     if engine:
         for name, ref in (("mock", config.image_for("mock")), ("verify", config.verify_image_ref)):
-            present = bridge.sandbox.image_present(ref)
+            present = sandbox.image_present(ref)
             add(
                 f"image:{name}",
                 present,
@@ -51,7 +52,7 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
                 if present
                 else f"{ref} is missing; run `worker-bridge images build {name}`.",
             )
-        registered = bridge.sandbox.runtimes()
+        registered = sandbox.runtimes()
         if config.runtime:
             add("runtime", *runtime_check(config.runtime, registered))
         elif "runsc" in registered:  # not in use: say whether it could be
@@ -76,14 +77,3 @@ def _checks(bridge: WorkerBridge) -> list[dict[str, Any]]:
     free = shutil.disk_usage(existing).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")
     return checks
-
-
-def run_doctor(bridge: WorkerBridge, as_json: bool = False) -> int:
-    checks = _checks(bridge)
-    failed = [c for c in checks if c["severity"] == "error"]
-    if as_json:
-        print(json.dumps({"ok": not failed, "checks": checks}, indent=2))
-    else:
-        for c in checks:
-            print(f"[{c['severity']:<7}] {c['check']:<13} {c['detail']}")
-    return 1 if failed else 0

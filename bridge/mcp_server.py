@@ -19,7 +19,6 @@ from mcp.server.mcpserver import MCPServer
 from bridge import mcp_http
 from bridge.errors import BridgeError
 from bridge.mcp_tools import TOOLS, BridgeTools
-from bridge.sandbox.host_paths import require_state_root
 from bridge.service import WorkerBridge
 from bridge.version import __version__
 
@@ -107,7 +106,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
     try:
         http = mcp_http.resolve_options(args)
         bridge = bridge or WorkerBridge()
-        require_state_root(bridge.config.home)  # in a container: shared with the host?
+        bridge.check_state_root()  # in a container: shared with the host?
     except BridgeError as exc:
         print(f"worker-bridge-mcp: {exc.message}", file=sys.stderr)
         return exc.exit_code

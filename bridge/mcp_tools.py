@@ -39,7 +39,6 @@ class BridgeTools:
 
     def __init__(self, bridge: WorkerBridge) -> None:
         self.bridge = bridge
-        bridge.store  # open it now, not concurrently from two worker threads  # noqa: B018
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking bridge call in a thread; BridgeError becomes a tool error."""

@@ -3,14 +3,16 @@ typed results (`TaskResult`, `AcceptResult`, `WorkerInfo`), which those layers t
 
 from __future__ import annotations
 
-import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
+from bridge.creation import new_task_row
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
-from bridge.gateway.policy import all_routes, check_network
-from bridge.models import TERMINAL, Status, TaskSpec, parse_spec
+from bridge.gateway.policy import all_routes
+from bridge.models import TERMINAL, Status, TaskSpec
 from bridge.pipeline.accepting import accept_task
 from bridge.pipeline.context import Context
 from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
@@ -20,14 +22,13 @@ from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
 from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, WorkerInfo
 from bridge.sandbox import Sandbox
-from bridge.sandbox.host_paths import require_repository
-from bridge.scope import RepositoryScope, check_image
+from bridge.sandbox.host_paths import require_state_root
+from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
-from bridge.workers import BUILTIN, Worker, all_workers, get_worker
-from bridge.workspace.git import Git, repository_root
-from bridge.workspace.worktree import check_disjoint
+from bridge.workers import BUILTIN, all_workers
+from bridge.workers.info import worker_infos
 
 
 class WorkerBridge:
@@ -54,12 +55,14 @@ class WorkerBridge:
         self.config = config or load_config(**overrides)
         self._sandbox = sandbox
         self._store: Store | None = None
+        self._opening = threading.Lock()
         self.hooks = hooks
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            self._store = Store(self.config.store_path)
+        with self._opening:  # tools calling from several threads open it once
+            if self._store is None:
+                self._store = Store(self.config.store_path)
         return self._store
 
     @property
@@ -96,78 +99,14 @@ class WorkerBridge:
 
     def create_task(self, spec: dict[str, Any] | TaskSpec) -> TaskResult:
         """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
-        what is wrong; nothing is allocated for a rejected spec."""
-        if isinstance(spec, TaskSpec):
-            spec = spec.model_dump()
-        parsed = parse_spec(spec)
-        worker = get_worker(self.config, parsed.worker)
-        worker.check_metadata(parsed.metadata, self.config)
-        check_network(self.config, parsed, worker.routes(parsed.metadata, self.config))
-        repo = repository_root(parsed.workspace.repository)
-        check_disjoint(self.config.home, repo)
-        self.scope.check_new(repo)
-        require_repository(repo)  # in a container: at the same path as on the host?
-        base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
-        self._check_environment(parsed, repo, base_commit, worker)
-        limits = self.config.limits.model_dump()
-        limits.update(parsed.limits.model_dump(exclude_none=True))
-        effective = self.config.model_dump(mode="json")
-        effective["effective_limits"] = limits
-        task_id, created = self.store.insert_task(
-            {
-                "task_id": os.urandom(6).hex(),
-                "status": str(Status.CREATED),
-                "worker": parsed.worker,
-                "objective": parsed.objective,
-                "repository": str(repo),
-                "base_ref": parsed.workspace.base_ref,
-                "base_commit": base_commit,
-                "priority": parsed.priority,
-                "idempotency_key": parsed.idempotency_key,
-                "spec": parsed.model_dump(mode="json"),
-                "config": effective,
-            },
-            {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit},
-        )
+        what is wrong; nothing is allocated for a rejected spec (see bridge/creation.py)."""
+        row, event = new_task_row(self.config, self.sandbox, self.scope, spec)
+        task_id, created = self.store.insert_task(row, event)
         if not created and not self.scope.allows(self.store.load_task(task_id).repository):
             raise InvalidSpec(
                 "This idempotency_key is already used by another task; choose another key."
             )
         return self.get_task(task_id)
-
-    def _check_environment(
-        self, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
-    ) -> None:
-        """At creation: the images the spec names are allowed, the environment's definition (and
-        devcontainer.json) reads, its worker can run in one, and a named image is in the
-        engine (InvalidSpec naming what is not)."""
-        from bridge.environments.definition import resolve_definition
-
-        if spec.verification.image:
-            check_image(self.config, spec.verification.image, "verification.image")
-        definition = resolve_definition(self.config, spec, repo, base_commit)
-        if definition is None:
-            return
-        if definition.image and (spec.environment is not None or definition.devcontainer):
-            # Named by the caller (or by the devcontainer.json at the ref the caller chose);
-            # a configured default is the owner's own choice. Checked before the engine is
-            # asked, so a refusal says nothing of what the engine holds.
-            where = (
-                f"{definition.devcontainer}'s image"
-                if definition.devcontainer
-                else ("environment.image")
-            )
-            check_image(self.config, definition.image, where)
-        if worker.probe is None:
-            raise InvalidSpec(
-                f"The {worker.name} worker cannot run inside a project environment; drop "
-                "`environment` or choose a built-in worker."
-            )
-        if definition.image and not self.sandbox.image_present(definition.image):
-            raise InvalidSpec(
-                f"Environment image {definition.image} is not present in this engine; build "
-                "it, or `docker load` it from a saved file (worker-bridge never pulls images)."
-            )
 
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
         """Run a task in this thread until it reaches a terminal status (or resume one whose
@@ -355,37 +294,41 @@ class WorkerBridge:
     # -- workers and images -------------------------------------------------------------------
 
     def list_workers(self) -> list[WorkerInfo]:
-        try:
-            self.sandbox.ping()
-            engine = True
-        except BridgeError:
-            engine = False
-        out = []
-        for name, worker in sorted(all_workers(self.config).items()):
-            image = worker.image(self.config)
-            labels = self.sandbox.image_labels(image) if engine else None
-            installed = labels is not None
-            problem = worker.health(self.config)
-            if not engine:
-                reason: str | None = "The container engine cannot be reached."
-            elif not installed:
-                target = worker.build_target
-                how = f"`worker-bridge images build {target}`" if target else "build or load it"
-                reason = f"Image {image} is not present; {how}."
-            else:
-                reason = problem
-            out.append(
-                WorkerInfo(
-                    name=name,
-                    installed=installed,
-                    healthy=installed and problem is None,
-                    image=image,
-                    capabilities=list(worker.capabilities),
-                    cli_version=(labels or {}).get("io.worker-bridge.cli-version"),
-                    reason=reason,
-                )
-            )
-        return out
+        return worker_infos(self.config, self.sandbox)
+
+    def build_images(
+        self,
+        names: list[str] | None = None,
+        *,
+        everything: bool = False,
+        base_image: str | None = None,
+        on_line: Callable[[str], None] = print,
+    ) -> list[str]:
+        """Build images by name (a worker's name means its image: zcode-glm runs in the
+        claude-code image; none: base, verify and mock; ``everything``: every image). Returns
+        the tags built."""
+        from bridge.sandbox.images import available_targets, build_images
+
+        if everything and names:
+            raise InvalidSpec("Give image names or --all, not both.")
+        workers = all_workers(self.config)
+        targets: list[str] = []
+        for name in available_targets() if everything else names or []:
+            target = workers[name].build_target if name in workers else name
+            if target and target not in targets:
+                targets.append(target)
+        return build_images(self.config, self.sandbox, targets or None, base_image, on_line)
+
+    def doctor(self) -> list[dict[str, Any]]:
+        """Whether tasks can run here: one check each (see bridge/doctor.py). Writes nothing."""
+        from bridge.doctor import health_checks
+
+        return health_checks(self.config, self.sandbox)
+
+    def check_state_root(self) -> None:
+        """In a container: the state root is shared with the host at the same path (ConfigError
+        naming the mount to use otherwise); nothing outside one."""
+        require_state_root(self.config.home)
 
     def link_worker(
         self, name: str, command: list[str], image: str | None = None, routes: tuple = ()

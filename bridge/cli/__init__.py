@@ -16,7 +16,6 @@ from bridge.cli import commands as c
 from bridge.cli.render import SafeStream
 from bridge.errors import BridgeError
 from bridge.mcp_http import add_arguments as add_mcp_transport_arguments
-from bridge.sandbox.host_paths import require_state_root
 from bridge.service import WorkerBridge
 
 
@@ -290,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bridge = WorkerBridge()
         if args.group in ("tasks", "workspaces"):
-            require_state_root(bridge.config.home)  # in a container: shared with the host?
+            bridge.check_state_root()  # in a container: shared with the host?
         if args.acts:  # a command that acts first resolves tasks whose runner died
             args.recovered = bridge.recover()
         return args.func(bridge, args)

@@ -340,24 +340,19 @@ def cmd_workers_link(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.sandbox.images import available_targets, build_images
-
-    if args.all and args.names:
-        raise InvalidSpec("Give image names or --all, not both.")
-    tags = build_images(
-        bridge.config,
-        bridge.sandbox,
-        available_targets() if args.all else (_image_names(bridge, args.names) or None),
-        args.base_image,
+    tags = bridge.build_images(
+        args.names,
+        everything=args.all,
+        base_image=args.base_image,
         on_line=lambda line: print(line, flush=True),
     )
     print("built: " + ", ".join(tags))
     if not args.smoke:
         return 0
-    from bridge.smoke import run_smoke, smoke_workers
+    from bridge.smoke import run_smoke, smoke_workers  # built on the facade, above it
 
     built = [tag.split("/", 1)[1].split(":", 1)[0] for tag in tags]
-    results = run_smoke(bridge.config, smoke_workers(built), on_line=lambda line: print(line))
+    results = run_smoke(bridge.config, smoke_workers(built), on_line=print)
     failed = [r.worker for r in results if not r.ok]
     if failed:
         print(f"worker-bridge: the smoke task failed for {', '.join(failed)}.", file=sys.stderr)
@@ -365,24 +360,15 @@ def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     return 0
 
 
-def _image_names(bridge: WorkerBridge, names: list[str]) -> list[str]:
-    """Image names for what was asked: a worker's name means its image (zcode-glm runs in
-    the claude-code image)."""
-    from bridge.workers import all_workers
-
-    workers = all_workers(bridge.config)
-    found = []
-    for name in names:
-        target = workers[name].build_target if name in workers else name
-        if target and target not in found:
-            found.append(target)
-    return found
-
-
 def cmd_doctor(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.doctor import run_doctor
-
-    return run_doctor(bridge, as_json=args.json)
+    checks = bridge.doctor()
+    failed = [c for c in checks if c["severity"] == "error"]
+    if args.json:
+        out_json({"ok": not failed, "checks": checks})
+    else:
+        for c in checks:
+            print(f"[{c['severity']:<7}] {c['check']:<13} {c['detail']}")
+    return 1 if failed else 0
 
 
 def cmd_mcp(bridge: WorkerBridge, args: argparse.Namespace) -> int:

@@ -1,0 +1,90 @@
+"""Creating a task: everything a spec is checked against before a row is written (the spec,
+the worker and its metadata, the network and routes, the repository, its scope and base ref,
+the images it names, its environment), and the row itself with the effective configuration.
+Nothing is allocated for a rejected spec; each refusal is one sentence naming what is wrong."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bridge.config import Config
+from bridge.errors import InvalidSpec
+from bridge.gateway.policy import check_network
+from bridge.models import Status, TaskSpec, parse_spec
+from bridge.sandbox import Sandbox
+from bridge.sandbox.host_paths import require_repository
+from bridge.scope import RepositoryScope, check_image
+from bridge.workers import Worker, get_worker
+from bridge.workspace.git import Git, repository_root
+from bridge.workspace.worktree import check_disjoint
+
+
+def new_task_row(
+    config: Config, sandbox: Sandbox, scope: RepositoryScope, spec: dict[str, Any] | TaskSpec
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new task and its `task.created` event, or InvalidSpec."""
+    if isinstance(spec, TaskSpec):
+        spec = spec.model_dump()
+    parsed = parse_spec(spec)
+    worker = get_worker(config, parsed.worker)
+    worker.check_metadata(parsed.metadata, config)
+    check_network(config, parsed, worker.routes(parsed.metadata, config))
+    repo = repository_root(parsed.workspace.repository)
+    check_disjoint(config.home, repo)
+    scope.check_new(repo)
+    require_repository(repo)  # in a container: at the same path as on the host?
+    base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
+    check_environment(config, sandbox, parsed, repo, base_commit, worker)
+    limits = config.limits.model_dump()
+    limits.update(parsed.limits.model_dump(exclude_none=True))
+    effective = config.model_dump(mode="json")
+    effective["effective_limits"] = limits
+    row = {
+        "task_id": os.urandom(6).hex(),
+        "status": str(Status.CREATED),
+        "worker": parsed.worker,
+        "objective": parsed.objective,
+        "repository": str(repo),
+        "base_ref": parsed.workspace.base_ref,
+        "base_commit": base_commit,
+        "priority": parsed.priority,
+        "idempotency_key": parsed.idempotency_key,
+        "spec": parsed.model_dump(mode="json"),
+        "config": effective,
+    }
+    return row, {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit}
+
+
+def check_environment(
+    config: Config, sandbox: Sandbox, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
+) -> None:
+    """The images the spec names are allowed, the environment's definition (and
+    devcontainer.json) reads, its worker can run in one, and a named image is in the engine
+    (InvalidSpec naming what is not)."""
+    from bridge.environments.definition import resolve_definition
+
+    if spec.verification.image:
+        check_image(config, spec.verification.image, "verification.image")
+    definition = resolve_definition(config, spec, repo, base_commit)
+    if definition is None:
+        return
+    if definition.image and (spec.environment is not None or definition.devcontainer):
+        # Named by the caller (or by the devcontainer.json at the ref the caller chose); a
+        # configured default is the owner's own choice. Checked before the engine is asked, so
+        # a refusal says nothing of what the engine holds.
+        where = (
+            f"{definition.devcontainer}'s image" if definition.devcontainer else "environment.image"
+        )
+        check_image(config, definition.image, where)
+    if worker.probe is None:
+        raise InvalidSpec(
+            f"The {worker.name} worker cannot run inside a project environment; drop "
+            "`environment` or choose a built-in worker."
+        )
+    if definition.image and not sandbox.image_present(definition.image):
+        raise InvalidSpec(
+            f"Environment image {definition.image} is not present in this engine; build "
+            "it, or `docker load` it from a saved file (worker-bridge never pulls images)."
+        )

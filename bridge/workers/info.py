@@ -1,0 +1,44 @@
+"""What `workers list` (and `list_workers`) says of each worker: whether its image is in the
+engine, whether it can run a task here now, and why not in one sentence."""
+
+from __future__ import annotations
+
+from bridge.config import Config
+from bridge.errors import BridgeError
+from bridge.records import WorkerInfo
+from bridge.sandbox import Sandbox
+from bridge.workers import all_workers
+
+
+def worker_infos(config: Config, sandbox: Sandbox) -> list[WorkerInfo]:
+    try:
+        sandbox.ping()
+        engine = True
+    except BridgeError:
+        engine = False
+    out = []
+    for name, worker in sorted(all_workers(config).items()):
+        image = worker.image(config)
+        labels = sandbox.image_labels(image) if engine else None
+        installed = labels is not None
+        problem = worker.health(config)
+        if not engine:
+            reason: str | None = "The container engine cannot be reached."
+        elif not installed:
+            target = worker.build_target
+            how = f"`worker-bridge images build {target}`" if target else "build or load it"
+            reason = f"Image {image} is not present; {how}."
+        else:
+            reason = problem
+        out.append(
+            WorkerInfo(
+                name=name,
+                installed=installed,
+                healthy=installed and problem is None,
+                image=image,
+                capabilities=list(worker.capabilities),
+                cli_version=(labels or {}).get("io.worker-bridge.cli-version"),
+                reason=reason,
+            )
+        )
+    return out
