@@ -78,6 +78,8 @@ def check_environment(
             f"{definition.devcontainer}'s image" if definition.devcontainer else "environment.image"
         )
         check_image(config, definition.image, where)
+    if definition.build is not None:  # the Dockerfile is the repository's: the caller's choice
+        check_build_images(config, repo, base_commit, definition.build)
     if worker.probe is None:
         raise InvalidSpec(
             f"The {worker.name} worker cannot run inside a project environment; drop "
@@ -88,3 +90,17 @@ def check_environment(
             f"Environment image {definition.image} is not present in this engine; build "
             "it, or `docker load` it from a saved file (worker-bridge never pulls images)."
         )
+
+
+def check_build_images(config: Config, repo: Path, base_commit: str, build: Any) -> None:
+    """Every image a devcontainer's Dockerfile builds from is allowed (InvalidSpec naming the
+    first that is not)."""
+    from bridge.environments.definition import read_blob
+    from bridge.environments.dockerfile import dockerfile_images
+
+    text = read_blob(Git(repo), base_commit, build.dockerfile)
+    if text is None:
+        return  # resolve_definition refused it already
+    where = f"{build.dockerfile} (the devcontainer's build)"
+    for ref in dockerfile_images(text.decode("utf-8", "replace"), dict(build.args), where):
+        check_image(config, ref, f"{build.dockerfile}'s base image")

@@ -332,3 +332,25 @@ def test_find_refuses_a_path_outside_the_repository_without_reading(requested):
     with pytest.raises(InvalidSpec, match="environment.devcontainer"):
         find_devcontainer(repo, requested)
     assert repo.asked == []
+
+
+def test_the_images_a_dockerfile_builds_from_are_found_stages_and_args_included():
+    from bridge.environments.dockerfile import dockerfile_images
+
+    text = (
+        "# syntax comment\n"
+        "ARG BASE=debian:12\n"
+        "ARG TOOLS\n"
+        "FROM --platform=linux/amd64 ${BASE} AS build\n"
+        "RUN --mount=type=cache,target=/c --mount=type=bind,from=cache-img:2,target=/x \\\n"
+        "    echo --from=not-an-image\n"
+        "FROM $TOOLS AS tools\n"
+        "FROM scratch\n"
+        "COPY --from=build /out /out\n"
+        "COPY --from=0 /a /a\n"
+        "COPY --from=helper:1 /b /b\n"
+    )
+    found = dockerfile_images(text, {"TOOLS": "tools:3"}, "Dockerfile")
+    assert found == ["debian:12", "cache-img:2", "tools:3", "helper:1"]
+    with pytest.raises(InvalidSpec, match=r"\$TOOLS"):
+        dockerfile_images(text, {}, "Dockerfile")

@@ -177,11 +177,6 @@ def test_an_image_spelled_another_way_than_an_allowed_pattern_is_refused(home, d
         client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a devcontainer `build` is not checked against allowed_images: its Dockerfile may "
-    "FROM (or COPY --from) any image the engine has, and the build's output is the task's log",
-)
 @pytest.mark.parametrize(
     ("dockerfile", "args"),
     [
