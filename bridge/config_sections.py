@@ -70,11 +70,12 @@ class GatewayConfig(BaseModel):
         60, gt=0, description="Longest the sandbox may take to send one request (head and body)."
     )
     memory_budget_mb: int = Field(
-        32,
+        48,
         ge=1,
         description="Bytes one gateway holds in flight, across all its connections (worker "
         "and setup gateways alike): no body is held whole, and each exchange through an "
-        "upstream takes 512 KiB of it, each tunnel read 64 KiB; past it, connections wait.",
+        "upstream takes 768 KiB of it (48 MiB: max_connections of them at once), each tunnel "
+        "read 64 KiB; past it, connections wait.",
     )
 
 

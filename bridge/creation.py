@@ -13,6 +13,7 @@ from bridge.config import Config
 from bridge.errors import InvalidSpec
 from bridge.gateway.policy import check_network
 from bridge.models import Status, TaskSpec, parse_spec
+from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
 from bridge.scope import RepositoryScope, check_image
@@ -104,3 +105,19 @@ def check_build_images(config: Config, repo: Path, base_commit: str, build: Any)
     where = f"{build.dockerfile} (the devcontainer's build)"
     for ref in dockerfile_images(text.decode("utf-8", "replace"), dict(build.args), where):
         check_image(config, ref, f"{build.dockerfile}'s base image")
+
+
+def recheck_permissions(
+    config: Config, sandbox: Sandbox, record: TaskRecord, *, worker_turn: bool
+) -> None:
+    """Before a verb that runs more of a task (another worker turn, a start, accept's checks):
+    what the owner allows now still allows it. The task runs with the configuration recorded
+    at its creation, so without this an owner's `allow_mock_routes: false` or a narrowed
+    `allowed_images` would not reach tasks made before."""
+    spec = record.spec
+    worker = get_worker(config, record.worker)
+    if worker_turn:
+        worker.check_metadata(spec.metadata, config)
+    check_environment(
+        config, sandbox, spec, Path(record.repository), record.base_commit or "HEAD", worker
+    )

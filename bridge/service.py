@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
-from bridge.creation import new_task_row
+from bridge.creation import new_task_row, recheck_permissions
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.gateway.policy import all_routes
 from bridge.models import TERMINAL, Status, TaskSpec
@@ -90,6 +90,11 @@ class WorkerBridge:
             raise TaskNotFound.of(task_id)
         return record
 
+    def _still_allowed(self, record: TaskRecord, *, worker_turn: bool) -> None:
+        """What the owner's configuration allows now still covers the task (its mock routes,
+        the images it names): InvalidSpec naming the setting otherwise."""
+        recheck_permissions(self.config, self.sandbox, record, worker_turn=worker_turn)
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
@@ -101,21 +106,20 @@ class WorkerBridge:
         """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
         what is wrong; nothing is allocated for a rejected spec (see bridge/creation.py)."""
         row, event = new_task_row(self.config, self.sandbox, self.scope, spec)
-        task_id, created = self.store.insert_task(row, event)
-        if not created and not self.scope.allows(self.store.load_task(task_id).repository):
-            raise InvalidSpec(
-                "This idempotency_key is already used by another task; choose another key."
-            )
+        task_id, _ = self.store.insert_task(row, event)  # a key is its repository's alone
         return self.get_task(task_id)
 
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
         """Run a task in this thread until it reaches a terminal status (or resume one whose
         runner died). Returns the task result."""
-        status = self._task(task_id).status
-        if runner_id is None and status not in (Status.CREATED, Status.QUEUED):
-            raise TaskStateError(
-                f"Task {task_id} is already {status}; only a created or queued task starts."
-            )
+        record = self._task(task_id)
+        if runner_id is None:
+            if record.status not in (Status.CREATED, Status.QUEUED):
+                raise TaskStateError(
+                    f"Task {task_id} is already {record.status}; only a created or queued task "
+                    "starts."
+                )
+            self._still_allowed(record, worker_turn=True)
         owner = Owner(id=runner_id) if runner_id else Owner()
         TaskRunner(self.context(), task_id, owner, hooks=self.hooks).run()
         return self.get_task(task_id)
@@ -133,6 +137,7 @@ class WorkerBridge:
             raise TaskStateError(
                 f"Task {task_id} is already {task.status}; only a created task starts."
             )
+        self._still_allowed(task, worker_turn=True)
         if not spawn_runner(self.config, self.store, task_id, replacing=task.runner_id):
             raise TaskStateError(f"Task {task_id} was started by another process meanwhile.")
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
@@ -153,6 +158,7 @@ class WorkerBridge:
             raise TaskStateError(
                 f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
             )
+        self._still_allowed(task, worker_turn=True)
         runner_id = reserve_runner(self.store, task_id, task.runner_id, finished_ok=True)
         follow_ups = [*task.follow_ups, message]
         if runner_id is None or not self.store.transition(
@@ -286,6 +292,7 @@ class WorkerBridge:
         not (nothing is written then). When HEAD moved past the task's base, the checks run
         again on HEAD plus the change first (``reverify=False`` skips that)."""
         record = self._task(task_id)
+        self._still_allowed(record, worker_turn=False)
         diff = Path(self.store.artifacts(task_id).get("diff", ""))
         return accept_task(
             self.context(), record, diff, allow_unverified=allow_unverified, reverify=reverify

@@ -1,8 +1,10 @@
 """Hostile review of the `lead` branch's scope, image, gateway and mock-route bounds: each test
 plays a malicious worker (code in the sandbox, reaching only its gateway's sockets) or a
-malicious MCP client (a token holder of a server scoped to one folder). A finding is a test
-marked xfail (strict): it fails on the code as reviewed and passes once the hole is closed.
-The others are attacks that held. Memory is measured from outside, on a process hosting only a
+malicious MCP client (a token holder of a server scoped to one folder). The review's five
+findings (a devcontainer build from any image, JSON answers held outside the byte budget,
+max_events per gateway rather than per task, owner permissions not reaching existing tasks,
+idempotency keys across scopes) are fixed and their tests pass; the others are attacks that
+held. Memory is measured from outside, on a process hosting only a
 gateway (tests/support/gateway_host.py)."""
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from bridge.gateway.server import ROUTES_SOCKET
 from bridge.sandbox.fake import FakeSandbox
 from bridge.scope import image_allowed
 
-BUDGET_MB = 32  # gateway.memory_budget_mb's default
+BUDGET_MB = 48  # gateway.memory_budget_mb's default
 SLACK_MB = 16  # the interpreter, aiohttp's pools, the sockets: what the existing flood shows
 
 
@@ -115,11 +117,6 @@ def test_a_task_whose_repository_was_swapped_for_a_link_outside_is_absent(workdi
         scoped.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="idempotency keys are global: a key used by another repository's task answers "
-    "InvalidSpec ('already used by another task') where an unused key creates a task",
-)
 def test_an_idempotency_key_used_only_in_another_repository_answers_as_an_unused_key(workdir, home):
     allowed = workdir / "allowed"
     allowed.mkdir()
@@ -242,12 +239,6 @@ def _memory_flood(host: GatewayHost, target: bytes, connections: int, read_first
     return {"got": got, "rss": at_rendezvous}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="upstream.stream keeps up to 8 MiB of every non-streamed answer per exchange for "
-    "token counting (_JSON_LIMIT), outside the byte budget: 64 x 4 MiB JSON answers grew the "
-    "process hosting the gateway by ~280 MiB against a 32 MiB budget",
-)
 def test_non_streamed_answers_on_every_connection_keep_the_gateway_within_its_budget(
     workdir, hostile
 ):
@@ -375,21 +366,23 @@ def test_the_key_never_reaches_an_unlisted_path_through_pipelining_or_a_redirect
 def test_a_budget_held_by_slow_drips_frees_in_bounded_time_and_a_model_call_then_goes_through(
     workdir, upstream
 ):
-    """Every grant of a two-exchange budget taken by connections that drip their heads: a
-    model call queued behind them is answered once their read deadline passes, not never."""
+    """Every grant of a small budget taken by connections that drip their heads: a model call
+    queued behind them is answered once their read deadline passes, not never."""
+    from bridge.gateway.exchange import EXCHANGE_BYTES
+
     gw = gateway(workdir / "gw", upstream, Events(), memory_budget_mb=1, read_deadline_s=2.0)
     drips = []
     try:
-        for _ in range(2):
+        for _ in range(gw.budget.capacity // EXCHANGE_BYTES):
             s = socket.socket(socket.AF_UNIX)
             s.settimeout(30)
             s.connect(str(gw.folder / ROUTES_SOCKET))
             s.sendall(b"POST /test/v1/x HTTP/1.1\r\n")
             drips.append(s)
         deadline = time.monotonic() + 10
-        while gw.budget.free and time.monotonic() < deadline:
+        while gw.budget.free >= EXCHANGE_BYTES and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert gw.budget.free == 0, "the drips hold the whole budget"
+        assert gw.budget.free < EXCHANGE_BYTES, "the drips hold the whole budget"
         answer = request(gw.folder / ROUTES_SOCKET, http("POST", "/test/v1/x", b"{}"), timeout=30)
     finally:
         for s in drips:
@@ -398,12 +391,6 @@ def test_a_budget_held_by_slow_drips_frees_in_bounded_time_and_a_model_call_then
     assert status_of(answer) == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway.max_events is counted per gateway, and each turn opens a new one: a worker "
-    "that fails verification on purpose gets a repair turn and a second max_events of "
-    "network.refused events (docs/network.md says the bound is per task)",
-)
 def test_network_events_stay_within_max_events_per_task_across_a_repair_turn(
     workdir, home, repo, docker_images
 ):
@@ -424,7 +411,7 @@ def test_network_events_stay_within_max_events_per_task_across_a_repair_turn(
     bridge = WorkerBridge(home=home)
     try:
         result = bridge.run_task(bridge.create_task(spec).task_id)
-        events = bridge.task_logs(result.task_id, limit=10_000)["events"]
+        events = [e.document() for e in bridge.task_logs(result.task_id, limit=10_000).events]
     finally:
         bridge.close()
     turns = [e for e in events if e["kind"] == "worker.started"]
@@ -436,17 +423,9 @@ def test_network_events_stay_within_max_events_per_task_across_a_repair_turn(
 # -- 4. metadata.mock.routes ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runner judges allow_mock_routes by the config recorded with the task, so a "
-    "follow-up (worker_follow_up) on a mock task made while the setting was on still gets a "
-    "keyed route after the owner turned it off",
-)
-def test_a_follow_up_on_a_mock_task_made_while_routes_were_allowed_gets_none_once_they_are_not(
+def test_a_follow_up_on_a_mock_task_made_while_routes_were_allowed_is_refused_once_they_are_not(
     workdir, home, repo, upstream, docker_images
 ):
-    from conftest import poll
-
     routes = f"gateway:\n  routes:\n    test:\n      upstream: {upstream.url}\n"
     (home / "config.yaml").write_text("allow_mock_routes: true\n" + routes)
     probe = "env | grep '^WB_ROUTE_' | cut -d= -f1; echo routes-probed"
@@ -460,17 +439,43 @@ def test_a_follow_up_on_a_mock_task_made_while_routes_were_allowed_gets_none_onc
     (home / "config.yaml").write_text(routes)  # the owner turns mock routes off
     bridge = WorkerBridge(home=home)
     try:
-        bridge.follow_up(task, "again")
-        poll(lambda: bridge.task_status(task) in ("succeeded", "failed"), "the follow-up", 120)
-        said = [
-            e["data"].get("text", "")
-            for e in bridge.task_logs(task, limit=1000)["events"]
-            if e["kind"] == "worker.progress"
-        ]
+        with pytest.raises(InvalidSpec, match="allow_mock_routes"):
+            bridge.follow_up(task, "again")
+        assert bridge.get_task(task).status == "succeeded", "no turn was queued"
     finally:
         bridge.close()
-    assert "routes-probed" in said, said
-    assert "WB_ROUTE_TEST" not in said, "the follow-up's script got the keyed route"
+
+
+def test_a_follow_up_on_a_task_whose_image_is_no_longer_allowed_is_refused(
+    workdir, home, repo, docker_images
+):
+    import docker
+
+    client = docker.from_env()
+    image = f"wb-review-env:{secrets.token_hex(4)}"
+    client.images.get(docker_images.image_for("mock")).tag(image)
+    try:
+        (home / "config.yaml").write_text(f"allowed_images: ['{image}']\n")
+        spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+        spec["environment"] = {"image": image}
+        allowing = WorkerBridge(home=home)
+        try:
+            task = allowing.create_task(spec).task_id
+            assert allowing.run_task(task).status == "succeeded"
+        finally:
+            allowing.close()
+        (home / "config.yaml").write_text("allowed_images: []\n")  # the owner narrows it
+        bridge = WorkerBridge(home=home)
+        try:
+            with pytest.raises(InvalidSpec, match="allowed_images"):
+                bridge.follow_up(task, "again")
+            with pytest.raises(InvalidSpec, match="allowed_images"):
+                bridge.accept_task(task)
+        finally:
+            bridge.close()
+    finally:
+        client.images.remove(image)
+        client.close()
 
 
 # -- 5. the summary after a lost log stream ------------------------------------------------------
@@ -504,9 +509,9 @@ def test_the_kept_log_read_after_a_lost_stream_still_refuses_a_session_id_of_the
         result = bridge.run_task(bridge.create_task(spec).task_id)
         record = bridge.store.load_task(result.task_id)
         notes = [
-            e["data"]["text"]
-            for e in bridge.task_logs(result.task_id, limit=1000)["events"]
-            if e["kind"] == "worker.progress"
+            e.data["text"]
+            for e in bridge.task_logs(result.task_id, limit=1000).events
+            if e.kind == "worker.progress"
         ]
     finally:
         bridge.close()

@@ -50,11 +50,14 @@ class Usage:
 
 
 class Accounting:
-    def __init__(self, emit: Callable[[str, dict[str, Any]], None], max_events: int) -> None:
+    def __init__(
+        self, emit: Callable[[str, dict[str, Any]], None], max_events: int, recorded: int = 0
+    ) -> None:
+        """``recorded``: the task's network events already stored (by an earlier gateway)."""
         self._emit = emit
         self.max_events = max_events
         self.usage = Usage()
-        self._events = 0
+        self._events = recorded
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         self._events += 1

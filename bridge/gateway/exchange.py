@@ -20,9 +20,11 @@ from bridge.gateway.conn import Conn
 
 READ = 65536
 # What one exchange through an upstream may hold at once: the sandbox's read and what h11 has
-# buffered of it (a head is at most 64 KiB), and the HTTP client's own buffers for the request
-# it writes and the answer it reads (read_bufsize, and the event loop's reads of 256 KiB).
-EXCHANGE_BYTES = 512 * 1024
+# buffered of it (a head is at most 64 KiB), the HTTP client's own buffers for the request it
+# writes and the answer it reads (read_bufsize, and the event loop's reads of 256 KiB), and
+# what token counting keeps of the answer (usage.py: 64 KiB of an event line, or 128 KiB of
+# a JSON answer's ends).
+EXCHANGE_BYTES = 768 * 1024
 # Headers that belong to one connection, never forwarded (Host and Content-Length are set anew).
 HOP_BY_HOP = frozenset(
     {

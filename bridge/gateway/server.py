@@ -69,12 +69,13 @@ class Gateway:
         config: GatewayConfig,
         emit: Callable[[str, dict[str, Any]], None],
         owner: tuple[int, int] | None = None,
+        recorded_events: int = 0,
     ) -> None:
         self.folder = folder
         self.routes = routes
         self.config = config
         self.owner = owner
-        self.accounts = Accounting(emit, config.max_events)
+        self.accounts = Accounting(emit, config.max_events, recorded_events)
         self.budget = ByteBudget(config.memory_budget_mb * 2**20)
         self.proxy = Proxy(
             allowlist, check_ranges(config.trusted_ranges), config, self.accounts, self.budget

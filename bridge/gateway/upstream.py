@@ -15,10 +15,9 @@ import h11
 from bridge.config import GatewayConfig
 from bridge.gateway.accounting import Accounting
 from bridge.gateway.exchange import Exchange, Refused
-from bridge.gateway.usage import TokenCounter
+from bridge.gateway.usage import JsonEnds, TokenCounter
 
 _DROP_BACK = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"}
-_JSON_LIMIT = 8 * 2**20  # how much of a JSON answer is looked at for its token usage
 # The client's read buffer per answer (aiohttp pauses the upstream past twice this): small, as
 # each exchange's share of the gateway's byte budget covers it (exchange.EXCHANGE_BYTES).
 READ_BUFSIZE = 2**15
@@ -110,8 +109,9 @@ async def stream(
                 headers = _final(headers)
             await _give(exchange, h11.Response(status_code=status, headers=headers))
             answered = True
-            streaming = "text/event-stream" in response.headers.get("content-type", "")
-            kept = bytearray()
+            kind = response.headers.get("content-type", "")
+            streaming = "text/event-stream" in kind
+            ends = JsonEnds() if counter is not None and "json" in kind else None
             limit = config.max_response_mb * 2**20
             async for chunk in response.content.iter_any():
                 down += len(chunk)
@@ -119,17 +119,16 @@ async def stream(
                     note = f"response over {config.max_response_mb} MB (gateway.max_response_mb)"
                     break
                 await _give(exchange, h11.Data(data=chunk))
-                if counter is not None:
-                    if streaming:
-                        counter.feed_event_stream(chunk)
-                    elif len(kept) < _JSON_LIMIT:
-                        kept += chunk[: _JSON_LIMIT - len(kept)]
+                if counter is not None and streaming:
+                    counter.feed_event_stream(chunk)
+                elif ends is not None:
+                    ends.feed(chunk)
             if note is None and body is not None and body.refusal is not None:
                 note = body.refusal.reason  # answered early, then the body went wrong
             if note is None:
                 await _give(exchange, h11.EndOfMessage())
-            if counter is not None and kept:
-                counter.feed_json(bytes(kept))
+            if ends is not None and counter is not None:
+                ends.read_into(counter)
     except _SandboxGone:
         note = "the sandbox hung up or stopped reading"
     except (TimeoutError, aiohttp.ClientError, Refused, OSError) as exc:

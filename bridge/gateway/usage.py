@@ -7,10 +7,17 @@ parsed: its body streams through unread, and the model it names is the sandbox's
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_EVENT_LINE = 1 << 20  # longer SSE lines are passed through without being parsed
+# What one exchange keeps to read usage from, within its share of the gateway's byte budget
+# (exchange.EXCHANGE_BYTES): longer SSE lines pass through unparsed (usage events are small),
+# and of a JSON answer only its head (where the model is named) and tail (where usage is).
+MAX_EVENT_LINE = 64 * 1024
+JSON_END = 64 * 1024
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
 
 
 @dataclass
@@ -47,6 +54,20 @@ class TokenCounter:
     def feed_json(self, body: bytes) -> None:
         """Usage from a whole JSON response."""
         self._event(body)
+
+    def feed_json_ends(self, head: bytes, tail: bytes) -> None:
+        """Usage from a JSON response too long to keep whole: the model named in its head, the
+        last `usage` object in its tail."""
+        if self.model is None and (named := _MODEL.search(head)):
+            self.model = named.group(1).decode("utf-8", "replace")
+        for found in reversed(list(_USAGE.finditer(tail))):
+            try:
+                usage, _ = json.JSONDecoder().raw_decode(tail[found.end() - 1 :].decode())
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(usage, dict):
+                self.feed_document({"usage": usage})
+                return
 
     def _event(self, data: bytes) -> None:
         try:
@@ -88,3 +109,30 @@ def _int(usage: dict[str, Any], *names: str) -> int:
         if isinstance(value, int):
             return value
     return 0
+
+
+class JsonEnds:
+    """The head and tail of a JSON answer as it passes (each at most JSON_END bytes), or the
+    whole of it when it is no longer than both together."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.whole = True
+
+    def feed(self, chunk: bytes) -> None:
+        room = JSON_END - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > JSON_END:
+                self.whole = False
+                del self.tail[: len(self.tail) - JSON_END]
+
+    def read_into(self, counter: TokenCounter) -> None:
+        if self.whole:
+            counter.feed_json(bytes(self.head + self.tail))
+        else:
+            counter.feed_json_ends(bytes(self.head), bytes(self.tail))

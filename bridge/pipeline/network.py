@@ -70,6 +70,12 @@ def open_gateway(
     if setup:
         config = config.model_copy(update={"max_connections": config.setup_max_connections})
         _enough_descriptors(2 * config.max_connections + 256)  # each is two sockets
+    # gateway.max_events bounds the task's network events, whichever gateway (turn, setup,
+    # adopting runner) records them: a new one starts from what the task already has.
+    recorded = sum(
+        ctx.store.count_events(handle.task_id, kind)
+        for kind in ("network.request", "network.refused")
+    )
     gateway = Gateway(
         ctx.home / "gateways" / name,
         resolved,
@@ -77,6 +83,7 @@ def open_gateway(
         config,
         handle.emit,
         owner,
+        recorded_events=recorded,
     ).start()
     try:
         yield gateway

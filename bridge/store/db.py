@@ -176,15 +176,16 @@ class Store:
     def insert_task(self, row: dict[str, Any], event: dict[str, Any]) -> tuple[str, bool]:
         """Insert a new task with its `task.created` event. Returns (task_id, created).
 
-        With an idempotency key already used, returns the existing task instead (created=False);
-        the unique index makes this hold across processes.
+        With an idempotency key already used on the same repository, returns the existing task
+        instead (created=False); the unique index makes this hold across processes.
         """
         row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
         with self.transaction() as conn:
             key = row.get("idempotency_key")
             if key:
                 found = conn.execute(
-                    "SELECT task_id FROM tasks WHERE idempotency_key = ?", (key,)
+                    "SELECT task_id FROM tasks WHERE idempotency_key = ? AND repository = ?",
+                    (key, row["repository"]),
                 ).fetchone()
                 if found:
                     return found[0], False

@@ -134,6 +134,15 @@ def _session_id(db: sqlite_utils.Database) -> None:
 STEPS.append(("0006_session_id", _session_id))
 
 
+def _idempotency_per_repository(db: sqlite_utils.Database) -> None:
+    """An idempotency key is one repository's: the same key on two repositories names two
+    tasks (a key used elsewhere must neither reveal that task nor block this one)."""
+    db.execute("DROP INDEX IF EXISTS idx_tasks_idempotency_key")
+    db["tasks"].create_index(["repository", "idempotency_key"], unique=True, if_not_exists=True)
+
+
+STEPS.append(("0007_idempotency_per_repository", _idempotency_per_repository))
+
 MIGRATION_SET = "worker-bridge"
 
 

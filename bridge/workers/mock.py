@@ -57,7 +57,8 @@ class MockWorker(Worker):
 
     def routes(self, metadata: dict, config: Config) -> list[str]:
         # The mock declares no model route unless told to (the gateway tests do), and only
-        # where the owner allows it (also for a task recorded before the setting changed).
+        # where the owner allows it (the task's recorded config; a later turn is refused by the
+        # facade once the owner's live config no longer allows it, creation.recheck_permissions).
         if not config.allow_mock_routes:
             return []
         return list((metadata.get("mock") or {}).get("routes") or [])
