@@ -13,10 +13,10 @@ from bridge.creation import new_task_row, recheck_permissions
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.gateway.policy import all_routes
 from bridge.models import TERMINAL, Status, TaskSpec
+from bridge.phase.context import Context
+from bridge.phase.handle import PipelineHooks
 from bridge.pipeline.accepting import accept_task
-from bridge.pipeline.context import Context
 from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
-from bridge.pipeline.handle import PipelineHooks
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner

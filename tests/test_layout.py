@@ -62,21 +62,17 @@ def test_modules_stay_under_about_400_lines():
 
 
 def _bridge_imports(path: Path) -> set[str]:
-    """bridge.* modules ``path`` imports, anywhere in it except `if TYPE_CHECKING:` blocks."""
+    """bridge.* modules ``path`` imports anywhere: at the top, inside functions, and under
+    `if TYPE_CHECKING:` (a type-only import is a dependency all the same)."""
     tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(child) for child in ast.walk(node))
     names = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.startswith("bridge"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.startswith("bridge"):
-                names.add(node.module)
+                if node.module != "bridge":  # `from bridge import mcp_http` imports a module
+                    names.add(node.module)
                 names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
@@ -87,17 +83,15 @@ def _module_graph() -> dict[str, set[str]]:
         rel = path.relative_to(PACKAGE.parent).with_suffix("")
         name = ".".join(rel.parts).removesuffix(".__init__")
         modules[name] = path
-    return {
+    graph = {
         name: {m for m in _bridge_imports(path) if m in modules and m != name}
         for name, path in modules.items()
     }
-
-
-def test_no_module_imports_a_module_that_imports_it_back():
-    graph = _module_graph()
     # Packages re-export their modules; a package importing its own modules is not a cycle.
-    edges = {a: {b for b in bs if not a == b.rpartition(".")[0]} for a, bs in graph.items()}
+    return {a: {b for b in bs if a != b.rpartition(".")[0]} for a, bs in graph.items()}
 
+
+def _cycles(edges: dict[str, set[str]]) -> list[str]:
     def reaches(start: str, goal: str) -> bool:
         seen, stack = set(), [start]
         while stack:
@@ -109,13 +103,95 @@ def test_no_module_imports_a_module_that_imports_it_back():
                 stack.extend(edges.get(node, ()))
         return False
 
-    cycles = sorted(
-        f"{a} <-> {b}" for a, bs in edges.items() for b in bs if a < b and reaches(b, a)
+    return sorted(
+        {" <-> ".join(sorted((a, b))) for a, bs in edges.items() for b in bs if reaches(b, a)}
     )
-    assert cycles == []
+
+
+def _package(module: str) -> str:
+    """bridge.<first part>: a sub-package, or a top-level module."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for a, bs in _module_graph().items():
+        for b in bs:
+            if _package(a) != _package(b):
+                edges.setdefault(_package(a), set()).add(_package(b))
+    return edges
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    assert _cycles(_module_graph()) == []
+
+
+def test_no_package_imports_a_package_that_imports_it_back():
+    assert _cycles(_package_graph()) == []
+
+
+# Layers, lowest first: a package may import its own layer and those below, never one above.
+LAYERS = [
+    {"bridge.version", "bridge.errors", "bridge.models", "bridge.config_sections"},
+    {"bridge.config", "bridge.redact", "bridge.records"},
+    {"bridge.store", "bridge.sandbox", "bridge.workspace", "bridge.scope", "bridge.gateway"},
+    {"bridge.workers", "bridge.phase"},
+    {"bridge.environments"},
+    {"bridge.pipeline", "bridge.creation", "bridge.doctor"},
+    {"bridge.service"},
+    {"bridge.smoke"},  # runs tasks through the facade
+    {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
+    {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http"},
+    {"bridge"},  # the public API: WorkerBridge and the records
+]
+
+
+def test_packages_import_only_their_own_layer_and_those_below():
+    layer = {package: n for n, packages in enumerate(LAYERS) for package in packages}
+    graph = _package_graph()
+    unplaced = sorted({p for p in graph} - set(layer))
+    assert unplaced == [], "every package has a layer"
+    upward = sorted(
+        f"{a} -> {b}" for a, bs in graph.items() for b in bs if layer.get(b, -1) > layer[a]
+    )
+    assert upward == []
+
+
+def test_the_pipeline_reaches_the_environments_through_their_one_door():
+    for module, imported in _module_graph().items():
+        if module.startswith("bridge.pipeline"):
+            into = {m for m in imported if m.startswith("bridge.environments")}
+            assert into <= {"bridge.environments.task"}, (module, into)
+
+
+def test_the_front_ends_call_only_the_facade():
+    allowed = (
+        "bridge.service",
+        "bridge.records",
+        "bridge.errors",
+        "bridge.models",
+        "bridge.config",
+        "bridge.version",
+        "bridge.smoke",
+        "bridge.cli",
+        "bridge.mcp_",
+    )
+    for module, imported in _module_graph().items():
+        if module.startswith(("bridge.cli", "bridge.mcp_")):
+            beyond = sorted(m for m in imported if not m.startswith(allowed))
+            assert beyond == [], (module, beyond)
 
 
 def test_no_phase_imports_the_runner():
     graph = _module_graph()
-    for phase in ("prepare", "worker_turn", "collect", "verify", "finish", "containers"):
+    for phase in ("prepare", "worker_turn", "collect", "verify", "finish"):
         assert "bridge.pipeline.runner" not in graph[f"bridge.pipeline.{phase}"], phase
+    for module in graph:
+        if module.startswith("bridge.phase"):
+            assert "bridge.pipeline.runner" not in graph[module], module
+
+
+def test_the_cycle_check_finds_a_cycle_whichever_way_its_names_sort():
+    assert _cycles({"a": {"b"}, "b": {"a"}}) == ["a <-> b"]
+    assert _cycles({"z": {"a"}, "a": {"m"}, "m": {"z"}}) != []
+    assert _cycles({"a": {"b"}, "b": {"c"}}) == []

@@ -12,7 +12,7 @@ import pytest
 from conftest import TERMINAL, git, mock_task
 
 from bridge import WorkerBridge
-from bridge.pipeline.handle import PhaseHandle, PipelineHooks
+from bridge.phase.handle import PhaseHandle, PipelineHooks
 from bridge.sandbox import ContainerSpec
 from bridge.sandbox.fake import FakeSandbox, Scripted
 from bridge.store.owners import Owner

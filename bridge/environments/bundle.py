@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from bridge.errors import EnvironmentFailed
-from bridge.pipeline.containers import Reader, run_container
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.containers import Reader, run_container
+from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import ContainerSpec, Mount
 from bridge.sandbox.output import Tail
 from bridge.workers import Worker

@@ -17,7 +17,7 @@ from pathlib import Path
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.log import OutputEvents
 from bridge.errors import BridgeError, EnvironmentFailed
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import LABEL, home_id
 from bridge.workspace.changes import export_snapshot
 from bridge.workspace.fs import remove_tree

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.sandbox.output import Tail, bounded_lines
 
 MAX_OUTPUT_EVENTS = 1000  # environment.output events per setup or build

@@ -18,7 +18,7 @@ from typing import Any
 from bridge.environments.cache import Entry, cache_root, entries, remove_entry, sweep_partials
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL
-from bridge.pipeline.context import Context
+from bridge.phase.context import Context
 from bridge.sandbox import LABEL, home_id
 from bridge.scope import RepositoryScope
 from bridge.workspace.disk import reserve_bytes

@@ -8,18 +8,15 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bridge.environments.cache import ENTRY_FILE, OUTPUTS, Entry, load_entry, seal, tree_digest
 from bridge.environments.definition import EnvDefinition
+from bridge.environments.ready import SetupPlan
 from bridge.errors import EnvironmentFailed
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.store.db import now_iso
 from bridge.workspace.fs import remove_tree, walk_all
 from bridge.workspace.rawgit import raw_git
-
-if TYPE_CHECKING:
-    from bridge.environments.run import SetupPlan
 
 
 def keep_outputs(

@@ -17,28 +17,25 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bridge.environments.bundle import BUNDLE
 from bridge.environments.cache import Entry
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.log import OutputEvents
 from bridge.environments.outputs import keep_outputs
+from bridge.environments.ready import Ready, SetupPlan
 from bridge.errors import BridgeError, EnvironmentFailed
-from bridge.pipeline.containers import Reader, run_container
-from bridge.pipeline.handle import PhaseHandle
-from bridge.pipeline.network import open_gateway, with_gateway
-from bridge.pipeline.watch import DiskWatch
+from bridge.phase.containers import Reader, run_container
+from bridge.phase.handle import PhaseHandle
+from bridge.phase.network import open_gateway, with_gateway
+from bridge.phase.watch import DiskWatch
 from bridge.sandbox import LABEL, ContainerSpec, Mount, home_id
 from bridge.sandbox.output import Tail
 from bridge.workspace.changes import export_snapshot
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import chown_tree
-
-if TYPE_CHECKING:
-    from bridge.environments.setup import Ready
 
 TAIL_CHARS = 1500  # of a failing command's output, in the task's error
 
@@ -47,18 +44,6 @@ class SetupTimedOut(BridgeError):
     """The task's own deadline passed while setup ran (the runner ends it `timed_out`)."""
 
     kind = "timeout"
-
-
-@dataclass(frozen=True)
-class SetupPlan:
-    key: str
-    files: dict[str, str]  # the dependency files that key it
-    commit: str  # the commit (or tree) set up
-    folder: Path  # where the entry goes
-    tag: str  # the image it is committed to; for the worker's files, the image it runs in
-    network: tuple[str, ...]  # the names its proxy reaches
-    worker_files: bool  # a setup of the worker's snapshot
-    reason: str
 
 
 def run_setup(handle: PhaseHandle, ready: Ready, plan: SetupPlan) -> Entry:

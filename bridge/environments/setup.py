@@ -16,10 +16,10 @@ Task-private results live in the task's folder and go with it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from bridge.environments.bundle import check_worker_runs, image_path, worker_bundle
+from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
     Entry,
     cache_root,
@@ -38,9 +38,10 @@ from bridge.environments.definition import (
     tree_files,
 )
 from bridge.environments.image import environment_image
-from bridge.environments.run import SetupPlan, SetupTimedOut, run_setup
+from bridge.environments.ready import Ready, SetupPlan
+from bridge.environments.run import SetupTimedOut, run_setup
 from bridge.errors import EnvironmentFailed, InvalidSpec
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.workers import Worker
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
@@ -54,41 +55,6 @@ __all__ = [
     "for_snapshot",
     "prepare_environment",
 ]
-
-
-@dataclass
-class Ready:
-    """An environment made ready: what the worker and the verifier run in."""
-
-    definition: EnvDefinition
-    image: str  # the image containers start from (the setup's result, or the environment's)
-    image_id: str  # the environment image's (what keys a setup of the user's files)
-    image_env: dict[str, str]  # the environment image's own variables (its PATH)
-    bundle: Path  # the worker's bundle, mounted at /opt/worker-bridge
-    key: str | None  # the setup's cache key (None: no setup)
-    files: dict[str, str]  # the dependency files that keyed it (path -> blob)
-    outputs: Path | None  # cached ignored files to put into the repository's folder
-    setup: str  # none | cached | ran
-    paths: tuple[str, ...] = ()  # the folders and files the setup makes in the repository
-    environment_image: str = ""  # the environment's image, before any setup
-
-    @property
-    def worker_env(self) -> dict[str, str]:
-        """Variables of the worker's container: the environment's, the bundle first on PATH."""
-        return {**self.definition.container_env, "PATH": image_path(self.image_env)}
-
-    @property
-    def verify_env(self) -> dict[str, str]:
-        """Variables of a verification container (the image's own PATH: no CLI on it)."""
-        return dict(self.definition.container_env)
-
-    def document(self) -> dict:
-        return {
-            "source": self.definition.source,
-            "image": self.image,
-            "key": self.key,
-            "setup": self.setup,
-        }
 
 
 def definition_for(handle: PhaseHandle) -> EnvDefinition | None:

@@ -14,11 +14,11 @@ import threading
 import time
 from pathlib import Path
 
+from bridge.environments.task import TaskEnvironment
 from bridge.errors import EnvironmentFailed
 from bridge.models import Status
-from bridge.pipeline.context import Context
-from bridge.pipeline.environment import TaskEnvironment
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.context import Context
+from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import FreshCheckouts, VerificationOutcome, run_commands

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.workspace.baseline import Stat
 from bridge.workspace.changes import Change, list_changes, write_diff, write_manifest
 from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree

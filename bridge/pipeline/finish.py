@@ -5,7 +5,7 @@ with the reason (a runner never leaves a task without a terminal status)."""
 from __future__ import annotations
 
 from bridge.models import Status
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.outcomes import Outcome, error
 from bridge.records import ErrorInfo
 from bridge.store import Store

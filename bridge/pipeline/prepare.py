@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.workspace.disk import check_free_space
 from bridge.workspace.worktree import TaskWorkspace, create_workspace, remove_workspace
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.pipeline.context import Context
-from bridge.pipeline.handle import PipelineHooks
+from bridge.phase.context import Context
+from bridge.phase.handle import PipelineHooks
 from bridge.pipeline.runner import TaskRunner
 from bridge.records import TaskRecord
 from bridge.store import Store

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bridge.errors import BridgeError
 from bridge.models import Status
-from bridge.pipeline.context import Context
+from bridge.phase.context import Context
 from bridge.pipeline.recovery import orphan_containers
 from bridge.records import TaskRecord
 from bridge.scope import RepositoryScope

@@ -5,7 +5,7 @@ phase), and containers that belong to no live task are removed."""
 from __future__ import annotations
 
 from bridge.models import TERMINAL
-from bridge.pipeline.context import Context
+from bridge.phase.context import Context
 from bridge.pipeline.detached import spawn_runner
 from bridge.sandbox import LABEL, ContainerInfo, home_id
 

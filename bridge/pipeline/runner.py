@@ -15,14 +15,13 @@ import traceback
 from functools import cached_property
 from pathlib import Path
 
-from bridge.environments.setup import SetupTimedOut, SnapshotSetupFailed
+from bridge.environments.task import SetupTimedOut, SnapshotSetupFailed, TaskEnvironment
 from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
+from bridge.phase.context import Context
+from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
-from bridge.pipeline.context import Context
-from bridge.pipeline.environment import TaskEnvironment
 from bridge.pipeline.finish import fail_unreadable, finish_task
-from bridge.pipeline.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.pipeline.outcomes import (
     Outcome,
     error,

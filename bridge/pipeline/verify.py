@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.environments.cache import materialize
-from bridge.pipeline.containers import Reader, run_container
-from bridge.pipeline.handle import PhaseHandle
-from bridge.pipeline.watch import DiskWatch
+from bridge.environments.task import materialize
+from bridge.phase.containers import Reader, run_container
+from bridge.phase.handle import PhaseHandle
+from bridge.phase.watch import DiskWatch
 from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import Tail
@@ -30,7 +30,7 @@ from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
 if TYPE_CHECKING:
-    from bridge.environments.setup import Ready
+    from bridge.environments.task import Ready
 
 PYTHON_HOOK = Path(__file__).resolve().parents[1] / "sandbox" / "python"
 CONTAINER_PYTHON_HOOK = "/var/lib/worker-bridge/python"

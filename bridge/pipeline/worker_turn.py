@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from bridge.environments.bundle import BUNDLE
+from bridge.environments.task import BUNDLE
 from bridge.errors import BridgeError, InvalidSpec
-from bridge.pipeline.containers import Reader, run_container
-from bridge.pipeline.handle import PhaseHandle
-from bridge.pipeline.network import task_gateway, with_gateway
-from bridge.pipeline.watch import DiskWatch
+from bridge.phase.containers import Reader, run_container
+from bridge.phase.handle import PhaseHandle
+from bridge.phase.network import task_gateway, with_gateway
+from bridge.phase.watch import DiskWatch
 from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import bounded_lines
@@ -25,7 +25,7 @@ from bridge.workspace.objects import base_stores, container_alternates
 from bridge.workspace.worktree import CONTAINER_GITDIR, TaskWorkspace
 
 if TYPE_CHECKING:
-    from bridge.environments.setup import Ready
+    from bridge.environments.task import Ready
 
 MAX_LINE = 2000  # characters of one progress event's text
 SETTLE_LINES = 200  # the last lines of a worker's output read again once it exited

@@ -10,14 +10,25 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL
 from bridge.store.owners import Owner, owner_live
 
-if TYPE_CHECKING:
-    from bridge.store.db import Store
+
+class Store(Protocol):
+    """What claims and leases need of the store (bridge/store/db.py's Store, which builds them:
+    named here, not imported, so the two modules do not import each other)."""
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]: ...
+
+    def set_status(
+        self, conn: sqlite3.Connection, task_id: str, before: str, after: str
+    ) -> None: ...
 
 
 def _runner_live(row: dict[str, Any]) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bridge.models import Status
 from bridge.pipeline.detached import reserve_runner
-from bridge.pipeline.handle import PipelineHooks
+from bridge.phase.handle import PipelineHooks
 from bridge.pipeline.process import run_reserved
 from bridge.store import Store
 

@@ -1,7 +1,11 @@
-"""The environment phase, between allocating and the worker: the task's project environment
-made ready (bridge/environments: its image, the worker's bundle, the setup's result from the
-cache or a setup run) and the setup's ignored files put into the new worktree. Verification asks
-again for the snapshot: when the worker changed a dependency file, setup runs for it."""
+"""The project environments as the pipeline sees them: the one module of this package it imports.
+
+`TaskEnvironment` is the environment phase, between allocating and the worker: the task's
+environment made ready (its image, the worker's bundle, the setup's result from the cache or a
+setup run) and the setup's ignored files put into the new worktree. Verification asks again for
+the snapshot: when the worker changed a dependency file, setup runs for it. The rest is what the
+phases need besides: `Ready`, `materialize` (the cached files into a checkout), the bundle's
+mount point and the setup's errors."""
 
 from __future__ import annotations
 
@@ -9,15 +13,32 @@ import time
 from collections.abc import Callable
 from functools import cached_property
 
+from bridge.environments.bundle import BUNDLE
 from bridge.environments.cache import Entry, entries_in, materialize, remove_entry
 from bridge.environments.definition import EnvDefinition
-from bridge.environments.setup import Ready, definition_for, for_snapshot, prepare_environment
+from bridge.environments.ready import Ready
+from bridge.environments.setup import (
+    SetupTimedOut,
+    SnapshotSetupFailed,
+    definition_for,
+    for_snapshot,
+    prepare_environment,
+)
 from bridge.errors import BridgeError
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.workers import Worker
 from bridge.workspace.changes import Change
 from bridge.workspace.fs import display, remove_tree
 from bridge.workspace.worktree import TaskWorkspace
+
+__all__ = [
+    "BUNDLE",
+    "Ready",
+    "SetupTimedOut",
+    "SnapshotSetupFailed",
+    "TaskEnvironment",
+    "materialize",
+]
 
 
 class TaskEnvironment:

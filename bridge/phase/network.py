@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bridge.gateway.policy import resolve_routes
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import ContainerSpec, Mount
 
 if TYPE_CHECKING:

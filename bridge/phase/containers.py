@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import LABEL, ContainerSpec, ExitInfo
 
 READER_GRACE_S = 30.0  # how long the output readers may lag behind the container's exit

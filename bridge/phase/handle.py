@@ -11,7 +11,7 @@ from typing import Any
 
 from bridge.config import LimitDefaults
 from bridge.models import TERMINAL, TaskSpec
-from bridge.pipeline.context import Context
+from bridge.phase.context import Context
 from bridge.records import TaskRecord
 from bridge.redact import Redactor
 

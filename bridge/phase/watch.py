@@ -10,7 +10,7 @@ import shutil
 import threading
 import time
 
-from bridge.pipeline.handle import PhaseHandle
+from bridge.phase.handle import PhaseHandle
 from bridge.workspace.disk import reserve_bytes
 from bridge.workspace.fs import TreeTooDeep, tree_size
 
