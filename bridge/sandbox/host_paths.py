@@ -93,28 +93,22 @@ def own_mounts() -> list[dict[str, Any]]:
     global _mounts
     if _mounts is not None:
         return _mounts
-    import docker
-    import docker.errors
+    from bridge.sandbox.docker import DockerSandbox
 
     ident = container_id(_read("/proc/self/mountinfo"), _read("/proc/self/cgroup"), _hostname())
     try:
-        client = docker.from_env(timeout=30)
-    except docker.errors.DockerException as exc:
+        found = DockerSandbox().container_mounts(ident)
+    except BridgeError as exc:  # the engine unreachable, or refusing
         raise _engine_error(exc) from exc
-    try:
-        _mounts = list(client.containers.get(ident).attrs.get("Mounts") or [])
-    except docker.errors.NotFound as exc:
+    if found is None:
         raise ConfigError(
             f"The bridge runs in a container ({IN_CONTAINER_ENV}=1) that the engine behind its "
             f"socket does not know (looked for {ident[:12]}), so its mounts cannot be checked; "
             "mount the socket of the engine it runs on, or set "
             f"{IN_CONTAINER_ENV}=0 if the state root and repositories are at the same paths "
             "on that engine's host."
-        ) from exc
-    except Exception as exc:  # the engine unreachable: a connection or API error
-        raise _engine_error(exc) from exc
-    finally:
-        client.close()
+        )
+    _mounts = found
     return _mounts
 
 
