@@ -266,10 +266,14 @@ def cmd_tasks_recover(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     report = bridge.prune_workspaces(apply=args.apply, include_unaccepted=args.include_unaccepted)
+    return _show_prune(report, args)
+
+
+def _show_prune(report: dict[str, Any], args: argparse.Namespace) -> int:
     if args.json:
         out_json(report)
-        return 0
-    print_prune(report["actions"], args.apply)
+    else:
+        print_prune(report["actions"], args.apply)
     return 0
 
 
@@ -305,12 +309,7 @@ def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int
 
 
 def cmd_environments_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    report = bridge.prune_environments(apply=args.apply, everything=args.all)
-    if args.json:
-        out_json(report)
-        return 0
-    print_prune(report["actions"], args.apply)
-    return 0
+    return _show_prune(bridge.prune_environments(apply=args.apply, everything=args.all), args)
 
 
 def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:

@@ -271,17 +271,7 @@ class _ProgressReader:
     def consume(self, chunks: Iterator[bytes]) -> None:
         try:
             for line in bounded_lines(chunks, self.handle.limits.line_kb * 1024):
-                if line.strip():
-                    self.last_line = line
-                parsed = self.worker.parse_line(line)
-                if parsed.summary is not None:
-                    self.summary = parsed.summary
-                if parsed.failure is not None:
-                    self.failure = parsed.failure
-                if parsed.session_id and parsed.session_id != self.session_id:
-                    self._session(parsed.session_id)
-                for progress in parsed.progress:
-                    self._emit(progress)
+                self._take(line, record=True)
         except Exception as exc:  # a broken log stream must not break the run
             self._emit(Progress("error", f"[output stream ended: {exc}]"), always=True)
 
@@ -290,34 +280,40 @@ class _ProgressReader:
         stream ended before them, its summary, failure and session come from there (parsed
         again: the last one seen wins), with a note that the live view missed lines."""
         try:
-            lines = [line for line in bounded_lines(tail, self.handle.limits.line_kb * 1024)]
+            lines = list(bounded_lines(tail, self.handle.limits.line_kb * 1024))
         except Exception:  # noqa: BLE001 - no kept log: what the stream gave stands
             return
         kept = [line for line in lines if line.strip()]
         if not kept or kept[-1] == self.last_line:
             return  # the stream saw the end
-        self._emit(
-            Progress(
-                "error",
-                "[worker-bridge: the live output ended early; the last lines come from the "
-                "engine's kept log]",
-            ),
-            always=True,
-        )
+        note = "[worker-bridge: the live output ended early; the last lines come from the "
+        self._emit(Progress("error", note + "engine's kept log]"), always=True)
         for line in kept:
-            parsed = self.worker.parse_line(line)
-            if parsed.summary is not None:
-                self.summary = parsed.summary
-            if parsed.failure is not None:
-                self.failure = parsed.failure
-            if parsed.session_id and parsed.session_id != self.session_id:
-                self._session(parsed.session_id)
-            for progress in parsed.progress:
-                if progress.text.strip():
-                    self.last_progress = progress.text
-                    if progress.kind == "message":
-                        self.last_message = progress.text
-        self.last_line = kept[-1]
+            self._take(line, record=False)
+
+    def _take(self, line: str, *, record: bool) -> None:
+        """One line of the worker's output: its summary, failure and session kept, its progress
+        recorded as events (``record``) or only remembered."""
+        if line.strip():
+            self.last_line = line
+        parsed = self.worker.parse_line(line)
+        if parsed.summary is not None:
+            self.summary = parsed.summary
+        if parsed.failure is not None:
+            self.failure = parsed.failure
+        if parsed.session_id and parsed.session_id != self.session_id:
+            self._session(parsed.session_id)
+        for progress in parsed.progress:
+            if record:
+                self._emit(progress)
+            else:
+                self._remember(progress)
+
+    def _remember(self, progress: Progress) -> None:
+        if progress.text.strip():
+            self.last_progress = progress.text
+            if progress.kind == "message":
+                self.last_message = progress.text
 
     def _session(self, session_id: str) -> None:
         """Record the CLI's session id, if it has the CLI's own shape (see session_ok)."""
@@ -331,10 +327,7 @@ class _ProgressReader:
             )
 
     def _emit(self, progress: Progress, always: bool = False) -> None:
-        if progress.text.strip():
-            self.last_progress = progress.text
-            if progress.kind == "message":
-                self.last_message = progress.text
+        self._remember(progress)
         if self.skip > 0 and not always:
             self.skip -= 1
             return
