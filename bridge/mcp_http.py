@@ -17,7 +17,8 @@ request body read whole and bounded before the SDK sees it, and the SDK's sessio
 reaping. A request refused for its token gets its 401 and the connection closed, so without the
 token a client never holds more than one head, for no longer than the head deadline.
 
-No `mcp` import here (that stays in mcp_server.py): the SDK app comes from the server object.
+The SDK app comes from the server object; of `mcp` itself only the DNS-rebinding settings are
+imported here (the tools live in mcp_tools.py, the server in mcp_server.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from pathlib import Path
 from bridge.errors import EnvironmentFailed
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
-from bridge.sandbox import ContainerSpec, Mount
+from bridge.phase.specs import task_container
+from bridge.sandbox import Mount
 from bridge.sandbox.output import Tail
 from bridge.workers import Worker
 from bridge.workspace.fs import remove_tree
@@ -100,19 +101,15 @@ def check_worker_runs(
         for chunk in chunks:
             tail.feed(chunk)
 
-    spec = ContainerSpec(
-        image=image,
-        command=["sh", "-c", PROBE_SCRIPT, "probe", *worker.probe],
+    spec = task_container(
+        handle,
+        "probe",
+        image,
+        ["sh", "-c", PROBE_SCRIPT, "probe", *worker.probe],
         user=user,
-        labels=ctx.labels(handle.task_id, "probe"),
         mounts=[Mount(bundle, BUNDLE, read_only=True)],
         env={"PATH": image_path(image_env), "HOME": "/tmp"},
-        entrypoint=[],
-        tmpfs=("/tmp",),
-        memory_mb=handle.limits.memory_mb,
-        cpus=handle.limits.cpus,
-        pids=handle.limits.pids,
-        runtime=ctx.config.runtime,
+        own_image=True,
     )
     try:
         run = run_container(handle, spec, readers=[Reader(consume)], timeout=120)

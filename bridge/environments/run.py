@@ -30,6 +30,7 @@ from bridge.errors import BridgeError, EnvironmentFailed
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.network import open_gateway, with_gateway
+from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.sandbox import LABEL, ContainerSpec, Mount, home_id
 from bridge.sandbox.output import Tail
@@ -230,7 +231,6 @@ def _setup_spec(
     command: str,
     index: int,
 ) -> ContainerSpec:
-    ctx, limits = handle.ctx, handle.limits
     # Root inside the container only when the bridge is root (files it makes are then the
     # host's root's, which the sandbox user cannot change); otherwise the bridge's own user.
     user = "0:0" if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
@@ -238,22 +238,16 @@ def _setup_spec(
     env = dict(definition.container_env)
     if os.geteuid() != 0:  # an unnamed uid in the image: its HOME would be `/`, unwritable
         env.setdefault("HOME", "/tmp")
-    if ctx.config.extra_ca_file:
-        mounts.append(Mount(ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
-        env["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
-    return ContainerSpec(
-        image=image,
-        command=["sh", "-c", command],
+    return task_container(
+        handle,
+        "setup",
+        image,
+        ["sh", "-c", command],
         user=user,
-        labels=ctx.labels(handle.task_id, "setup", command=str(index)),
         mounts=mounts,
         env=env,
-        memory_mb=limits.memory_mb,
-        cpus=limits.cpus,
-        pids=limits.pids,
-        runtime=ctx.config.runtime,
-        log_max_mb=limits.log_mb,
-        tmpfs=("/tmp",),
-        entrypoint=[],
-        read_only_root=False,
+        own_image=True,
+        labels={"command": str(index)},
+        read_only_root=False,  # committed afterwards: the setup's result
+        extra_ca=True,
     )

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 from bridge.environments.task import materialize
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
+from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.records import CommandResult, VerificationDoc
-from bridge.sandbox import ContainerSpec, ExitInfo, Mount
+from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
 from bridge.workspace.fs import remove_tree
@@ -270,15 +271,17 @@ def _run_command(
     index: int,
     env: Ready | None = None,
 ) -> CommandResult:
-    ctx, limits = handle.ctx, handle.limits
+    ctx = handle.ctx
     user, _ = ctx.sandbox_identity()
     tail_bytes = ctx.config.output_tail_chars * 4
     out, err = Tail(tail_bytes), Tail(tail_bytes)
-    spec = ContainerSpec(
-        image=image,
-        command=["sh", "-c", command],
+    spec = task_container(
+        handle,
+        "verify",
+        image,
+        ["sh", "-c", command],
         user=user,
-        labels=ctx.labels(handle.task_id, "verify", turn=label, command=str(index)),
+        labels={"turn": label, "command": str(index)},
         mounts=[
             Mount(workspace, "/workspace", read_only=False),
             Mount(python_hook(ctx.home), CONTAINER_PYTHON_HOOK, read_only=True),
@@ -293,12 +296,8 @@ def _run_command(
             "PYTHONPATH": CONTAINER_PYTHON_HOOK,
             "PYTHONDONTWRITEBYTECODE": "1",
         },
-        entrypoint=[] if env is not None else None,
-        memory_mb=limits.memory_mb,
-        cpus=limits.cpus,
-        pids=limits.pids,
-        runtime=ctx.config.runtime,
-        log_max_mb=limits.log_mb,
+        own_image=env is not None,
+        tmpfs=("/tmp", "/home/worker"),
     )
     watch = DiskWatch(handle)
     run = run_container(

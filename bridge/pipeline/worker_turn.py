@@ -15,6 +15,7 @@ from bridge.errors import BridgeError, InvalidSpec
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.network import task_gateway, with_gateway
+from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
@@ -126,7 +127,7 @@ def clip(text: str, limit: int = MAX_LINE) -> str:
 def _container_spec(
     handle: PhaseHandle, ws: TaskWorkspace, worker: Worker, turn: Turn, env: Ready | None
 ) -> ContainerSpec:
-    ctx, limits = handle.ctx, handle.limits
+    ctx = handle.ctx
     launch = worker.launch(turn, ctx.config)
     for secret in launch.secrets:
         handle.redactor.add_secret(secret)
@@ -155,23 +156,17 @@ def _container_spec(
     variables = {**(env.worker_env if env is not None else {}), "HOME": HOME_DIR, **launch.env}
     if env is not None:  # the worker image's bundle: its CLI and the relay, read-only
         mounts.append(Mount(env.bundle, BUNDLE, read_only=True))
-    if ctx.config.extra_ca_file:
-        mounts.append(Mount(ctx.config.extra_ca_file, "/etc/worker-bridge/extra-ca.pem"))
-        variables["NODE_EXTRA_CA_CERTS"] = "/etc/worker-bridge/extra-ca.pem"
-    return ContainerSpec(
-        image=env.image if env is not None else worker.image(ctx.config),
-        command=launch.command,
+    return task_container(
+        handle,
+        "worker",
+        env.image if env is not None else worker.image(ctx.config),
+        launch.command,
         user=user,
-        labels=ctx.labels(handle.task_id, "worker", turn=str(turn.number)),
         mounts=mounts,
         env=variables,
-        entrypoint=[] if env is not None else None,
-        memory_mb=limits.memory_mb,
-        cpus=limits.cpus,
-        pids=limits.pids,
-        runtime=ctx.config.runtime,
-        log_max_mb=limits.log_mb,
-        tmpfs=("/tmp",),
+        own_image=env is not None,
+        labels={"turn": str(turn.number)},
+        extra_ca=True,
     )
 
 
