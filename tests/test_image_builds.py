@@ -113,3 +113,12 @@ def test_a_build_that_still_fails_names_the_step_the_registry_error_and_the_ca_s
     assert "Step" in message and "SELF_SIGNED_CERT_IN_CHAIN" in message, message
     assert "extra_ca_file" in message and "WORKER_BRIDGE_EXTRA_CA_FILE" in message, message
     assert "\n" not in message
+
+
+def test_the_images_the_demo_uses_fetch_nothing_from_the_npm_registry_or_pypi():
+    from bridge.sandbox.images import images_dir
+
+    for name in DEFAULT_TARGETS:
+        dockerfile = (images_dir() / name / "Dockerfile").read_text()
+        for fetch in ("npm ", "pip install", "curl ", "wget "):
+            assert fetch not in dockerfile, (name, fetch)
