@@ -1,5 +1,7 @@
-"""WorkerBridge: the library facade. The CLI and the MCP server are thin layers over it; it returns
-typed results (`TaskResult`, `AcceptResult`, `WorkerInfo`), which those layers turn into JSON."""
+"""WorkerBridge: the library facade. The CLI and the MCP server are thin layers over it and call
+nothing else; it returns typed results (`TaskResult`, `AcceptResult`, `WorkerInfo`,
+`EventPage`), which those layers turn into JSON. Every verb on a task is bounded by the bridge's
+scope (bridge/scope.py): a task outside it is absent."""
 
 from __future__ import annotations
 

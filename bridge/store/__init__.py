@@ -1,5 +1,5 @@
 """The host's SQLite store: tasks, events, leases and artifacts.
-sqlite-utils (and sqlite3) are imported only in this package."""
+sqlite3 and sqlite-utils (its migrations runner) are imported only in this package."""
 
 from bridge.store.db import Store, store_writable
 
