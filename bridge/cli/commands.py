@@ -219,35 +219,30 @@ def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 def cmd_tasks_reject(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     result = bridge.reject_task(args.task_id, args.reason).document()
-    if args.json:
-        out_json(result)
-    if result["status"] != "rejected":
-        print(
-            f"worker-bridge: task {args.task_id} is {result['status']}; only a succeeded task "
-            "can be rejected.",
-            file=sys.stderr,
-        )
-        return 1
-    if not args.json:
-        print(f"task {args.task_id}: rejected")
-    return 0
+    refused = f"is {result['status']}; only a succeeded task can be rejected."
+    return _ended(result, args, "rejected", refused, f"task {args.task_id}: rejected")
 
 
 def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     before = bridge.task_status(args.task_id)
     result = bridge.cancel_task(args.task_id).document()
+    note = " (it was already cancelled)" if before == "cancelled" else ""
+    refused = f"already ended {result['status']}; nothing to cancel."
+    return _ended(result, args, "cancelled", refused, f"task {args.task_id}: cancelled{note}")
+
+
+def _ended(
+    result: dict[str, Any], args: argparse.Namespace, wanted: str, refused: str, done: str
+) -> int:
+    """A verb that ends a task: its result, then 0 when it reached ``wanted``, else 1 with
+    the one line saying why not."""
     if args.json:
         out_json(result)
-    if result["status"] != "cancelled":
-        print(
-            f"worker-bridge: task {args.task_id} already ended {result['status']}; "
-            "nothing to cancel.",
-            file=sys.stderr,
-        )
+    if result["status"] != wanted:
+        print(f"worker-bridge: task {args.task_id} {refused}", file=sys.stderr)
         return 1
     if not args.json:
-        note = " (it was already cancelled)" if before == "cancelled" else ""
-        print(f"task {args.task_id}: cancelled{note}")
+        print(done)
     return 0
 
 
