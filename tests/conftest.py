@@ -1,82 +1,51 @@
-"""Shared fixtures: a throwaway state root and repository per test (on /dev/shm when present,
-because the root disk here is slow at create-after-delete), the image set built once per
-session, the CLI as a subprocess, and cleanup of every container a test's state root started."""
+"""The suite's fixtures and hooks (the helpers they use live in tests/support/): a throwaway
+state root and repository per test (on /dev/shm when present), the CLI as a subprocess, the
+image set built once per session and every container a test's state root started removed, and
+the servers several test files share: the test upstream, the package index, the scripted model
+server, and the MCP server's token."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import threading
-import time
+import secrets
 import uuid
-from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.cli import cli_runner
+from support.engine import BASE_IMAGE, REQUIRE_DOCKER, remove_home_artifacts
+from support.env_specs import ROUTE_KEY, ROUTE_KEY_VAR, registry_config
+from support.mcp_session import cancel_unfinished
+from support.real_workers import KEY, model_config
+from support.registries import PackageServer
+from support.repos import calc_repo
+from support.scratch import TEST_ROOT
+from support.upstream import Upstream
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
-TEST_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-BASE_IMAGE = os.environ.get("WORKER_BRIDGE_TEST_BASE_IMAGE", "worker-bridge/rootfs:bookworm")
-REQUIRE_DOCKER = os.environ.get("WORKER_BRIDGE_REQUIRE_DOCKER") == "1"
+
+def pytest_collection_modifyitems(config, items):
+    # Tests that use the engine are marked `docker` by fixture use, so `-m "not docker"` works.
+    for item in items:
+        if "docker_images" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
 
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
-MCP_TOOLS = {
-    "worker_delegate",
-    "worker_status",
-    "list_workers",
-    "worker_cancel",
-    "worker_logs",
-    "worker_prune",
-    "worker_accept",
-    "worker_follow_up",
-}
-
-
-def git(repo: Path, *args: str, check: bool = True) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"git {args} failed: {proc.stderr.decode()}")
-    return proc.stdout.decode()
+# -- a test's own folders and the ways in ------------------------------------------------------
 
 
 @pytest.fixture
 def workdir(request):
     """A private folder for one test (state root, repository, scratch)."""
-    base = Path(TEST_ROOT) if TEST_ROOT else Path(request.config._tmp_path_factory.getbasetemp())
+    base = TEST_ROOT or Path(request.config._tmp_path_factory.getbasetemp())
     path = base / f"wb-test-{uuid.uuid4().hex[:10]}"
     path.mkdir(parents=True)
     yield path
-    _remove_containers(path / "home")
+    remove_home_artifacts(path / "home")
     from bridge.workspace.fs import remove_tree  # any depth, never following a link
 
     remove_tree(path)
-
-
-def _remove_containers(home: Path) -> None:
-    """The containers a test's state root started, and the environment images it made (setup
-    results and devcontainer builds are tagged per state root: nothing else would remove them)."""
-    try:
-        from bridge.sandbox import DockerSandbox, home_id
-
-        sandbox = DockerSandbox()
-        sandbox.remove_by_labels({"io.worker-bridge.home": home_id(home)})
-        made = {"io.worker-bridge.home": home_id(home), "io.worker-bridge.role": "environment"}
-        for image in sandbox.images(made):
-            sandbox.remove_image(image.id)
-    except Exception:
-        pass
 
 
 @pytest.fixture
@@ -89,56 +58,13 @@ def home(workdir: Path) -> Path:
 @pytest.fixture
 def repo(workdir: Path) -> Path:
     """A small committed repository: a module, its test, a .gitignore."""
-    path = workdir / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-    (path / "tests").mkdir()
-    (path / "tests" / "test_calc.py").write_text(
-        "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
-    )
-    (path / ".gitignore").write_text("*.log\n__pycache__/\n")
-    (path / "README.md").write_text("# demo\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "initial")
-    return path
-
-
-def make_repo(workdir: Path, name: str) -> Path:
-    """Another small committed repository next to the `repo` fixture."""
-    path = workdir / name
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "README.md").write_text(f"# {name}\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "initial")
-    return path
-
-
-@dataclass
-class CliResult:
-    code: int
-    stdout: str
-    stderr: str
-
-    def json(self):
-        return json.loads(self.stdout)
+    return calc_repo(workdir / "repo")
 
 
 @pytest.fixture
 def cli(home: Path):
     """Run `worker-bridge ...` as a subprocess against the test's state root."""
-    script = Path(sys.executable).parent / "worker-bridge"
-    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "bridge.cli"]
-
-    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> CliResult:
-        full_env = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
-        proc = subprocess.run(
-            [*prefix, *args], capture_output=True, text=True, env=full_env, timeout=timeout
-        )
-        return CliResult(proc.returncode, proc.stdout, proc.stderr)
-
-    return run
+    return cli_runner(home)
 
 
 @pytest.fixture
@@ -177,97 +103,87 @@ def docker_images():
     return config
 
 
-def pytest_collection_modifyitems(config, items):
-    # Tests that use the engine are marked `docker` by fixture use, so `-m "not docker"` works.
-    for item in items:
-        if "docker_images" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.docker)
+# -- the MCP server ----------------------------------------------------------------------------
 
 
-def poll(check, what: str, deadline_s: float = 60.0):
-    """Return check()'s first truthy value, polling (with backoff) until a deadline."""
-    deadline = time.monotonic() + deadline_s
-    delay = 0.05
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.3)
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
-def write_spec(path: Path, spec: dict) -> Path:
-    path.write_text(json.dumps(spec))
+@pytest.fixture
+def token() -> str:
+    return secrets.token_hex(24)
+
+
+@pytest.fixture
+def token_file(workdir: Path, token: str) -> Path:
+    path = workdir / "mcp-token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
     return path
 
 
-def mock_task(repo: Path, mock: dict, *, verify: list[str] | None = None, **extra) -> dict:
-    """A spec for the mock worker."""
-    spec = {
-        "objective": extra.pop("objective", "test task"),
-        "worker": "mock",
-        "workspace": {"repository": str(repo)},
-        "verification": {"commands": verify or []},
-        "metadata": {"mock": mock},
-    }
-    for key, value in extra.items():
-        spec[key] = value
-    return spec
+@pytest.fixture
+def no_task_outlives_the_test(home: Path):
+    """Detached runners outlive the server that spawned them: on the way out (also on failure)
+    cancel every unfinished task of this state root, which kills its containers."""
+    yield
+    cancel_unfinished(home)
 
 
-LABEL = "io.worker-bridge"
+# -- servers on loopback -----------------------------------------------------------------------
 
 
-class EngineSampler:
-    """Samples, in a background thread, the running containers of one state root:
-    each sample is a list of (task id, role)."""
+@pytest.fixture
+def upstream():
+    """The gateway tests' HTTP upstream (support/upstream.py)."""
+    server = Upstream().start()
+    yield server
+    server.stop()
 
-    def __init__(self, home: Path) -> None:
-        import docker
 
-        from bridge.sandbox import home_id
+@pytest.fixture
+def server():
+    """The tests' own package index (npm and PyPI, support/registries.py)."""
+    with PackageServer() as running:
+        yield running
 
-        self.client = docker.from_env()
-        self.filters = {"label": [f"{LABEL}.home={home_id(home)}"]}
-        self.samples: list[list[tuple[str, str]]] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="engine-sampler", daemon=True)
 
-    def __enter__(self) -> EngineSampler:
-        self._thread.start()
-        return self
+@pytest.fixture
+def model_server():
+    """The scripted model server, every provider's API, answering only the real-worker key."""
+    from bridge.smoke.model_server import ModelServer
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.client.close()
+    running = ModelServer(key=KEY).start()
+    yield running
+    running.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                found = self.client.containers.list(sparse=True, filters=self.filters)
-            except Exception as exc:  # an engine hiccup must not kill the sampler silently
-                self.errors.append(repr(exc))
-            else:
-                sample = []
-                for c in found:
-                    labels = c.attrs.get("Labels") or {}
-                    if c.attrs.get("State", "running") == "running":
-                        sample.append((labels.get(f"{LABEL}.task"), labels.get(f"{LABEL}.role")))
-                self.samples.append(sample)
-            self._stop.wait(0.05)
 
-    def max_count(self, keep=lambda task, role: role == "worker") -> int:
-        return max((sum(1 for t, r in s if keep(t, r)) for s in self.samples), default=0)
+# -- config.yaml for a kind of test ------------------------------------------------------------
 
-    def max_per(self, group, role: str = "worker") -> dict[str, int]:
-        """Largest number of ``role`` containers seen at once per group(task id)."""
-        best: dict[str, int] = defaultdict(int)
-        for s in self.samples:
-            counts = Counter(group(t) for t, r in s if r == role)
-            for key, n in counts.items():
-                best[key] = max(best[key], n)
-        return dict(best)
+
+@pytest.fixture
+def env(home: Path, server: PackageServer) -> dict[str, str]:
+    """config.yaml letting the gateway reach the package server on loopback; a route key in
+    the CLI's environment (which no setup may see)."""
+    (home / "config.yaml").write_text(registry_config(server))
+    return {ROUTE_KEY_VAR: ROUTE_KEY}
+
+
+@pytest.fixture(scope="module")
+def env_image() -> str:
+    """The environment tests' Node image (support/env_images.py), built once per engine."""
+    from support.env_images import node_image
+
+    from bridge.sandbox import DockerSandbox
+
+    return node_image(DockerSandbox(), BASE_IMAGE)
+
+
+@pytest.fixture
+def real_env(home: Path, model_server) -> dict[str, str]:
+    """config.yaml whose model routes all lead to the scripted server; the key variables set."""
+    config, env = model_config(model_server.url)
+    (home / "config.yaml").write_text(config)
+    return env

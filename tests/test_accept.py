@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import git
+from support.repos import git
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 

@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import git, make_repo, mock_task, write_spec
+from support.repos import git, make_repo
+from support.tasks import mock_task, write_spec
 
 TASK_ID = re.compile(r"^[0-9a-f]{12}$")
 

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import BASE_IMAGE
+from support.engine import BASE_IMAGE
 
 BUNDLE = "/opt/worker-bridge"
 LABELS = {"io.worker-bridge.test": "bundles"}

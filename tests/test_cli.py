@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import TERMINAL, mock_task, write_spec
+from support.tasks import TERMINAL, mock_task, write_spec
 
 
 def wait_for_status(cli, task_id: str, deadline_s: float = 120) -> dict:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -18,20 +17,15 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import REQUIRE_DOCKER, poll
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from test_mcp import REQUEST_TIMEOUT_S, call, delegate, wait_status
+from support.engine import REQUIRE_DOCKER
+from support.mcp_http_server import free_port, http_client
+from support.mcp_session import call, delegate, wait_status
+from support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "compose" / "compose.yaml"
 PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE = shutil.which("docker-compose")
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(autouse=True)
@@ -53,12 +47,6 @@ def compose(project: str, env: dict[str, str], *args: str, timeout: float = 600)
     )
     assert proc.returncode == 0, f"docker-compose {' '.join(args)}: {proc.stderr[-3000:]}"
     return proc.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -135,16 +123,13 @@ async def test_compose_comes_up_healthy_and_serves_a_task_over_http(deployment, 
     )
     assert refused.status_code == 401, refused.text
 
-    headers = {"Authorization": f"Bearer {deployment.token}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
-        transport = streamable_http_client(f"{deployment.url}/mcp", http_client=http)
-        async with Client(transport, read_timeout_seconds=REQUEST_TIMEOUT_S) as client:
-            mock = {"write": {"hello.txt": "hello from the container\n"}}
-            queued = await delegate(client, repo, mock, verify=["test -f hello.txt"])
-            done = await wait_status(client, queued["task_id"], deadline_s=120)
-            assert done["status"] == "succeeded", (done["error"], done)
-            assert done["verification"]["ok"] is True, done
-            accepted = await call(client, "worker_accept", {"task_id": queued["task_id"]})
+    async with http_client(deployment.url, deployment.token) as client:
+        mock = {"write": {"hello.txt": "hello from the container\n"}}
+        queued = await delegate(client, repo, mock, verify=["test -f hello.txt"])
+        done = await wait_status(client, queued["task_id"], deadline_s=120)
+        assert done["status"] == "succeeded", (done["error"], done)
+        assert done["verification"]["ok"] is True, done
+        accepted = await call(client, "worker_accept", {"task_id": queued["task_id"]})
     assert accepted["accepted"] is True, accepted
     # accepted from inside the container into the host's repository, at the same path
     assert (repo / "hello.txt").read_text() == "hello from the container\n"

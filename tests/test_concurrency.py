@@ -16,7 +16,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import TERMINAL, EngineSampler, make_repo, mock_task, poll, write_spec
+from support.engine import EngineSampler
+from support.repos import make_repo
+from support.tasks import TERMINAL, mock_task, write_spec
+from support.waiting import poll
 
 SCRIPT = Path(sys.executable).parent / "worker-bridge"
 PREFIX = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "bridge.cli"]

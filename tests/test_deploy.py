@@ -267,7 +267,7 @@ def test_a_state_root_or_repository_at_another_path_is_refused(bridge_image, wor
 def test_a_repository_on_another_filesystem_than_the_state_root(docker_images, cli, home, tmp_path):
     """The base commit's object pack is made under the state root, so git never renames it
     across filesystems (a repository on another disk, or in another bind mount)."""
-    from conftest import make_repo
+    from support.repos import make_repo
 
     other = make_repo(tmp_path, "other-fs")
     if other.stat().st_dev == home.stat().st_dev:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import git
+from support.repos import git
 
 
 def test_doctor_passes_when_the_engine_and_images_are_there(cli, docker_images):

@@ -6,90 +6,16 @@ image, and a worker trying to ship its own dependencies into verification."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from conftest import git, make_repo, mock_task, write_spec
-from support.env_images import busybox_image, node_image
+from support.env_images import busybox_image
+from support.env_specs import NPM_CI, ROUTE_KEY_VAR, kinds, node_spec, tarball_requests
 from support.projects import bump_dependency, node_project, python_project
-from support.registries import PackageServer
+from support.repos import git, make_repo
+from support.tasks import create_spec, mock_task, run_spec, task_events
 
 pytestmark = pytest.mark.usefixtures("docker_images")
-
-# No retries: a setup that cannot reach the registry (an offline snapshot setup) fails at once
-# instead of after npm's back-off (about 70 s).
-NPM_CI = "npm ci --no-audit --no-fund --fetch-retries=0"
-KEY = "sk-env-" + os.urandom(12).hex()
-
-
-@pytest.fixture(scope="module")
-def env_image():
-    from conftest import BASE_IMAGE
-
-    from bridge.sandbox import DockerSandbox
-
-    return node_image(DockerSandbox(), BASE_IMAGE)
-
-
-@pytest.fixture
-def server():
-    with PackageServer() as running:
-        yield running
-
-
-@pytest.fixture
-def env(home, server):
-    """config.yaml letting the gateway reach the package server on loopback; a route key in
-    the CLI's environment (which no setup may see)."""
-    (home / "config.yaml").write_text(
-        "allow_mock_routes: true\n"
-        "allowed_images: ['worker-bridge-test/*']\n"
-        "gateway:\n"
-        "  routes:\n"
-        "    test:\n"
-        f"      upstream: {server.url}\n"
-        "      key_env: WB_TEST_ROUTE_KEY\n"
-        "  trusted_ranges: ['127.0.0.0/8']\n"
-        f"  http_ports: [{server.port}]\n"
-    )
-    return {"WB_TEST_ROUTE_KEY": KEY}
-
-
-def run(cli, workdir: Path, spec: dict, env: dict) -> dict:
-    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
-    res = cli("tasks", "run", "--spec", str(path), "--json", env=env, timeout=400)
-    assert res.stdout.strip(), res.stderr
-    return res.json()
-
-
-def create(cli, workdir: Path, spec: dict, env: dict):
-    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
-    return cli("tasks", "create", "--spec", str(path), "--json", env=env)
-
-
-def events(cli, task_id: str, env: dict) -> list[dict]:
-    out = cli("tasks", "logs", task_id, "--json", env=env).stdout
-    return json.loads(out)["events"]
-
-
-def kinds(log: list[dict], prefix: str = "environment.") -> list[str]:
-    return [e["kind"] for e in log if e["kind"].startswith(prefix)]
-
-
-def node_env(image: str, **extra) -> dict:
-    return {"image": image, "setup": [NPM_CI], "setup_network": ["localhost"], **extra}
-
-
-def node_spec(repo: Path, image: str | None, mock: dict | None = None, **extra) -> dict:
-    spec = mock_task(repo, mock or {"write": {"note.txt": "hi\n"}}, verify=["npm test"], **extra)
-    if image is not None:
-        spec["environment"] = node_env(image)
-    return spec
-
-
-def tarball_requests(server: PackageServer) -> list[str]:
-    return [r for r in server.requests if r.endswith(".tgz")]
 
 
 # -- the Node project ---------------------------------------------------------------------------
@@ -101,7 +27,7 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     repo = node_project(workdir / "node", server)
     mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
 
-    first = run(cli, workdir, node_spec(repo, env_image, mock), env)
+    first = run_spec(cli, workdir, node_spec(repo, env_image, mock), env)
     assert first["status"] == "succeeded", first["error"]
     verification = first["verification"]
     assert verification["ok"] is True
@@ -110,7 +36,7 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     # The worker ran the project's tests inside its container, with the dependencies set up.
     result = git(repo, "show", f"{first['branch']}:result.txt")
     assert "ok: wb-left-pad 1.0.0" in result and "status 0" in result
-    log = events(cli, first["task_id"], env)
+    log = task_events(cli, first["task_id"], env)
     setup = [e["data"] for e in log if e["kind"] == "environment.setup"]
     assert [s["status"] for s in setup] == ["started", "command", "completed"]
     assert setup[1]["command"] == NPM_CI and setup[1]["exit_code"] == 0
@@ -126,22 +52,22 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     assert kept is not None and "HTTP_PROXY" not in kept.env and "PATH" in kept.env
 
     # The second task on the same base runs no setup: the cache is used, nothing is fetched.
-    second = run(cli, workdir, node_spec(repo, env_image), env)
+    second = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert second["status"] == "succeeded", second["error"]
     assert second["verification"]["environment"]["setup"] == "cached"
-    log = events(cli, second["task_id"], env)
+    log = task_events(cli, second["task_id"], env)
     assert "environment.cached" in kinds(log) and "environment.setup" not in kinds(log)
     assert tarball_requests(server) == fetched
 
     # Without the environment, the generic verify image has no node: verification says so.
-    plain = run(cli, workdir, node_spec(repo, None), env)
+    plain = run_spec(cli, workdir, node_spec(repo, None), env)
     assert plain["status"] == "failed"
     assert plain["error"]["kind"] == "verification_failed"
     assert "npm: not found" in plain["verification"]["commands"][0]["stderr_tail"]
 
     # A changed lockfile on the base is a new key: setup runs again and fetches the new version.
     bump_dependency(repo, server, "1.1.0", write=True)
-    third = run(cli, workdir, node_spec(repo, env_image), env)
+    third = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert third["status"] == "succeeded", third["error"]
     assert third["verification"]["environment"]["setup"] == "ran"
     assert "ok: wb-left-pad 1.1.0" in third["verification"]["commands"][0]["stdout_tail"]
@@ -162,14 +88,14 @@ def test_a_python_project_with_a_dependency_the_verify_image_lacks(
         "--trusted-host localhost -r requirements.txt"
     )
     spec = mock_task(repo, {"write": {"note.txt": "hi\n"}}, verify=["python3 -m pytest -q"])
-    plain = run(cli, workdir, spec, env)
+    plain = run_spec(cli, workdir, spec, env)
     assert plain["status"] == "failed"
     tail = plain["verification"]["commands"][0]["stdout_tail"]
     assert "No module named 'wbdep'" in tail
 
     # Installed outside the repository (the system's site-packages): kept in the setup's image.
     spec["environment"] = {"image": env_image, "setup": [install], "setup_network": ["localhost"]}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["ok"] is True
     assert result["verification"]["environment"]["key"]
@@ -187,13 +113,13 @@ def test_a_worker_that_changes_the_manifest_gets_setup_run_for_its_snapshot(
     # The snapshot's setup runs the worker's files: it reaches only what the task may reach.
     network = {"mode": "allowlist", "domains": ["localhost"]}
     spec = node_spec(repo, env_image, {"write": bumped}, network=network)
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     environment = result["verification"]["environment"]
     assert environment["setup"] == "ran_for_snapshot"
     assert environment["changed_files"] == ["package-lock.json", "package.json"]
     assert "ok: wb-left-pad 2.0.0" in result["verification"]["commands"][0]["stdout_tail"]
-    log = events(cli, result["task_id"], env)
+    log = task_events(cli, result["task_id"], env)
     reasons = [
         e["data"]["reason"]
         for e in log
@@ -224,7 +150,7 @@ def test_node_modules_the_worker_fakes_never_reach_verification_nor_the_cache(
         " && mkdir -p node_modules/evil && echo 'x' > node_modules/evil/index.js"
         " && npm test > result.txt 2>&1; echo status $? >> result.txt"
     )
-    result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
     assert result["status"] == "succeeded", result["error"]
     branch = result["branch"]
     assert "status 1" in git(repo, "show", f"{branch}:result.txt")  # the fake broke its run
@@ -233,8 +159,8 @@ def test_node_modules_the_worker_fakes_never_reach_verification_nor_the_cache(
     # Verification ran on the snapshot plus the cached setup output, not the worker's files.
     assert "ok: wb-left-pad 1.0.0" in result["verification"]["commands"][0]["stdout_tail"]
     # The cache entry is whole: the next task trusts it (no corrupt entry, no setup run).
-    again = run(cli, workdir, node_spec(repo, env_image), env)
-    log = kinds(events(cli, again["task_id"], env))
+    again = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    log = kinds(task_events(cli, again["task_id"], env))
     assert "environment.cached" in log and "environment.cache_corrupt" not in log
     assert again["verification"]["ok"] is True
 
@@ -263,7 +189,7 @@ def test_a_devcontainer_with_an_image_and_a_post_create_command_is_honoured(
         'npm test && test -f .created && test "$WB_DEMO" = from-devcontainer'
     ]
     spec["environment"] = {"devcontainer": True, "setup_network": ["localhost"]}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["environment"]["source"] == (
         "devcontainer .devcontainer/devcontainer.json"
@@ -285,11 +211,11 @@ def test_a_devcontainer_dockerfile_is_built_from_the_base_commit(
     git(repo, "commit", "-qm", "devcontainer build")
     spec = mock_task(repo, {"write": {"note.txt": "x\n"}}, verify=["grep -qx built /etc/wb-built"])
     spec["environment"] = {"devcontainer": True}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["environment"]["setup"] == "none"
     assert result["verification"]["environment"]["image"].startswith("worker-bridge-env-build:")
-    log = kinds(events(cli, result["task_id"], env))
+    log = kinds(task_events(cli, result["task_id"], env))
     assert "environment.build" in log and "environment.built" in log
 
 
@@ -324,7 +250,7 @@ def test_setup_reaches_only_its_setup_network_and_holds_no_credential(
     spec = node_spec(repo, env_image, {"script": "cat .probe.json"}, network={"mode": "none"})
     spec["environment"]["setup"] = [probe]
     spec["metadata"]["mock"]["routes"] = ["test"]  # the worker has a keyed route; setup none
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["task_id"], result
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
     out = json.loads((entry / "outputs" / ".probe.json").read_text())
@@ -334,9 +260,9 @@ def test_setup_reaches_only_its_setup_network_and_holds_no_credential(
         out["direct"] in ("OSError", "ConnectionRefusedError", "TimeoutError")
         or "Errno" in out["direct"]
     )
-    assert not any(KEY in str(v) for v in out["env"].values())
+    assert not any(env[ROUTE_KEY_VAR] in str(v) for v in out["env"].values())
     assert not any(k.startswith("WB_ROUTE") for k in out["env"])
-    log = events(cli, result["task_id"], env)
+    log = task_events(cli, result["task_id"], env)
     refused = [e["data"] for e in log if e["kind"] == "network.refused"]
     assert any(r.get("host") == "example.com" for r in refused)
 
@@ -350,7 +276,7 @@ def test_bad_environments_are_refused_at_creation_naming_what_is_wrong(
     def refused(environment) -> str:
         spec = mock_task(repo, {}, verify=["true"])
         spec["environment"] = environment
-        res = create(cli, workdir, spec, env)
+        res = create_spec(cli, workdir, spec, env)
         assert res.code == 2, res.stdout + res.stderr
         return res.stderr
 
@@ -369,7 +295,7 @@ def test_bad_environments_are_refused_at_creation_naming_what_is_wrong(
     both = mock_task(repo, {}, verify=["true"])
     both["verification"]["image"] = env_image
     both["environment"] = {"image": env_image}
-    res = create(cli, workdir, both, env)
+    res = create_spec(cli, workdir, both, env)
     assert res.code == 2 and "verification.image" in res.stderr
     assert json.loads(cli("tasks", "list", "--json", env=env).stdout)["tasks"] == []
 
@@ -396,7 +322,7 @@ def test_a_failing_setup_ends_the_task_with_its_tail_and_leaves_nothing(
 ):
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
     spec["environment"] = {"image": env_image, "setup": ["touch /made", "echo broken >&2; exit 3"]}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "environment"
     message = result["error"]["message"]
@@ -407,7 +333,7 @@ def test_a_failing_setup_ends_the_task_with_its_tail_and_leaves_nothing(
 def test_a_setup_past_its_deadline_is_stopped(cli, workdir, env, repo, env_image):
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
     spec["environment"] = {"image": env_image, "setup": ["sleep 60"], "setup_timeout_seconds": 2}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "environment"
     assert "did not finish within 2 s" in result["error"]["message"]
@@ -424,7 +350,7 @@ def test_a_dockerfile_that_fails_to_build_names_its_step(cli, workdir, env, repo
     git(repo, "commit", "-qm", "broken build")
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
     spec["environment"] = {"devcontainer": True}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "environment"
     assert "RUN exit 7" in result["error"]["message"]
@@ -432,14 +358,14 @@ def test_a_dockerfile_that_fails_to_build_names_its_step(cli, workdir, env, repo
 
 
 def test_an_image_without_glibc_is_refused_with_that_reason(cli, workdir, env, repo):
-    from conftest import BASE_IMAGE
+    from support.engine import BASE_IMAGE
 
     from bridge.sandbox import DockerSandbox
 
     image = busybox_image(DockerSandbox(), BASE_IMAGE)
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
     spec["environment"] = {"image": image}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "environment"
     assert "no glibc" in result["error"]["message"]
@@ -447,28 +373,28 @@ def test_an_image_without_glibc_is_refused_with_that_reason(cli, workdir, env, r
 
 def test_a_corrupt_cache_entry_is_rebuilt_not_trusted(cli, workdir, env, server, env_image):
     repo = node_project(workdir / "node", server)
-    first = run(cli, workdir, node_spec(repo, env_image), env)
+    first = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert first["status"] == "succeeded", first["error"]
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
     planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
     planted.chmod(0o644)
     planted.write_text("module.exports = () => 'POISONED';\n")
-    second = run(cli, workdir, node_spec(repo, env_image), env)
+    second = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert second["status"] == "succeeded", second["error"]
-    log = events(cli, second["task_id"], env)
+    log = task_events(cli, second["task_id"], env)
     corrupt = [e["data"] for e in log if e["kind"] == "environment.cache_corrupt"]
     assert corrupt and "changed" in corrupt[0]["reason"]
     assert second["verification"]["environment"]["setup"] == "ran"
     assert "ok: wb-left-pad 1.0.0" in second["verification"]["commands"][0]["stdout_tail"]
     # An unreadable record is not trusted either.
     (entry / "entry.json").write_text("{not json")
-    third = run(cli, workdir, node_spec(repo, env_image), env)
+    third = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert third["verification"]["environment"]["setup"] == "ran"
 
 
 def test_environments_prune_reclaims_entries_and_their_images(cli, workdir, env, server, env_image):
     repo = node_project(workdir / "node", server)
-    assert run(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
+    assert run_spec(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
     listed = json.loads(cli("environments", "list", "--json", env=env).stdout)
     image = listed[0]["image"]
     dry = json.loads(cli("environments", "prune", "--json", env=env).stdout)
@@ -490,7 +416,7 @@ def test_accept_after_head_moved_reverifies_in_the_environment(
     cli, workdir, env, server, env_image
 ):
     repo = node_project(workdir / "node", server)
-    result = run(cli, workdir, node_spec(repo, env_image), env)
+    result = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert result["status"] == "succeeded", result["error"]
     # The user moves on meanwhile, to a new dependency version: accept re-verifies the merged
     # tree in the environment, with setup for its (changed) lockfile.
@@ -499,7 +425,7 @@ def test_accept_after_head_moved_reverifies_in_the_environment(
     assert accepted.code == 0, accepted.stdout + accepted.stderr
     document = accepted.json()
     assert document["accepted"] is True and document["reverified"] is True
-    log = events(cli, result["task_id"], env)
+    log = task_events(cli, result["task_id"], env)
     reverifying = [e["data"] for e in log if e["kind"] == "accept.reverifying"]
     assert reverifying[0]["image"].startswith("worker-bridge-env:")
     assert [e["data"]["ok"] for e in log if e["kind"] == "accept.reverified"] == [True]
@@ -515,11 +441,11 @@ def test_a_repository_default_from_config_applies_when_the_spec_names_none(
         config + f"environments:\n  {json.dumps(str(repo))}:\n    image: {env_image}\n"
     )
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["node --version"])
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["environment"]["source"] == f"image {env_image}"
     other = make_repo(workdir, "other")  # another repository keeps the generic image
-    plain = run(
+    plain = run_spec(
         cli, workdir, mock_task(other, {"write": {"a.txt": "a\n"}}, verify=["node -v"]), env
     )
     assert plain["status"] == "failed" and plain["verification"]["environment"] is None
@@ -535,7 +461,7 @@ def test_a_dockerfile_build_past_its_deadline_is_stopped(cli, workdir, env, repo
     git(repo, "commit", "-qm", "slow build")
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
     spec["environment"] = {"devcontainer": True, "setup_timeout_seconds": 3}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "environment", result["error"]
     assert "RUN sleep 40" in result["error"]["message"], result["error"]

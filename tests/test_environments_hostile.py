@@ -1,5 +1,5 @@
 """Project environments attacked the way a malicious worker (or a malicious manifest in its
-snapshot) would, through the real engine, on the throwaway projects of test_environments.py.
+snapshot) would, through the real engine, on the throwaway projects of tests/support/projects.py.
 
 Tests marked `xfail(strict=True)` document a hole found in review: each asserts what the product
 promises and currently fails; when the hole is fixed the test passes, strict xfail turns that into
@@ -14,12 +14,10 @@ import threading
 from pathlib import Path
 
 import pytest
-import test_environments as base
-from conftest import git, mock_task, poll, write_spec
-from test_environments import events, node_spec, run
-
-# The environment tests' fixtures, registered here by being names of this module.
-env, env_image, server = base.env, base.env_image, base.server
+from support.env_specs import node_spec
+from support.repos import git
+from support.tasks import mock_task, run_spec, task_events, write_spec
+from support.waiting import poll
 
 pytestmark = pytest.mark.usefixtures("docker_images", "pruned")
 
@@ -65,7 +63,7 @@ def test_a_worker_that_unignores_node_modules_ships_its_dependency_into_verifica
         " && rm -rf node_modules/wb-left-pad && mkdir node_modules/wb-left-pad"
         f' && printf %s "{forged}" > node_modules/wb-left-pad/index.js'
     )
-    result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
     # The worker's own copy of a dependency never reaches verification: the change is refused.
     assert any(c["path"] == "node_modules/wb-left-pad/index.js" for c in result["changed_files"])
     assert result["status"] == "failed"
@@ -94,7 +92,7 @@ def test_a_worker_postinstall_cannot_rewrite_the_tools_verification_runs(
         "commands": ["grep -qx right answer.txt"],
         "protected_paths": ["answer.txt"],
     }
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     # The postinstall ran as the sandbox user on a read-only image: grep stays grep, and the
     # snapshot's setup (so its verification) fails.
     assert result["verification"]["environment"]["setup"] == "failed_for_snapshot"
@@ -119,7 +117,7 @@ def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_man
     spec = node_spec(
         repo, env_image, {"write": {"package.json": package}}, network={"mode": "none"}
     )
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     # The snapshot's setup has no more network than the task: none (npm then cannot fetch).
     assert result["verification"]["environment"]["setup"] == "failed_for_snapshot"
     leaked = [r for r in server.requests if "/exfil-" in r]
@@ -141,7 +139,7 @@ def test_a_cache_entry_changed_in_place_keeping_size_and_mode_is_not_trusted(
     from support.projects import node_project
 
     repo = node_project(workdir / "node", server)
-    first = run(cli, workdir, node_spec(repo, env_image), env)
+    first = run_spec(cli, workdir, node_spec(repo, env_image), env)
     assert first["status"] == "succeeded", first["error"]
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
     planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
@@ -154,7 +152,7 @@ def test_a_cache_entry_changed_in_place_keeping_size_and_mode_is_not_trusted(
     planted.chmod(before.st_mode & 0o7777)
     os.utime(planted, ns=(before.st_atime_ns, before.st_mtime_ns))
 
-    second = run(cli, workdir, node_spec(repo, env_image), env)
+    second = run_spec(cli, workdir, node_spec(repo, env_image), env)
     tail = second["verification"]["commands"][0]["stdout_tail"]
     assert "POISN" not in tail, tail  # today: "ok: wb-left-pad POISN"
     assert second["verification"]["environment"]["setup"] == "ran"
@@ -179,10 +177,10 @@ def test_a_setup_on_an_untrusted_branch_cannot_poison_the_cache_of_main(
 
     on_pr = node_spec(repo, env_image)
     on_pr["workspace"]["base_ref"] = "pr"
-    first = run(cli, workdir, on_pr, env)
+    first = run_spec(cli, workdir, on_pr, env)
     assert first["status"] == "succeeded", first["error"]
     assert "FROM-PR" in first["verification"]["commands"][0]["stdout_tail"], first
-    on_main = run(cli, workdir, node_spec(repo, env_image), env)
+    on_main = run_spec(cli, workdir, node_spec(repo, env_image), env)
     tail = on_main["verification"]["commands"][0]["stdout_tail"]
     assert "ok: wb-left-pad 1.0.0" in tail, tail  # today: "ok: wb-left-pad FROM-PR"
     assert on_main["verification"]["environment"]["setup"] == "ran"
@@ -199,7 +197,7 @@ def test_a_setup_writing_outside_the_repository_is_held_to_the_disk_limit(
         "image": env_image,
         "setup": [f"dd if=/dev/zero of=/var/tmp/wb-big-{os.urandom(4).hex()} bs=1M count=64"],
     }
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "failed", result["verification"]
     assert result["error"]["kind"] == "disk"
 
@@ -222,12 +220,12 @@ def test_two_state_roots_sharing_an_engine_keep_each_others_cache(
     spec["environment"] = {"image": env_image, "setup": [f"touch /wb-{os.urandom(6).hex()}"]}
     b_env = {**env, "WORKER_BRIDGE_HOME": str(other)}
     try:
-        first = run(cli, workdir, spec, env)
+        first = run_spec(cli, workdir, spec, env)
         assert first["verification"]["environment"]["setup"] == "ran", first["error"]
-        on_other = run(cli, workdir, spec, b_env)
+        on_other = run_spec(cli, workdir, spec, b_env)
         assert on_other["verification"]["environment"]["setup"] == "ran", on_other["error"]
-        again = run(cli, workdir, spec, env)
-        log = [e["kind"] for e in events(cli, again["task_id"], env)]
+        again = run_spec(cli, workdir, spec, env)
+        log = [e["kind"] for e in task_events(cli, again["task_id"], env)]
         assert "environment.cache_corrupt" not in log, log
         assert again["verification"]["environment"]["setup"] == "cached"
     finally:
@@ -252,7 +250,7 @@ def test_dependency_files_with_odd_names_do_not_leak_or_break_the_task_result(
         f"mkdir {token} && echo '{{}}' > {token}/package.json"
         " && d=$(printf 'v\\377') && mkdir \"$d\" && echo '{}' > \"$d/package.json\""
     )
-    result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
     setup = result["verification"]["environment"]["setup"]
     assert setup in ("ran_for_snapshot", "failed_for_snapshot"), result["verification"]
     assert token not in json.dumps(result["changed_files"])  # redacted there
@@ -284,7 +282,7 @@ def test_prune_leaves_the_image_a_running_verification_uses(
 
     repo = node_project(workdir / "node", server)
     _commit(repo, {"NOTES.md": "later\n"}, "a later commit on main")
-    assert run(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
+    assert run_spec(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
     spec = node_spec(repo, env_image)
     spec["workspace"]["base_ref"] = "HEAD~1"  # does not contain the entry's commit
     spec["verification"]["commands"] = ["sleep 8", "npm test"]
@@ -332,7 +330,7 @@ def test_a_setup_failing_after_two_committed_commands_leaves_no_image(
         "image": env_image,
         "setup": [f"touch /wb-a-{mark}", f"touch /wb-b-{mark}", "exit 3"],
     }
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["error"]["kind"] == "environment", result["error"]
     labels = {"io.worker-bridge.home": home_id(home), "io.worker-bridge.role": "environment"}
     assert DockerSandbox().images(labels) == []
@@ -367,7 +365,7 @@ def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
         for name, command in attempts.items()
     )
     script += f"mv -f {f} moved.js; echo 'changed' > {f}; true"
-    result = run(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
     assert result["status"] == "succeeded", result["error"]
     worked = git(repo, "show", f"{result['branch']}:worked.txt", check=False)
     assert worked == "", worked
@@ -418,7 +416,7 @@ def test_setup_cannot_write_its_read_only_mounts_nor_use_a_model_route(
     git(repo, "commit", "-qm", "ignore the probe")
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}, "routes": ["test"]}, verify=["true"])
     spec["environment"] = {"image": env_image, "setup": [probe], "setup_network": ["localhost"]}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
     out = json.loads((entry / "outputs" / ".held.json").read_text())
@@ -457,7 +455,7 @@ def test_odd_files_a_setup_leaves_are_cached_safely_or_not_at_all(
     )
     spec = mock_task(repo, {"script": script}, verify=["test -L build/rel-link"])
     spec["environment"] = {"image": env_image, "setup": [setup]}
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["ok"] is True
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))

@@ -6,19 +6,12 @@ in the same environment, with the dependencies its setup installed."""
 from __future__ import annotations
 
 import pytest
-from conftest import git
 from support.env_images import node_image
 from support.projects import node_project
-from support.real_workers import (  # noqa: F401
-    assert_key_nowhere,
-    assert_only_model_route,
-    ensure_worker_image,
-    events,
-    model_server,
-    real_env,
-    run_task,
-)
+from support.real_workers import assert_key_nowhere, ensure_worker_image
 from support.registries import PackageServer
+from support.repos import git
+from support.tasks import run_spec, task_events
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
@@ -29,10 +22,10 @@ def test_a_real_cli_works_inside_the_project_environment(
     workdir,
     home,
     worker,
-    model_server,  # noqa: F811
-    real_env,  # noqa: F811
+    model_server,
+    real_env,
 ):
-    from conftest import BASE_IMAGE
+    from support.engine import BASE_IMAGE
 
     from bridge.config import load_config
     from bridge.sandbox import DockerSandbox
@@ -59,7 +52,7 @@ def test_a_real_cli_works_inside_the_project_environment(
                 "setup_network": ["localhost"],
             },
         }
-        result = run_task(cli, workdir, spec, env)
+        result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["environment"]["image"].startswith("worker-bridge-env:")
     assert "ok: wb-left-pad 1.0.0" in result["verification"]["commands"][0]["stdout_tail"]
@@ -67,10 +60,10 @@ def test_a_real_cli_works_inside_the_project_environment(
         "written inside the project's image"
     )
     assert result["summary"] == "Done."
-    started = events(cli, result["task_id"], env, "worker.started")
+    started = task_events(cli, result["task_id"], env, "worker.started")
     assert len(started) == 1
     assert_key_nowhere(home)
     # Only the setup's registry requests were proxied; the CLI itself reached only its route.
-    refused = events(cli, result["task_id"], env, "network.refused")
+    refused = task_events(cli, result["task_id"], env, "network.refused")
     assert refused == [], refused
     assert model_server.unexpected() == []

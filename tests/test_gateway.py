@@ -7,77 +7,25 @@ from __future__ import annotations
 import json
 import socket
 import time
-from pathlib import Path
 
 import pytest
-from conftest import poll
-from support.upstream import Upstream
+from support.gateway_sockets import (
+    KEY,
+    Events,
+    body_of,
+    built_in_routes,
+    connect,
+    gateway,
+    http,
+    request,
+    status_of,
+)
+from support.waiting import poll
 
 from bridge.config import GatewayConfig, RouteConfig, load_config
 from bridge.errors import InvalidSpec
 from bridge.gateway.policy import Route, address_refusal, check_domains, name_allowed
 from bridge.gateway.server import PROXY_SOCKET, ROUTES_SOCKET, Gateway
-
-KEY = "sk-" + "real-upstream-key-" + "9f8e7d6c5b4a"
-
-
-@pytest.fixture
-def upstream():
-    server = Upstream().start()
-    yield server
-    server.stop()
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict]] = []
-
-    def __call__(self, kind: str, data: dict) -> None:
-        self.items.append((kind, data))
-
-    def of(self, kind: str) -> list[dict]:
-        return [d for k, d in self.items if k == kind]
-
-
-def gateway(folder: Path, upstream: Upstream, events: Events, allowlist=None, **cfg) -> Gateway:
-    config = GatewayConfig(
-        trusted_ranges=cfg.pop("trusted", []),
-        connect_ports=cfg.get("ports", [443]),
-        http_ports=cfg.pop("ports", [80]),
-        **cfg,
-    )
-    routes = {"test": Route("test", upstream.url, "x-api-key", "TEST_KEY", KEY)}
-    return Gateway(folder, routes, allowlist, config, events).start()
-
-
-def request(sock_path: Path, raw: bytes, timeout: float = 10) -> bytes:
-    """Send ``raw`` on the socket and read until the server closes (Connection: close)."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(timeout)
-        s.connect(str(sock_path))
-        try:
-            s.sendall(raw)
-        except BrokenPipeError:
-            pass  # answered (and closed) before the body was all sent: a 413 does that
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
-def http(method: str, target: str, body: bytes = b"", headers: dict | None = None) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def status_of(response: bytes) -> int:
-    return int(response.split(b" ", 2)[1])
-
-
-def body_of(response: bytes) -> bytes:
-    return response.split(b"\r\n\r\n", 1)[1]
 
 
 def test_a_route_gets_the_real_key_and_the_sandboxs_credential_is_dropped(workdir, upstream):
@@ -199,28 +147,6 @@ def test_an_upstream_that_is_down_or_slow_gives_502_or_504_with_the_reason(workd
 
 
 # -- the allowlist proxy ------------------------------------------------------------------------
-
-
-def connect(sock_path: Path, host: str, port: int, then: bytes) -> bytes:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(str(sock_path))
-        s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = s.recv(65536)
-            if not chunk:
-                return head
-            head += chunk
-        if status_of(head) != 200:
-            while chunk := s.recv(65536):
-                head += chunk
-            return head
-        s.sendall(then)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return head + out
 
 
 def test_a_listed_name_tunnels_and_others_are_refused(workdir, upstream):
@@ -532,16 +458,6 @@ def test_ipv4_carried_in_ipv6_is_judged_as_itself():
 # -- routes reach only the model API --------------------------------------------------------------
 
 
-def _built_in(upstream: Upstream) -> dict[str, Route]:
-    """Every built-in route with its own list of paths, pointed at the test upstream."""
-    from bridge.gateway.policy import BUILTIN_ROUTES
-
-    return {
-        name: Route(name, upstream.url, "bearer", None, KEY, tuple(route.paths or ()))
-        for name, route in BUILTIN_ROUTES.items()
-    }
-
-
 @pytest.mark.parametrize(
     ("method", "path", "status"),
     [
@@ -572,7 +488,7 @@ def test_every_built_in_route_refuses_what_is_not_a_model_call_and_every_encoded
 
     events = Events()
     gw = gateway(workdir / "gw", upstream, events)
-    gw.routes.update(_built_in(upstream))
+    gw.routes.update(built_in_routes(upstream))
     try:
         answers = {
             name: request(gw.folder / ROUTES_SOCKET, http(method, f"/{name}{path}", b"{}"))

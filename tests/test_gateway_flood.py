@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import git, mock_task, write_spec
-from support.upstream import Upstream
+from support.repos import git
+from support.tasks import mock_task, write_spec
 
 CONNECTIONS = 64
 BODY_MB = 30
@@ -57,13 +57,6 @@ print("flood statuses:", json.dumps(sorted(set(statuses))), "over", len(statuses
 """
 
 pytestmark = pytest.mark.usefixtures("docker_images")
-
-
-@pytest.fixture
-def upstream():
-    server = Upstream().start()
-    yield server
-    server.stop()
 
 
 class PeakMemory:

@@ -10,7 +10,8 @@ import json
 import os
 
 import pytest
-from conftest import git, mock_task, write_spec
+from support.repos import git
+from support.tasks import mock_task, write_spec
 from support.upstream import Upstream
 
 from bridge import WorkerBridge
@@ -89,7 +90,8 @@ def test_a_real_cli_works_resumes_and_verifies_under_gvisor(cli, repo, workdir, 
     """Codex, the real binary, in gVisor: its model route through the gateway's socket, its
     session resumed on a follow-up from its home, and the verification, all under runsc."""
     from support.real_workers import KEY as REAL_KEY
-    from support.real_workers import KEY_VARS, ensure_worker_image, run_task
+    from support.real_workers import KEY_VARS, ensure_worker_image
+    from support.tasks import run_spec
 
     from bridge.config import load_config
     from bridge.smoke.model_server import ModelServer
@@ -112,7 +114,7 @@ def test_a_real_cli_works_resumes_and_verifies_under_gvisor(cli, repo, workdir, 
             "workspace": {"repository": str(repo)},
             "verification": {"commands": ["grep -q gvisor gv.txt"]},
         }
-        result = run_task(cli, workdir, spec, env)
+        result = run_spec(cli, workdir, spec, env)
         assert result["status"] == "succeeded", result["error"]
         assert result["verification"]["ok"] is True and result["session_id"]
         follow = cli("tasks", "follow-up", result["task_id"], "More.", "--wait", "--json", env=env)

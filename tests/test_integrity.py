@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, mock_task, write_spec
+from support.repos import git
+from support.tasks import mock_task, write_spec
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
@@ -318,7 +319,7 @@ def test_a_secret_in_a_follow_up_message_is_masked_but_reaches_the_worker(cli, r
     task_id = result["task_id"]
     followed = cli("tasks", "follow-up", task_id, "use DB_PASSWORD=Secret2024 for the db")
     assert followed.code == 0, followed.stderr
-    from conftest import poll
+    from support.waiting import poll
 
     done = poll(
         lambda: (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 
-from conftest import poll
+from support.waiting import poll
 
 from bridge.cli.live import LiveView, describe
 from bridge.records import Event, EventPage

@@ -15,104 +15,35 @@ import json
 import os
 import select
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from conftest import LABEL, MCP_TOOLS, TERMINAL, EngineSampler, git, make_repo
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-
-SERVER_SCRIPT = Path(sys.executable).parent / "worker-bridge-mcp"
-SERVER = (
-    [str(SERVER_SCRIPT)] if SERVER_SCRIPT.exists() else [sys.executable, "-m", "bridge.mcp_server"]
+from support.cli import MCP_SERVER
+from support.engine import EngineSampler, task_containers
+from support.mcp_session import (
+    MCP_TOOLS,
+    POLL_S,
+    call,
+    call_error,
+    delegate,
+    mcp_server,
+    server_env,
+    wait_event,
+    wait_status,
 )
-POLL = 0.1
-REQUEST_TIMEOUT_S = 90
+from support.repos import git, make_repo
+from support.tasks import TERMINAL
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def no_task_outlives_the_test(home: Path):
-    """Detached runners outlive the server that spawned them: on the way out (also on failure)
-    cancel every unfinished task of this state root, which kills its containers."""
-    yield
-    from bridge import WorkerBridge
-
-    bridge = WorkerBridge(home=home)
-    try:
-        if not bridge.config.store_path.exists():
-            return
-        for task in bridge.list_tasks():
-            if task.status not in TERMINAL:
-                bridge.cancel_task(task.task_id)
-    finally:
-        bridge.close()
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def server_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(extra or {})}
-
-
-@asynccontextmanager
-async def mcp_server(
-    home: Path, env: dict[str, str] | None = None, *, stderr_to: Path | None = None
-) -> AsyncIterator[Client]:
-    """One server process and an initialised client session on it. Anything on the server's
-    stdout that is not a protocol message reaches the client as an exception; none may."""
-    stray: list[Exception] = []
-
-    async def on_message(message: Any) -> None:
-        if isinstance(message, Exception):
-            stray.append(message)
-
-    errlog_path = stderr_to or home.parent / f"mcp-stderr-{time.monotonic_ns()}.log"
-    params = StdioServerParameters(command=SERVER[0], args=SERVER[1:], env=server_env(home, env))
-    with open(errlog_path, "a") as errlog:
-        async with Client(
-            stdio_client(params, errlog=errlog),
-            message_handler=on_message,
-            read_timeout_seconds=REQUEST_TIMEOUT_S,  # bounds every request, the handshake too
-        ) as client:
-            yield client
-    assert not stray, f"non-protocol output on the server's stdout: {stray!r}"
-    assert "Traceback" not in errlog_path.read_text(), errlog_path.read_text()
-
-
-async def call(client: Client, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Call a tool that must succeed; returns its structured result."""
-    result = await client.call_tool(name, args or {})
-    text = result.content[0].text if result.content else ""
-    assert not result.is_error, f"{name}({args}) failed: {text}"
-    assert isinstance(result.structured_content, dict), (name, result)
-    # the text content carries the same document, for clients that ignore structuredContent
-    assert json.loads(text) == result.structured_content
-    return result.structured_content
-
-
-async def call_error(client: Client, name: str, args: dict[str, Any]) -> str:
-    """Call a tool that must fail as a tool error (isError); returns its message."""
-    result = await client.call_tool(name, args)
-    text = result.content[0].text if result.content else ""
-    assert result.is_error, f"{name}({args}) should have failed, got {text}"
-    assert text.strip(), "a tool error carries a message"
-    assert "Traceback" not in text, text
-    return text
 
 
 async def assert_healthy(client: Client) -> None:
@@ -120,59 +51,10 @@ async def assert_healthy(client: Client) -> None:
     assert "mock" in {w["name"] for w in listing["workers"]}, listing
 
 
-async def wait_status(
-    client: Client, task_id: str, until: set[str] = TERMINAL, deadline_s: float = 60
-) -> dict[str, Any]:
-    with anyio.fail_after(deadline_s):
-        while True:
-            result = await call(client, "worker_status", {"task_id": task_id})
-            if result["status"] in until:
-                return result
-            await anyio.sleep(POLL)
-
-
 async def read_all_events(client: Client, task_id: str) -> list[dict[str, Any]]:
     page = await call(client, "worker_logs", {"task_id": task_id, "limit": 1000})
     assert page["has_more"] is False
     return page["events"]
-
-
-async def wait_event(
-    client: Client, task_id: str, kind: str, deadline_s: float = 30
-) -> dict[str, Any]:
-    after = 0
-    with anyio.fail_after(deadline_s):
-        while True:
-            page = await call(client, "worker_logs", {"task_id": task_id, "after": after})
-            for event in page["events"]:
-                if event["kind"] == kind:
-                    return event
-            after = page["next_after"]
-            await anyio.sleep(POLL)
-
-
-async def delegate(client: Client, repo: Path, mock: dict, **args: Any) -> dict[str, Any]:
-    return await call(
-        client,
-        "worker_delegate",
-        {
-            "objective": args.pop("objective", "test task"),
-            "repository": str(repo),
-            "metadata": {"mock": mock},
-            **args,
-        },
-    )
-
-
-def task_containers(task_id: str) -> list[str]:
-    import docker
-
-    client = docker.from_env()
-    try:
-        found = client.containers.list(all=True, filters={"label": f"{LABEL}.task={task_id}"})
-        return [c.id for c in found]
-    finally:
-        client.close()
 
 
 def paths(result: dict[str, Any]) -> dict[str, str]:
@@ -361,7 +243,7 @@ async def test_a_waiting_delegation_returns_cancelled_when_the_task_is_cancelled
                     tasks = (await call(client, "worker_status"))["tasks"]
                     if tasks and tasks[0]["status"] == "running":
                         break
-                    await anyio.sleep(POLL)
+                    await anyio.sleep(POLL_S)
                 task_id = tasks[0]["task_id"]
                 await wait_event(client, task_id, "worker.started")
                 cancelled = await call(client, "worker_cancel", {"task_id": task_id})
@@ -549,7 +431,7 @@ async def test_the_server_answers_while_two_waiting_delegations_are_in_flight(
                 group.start_soon(delegate_and_wait, "b", other)
                 # both delegations are in the store (answered on the same session meanwhile)
                 while len((await call(client, "worker_status"))["tasks"]) < 2:
-                    await anyio.sleep(POLL)
+                    await anyio.sleep(POLL_S)
                 listing = await call(client, "worker_status")
                 workers = await call(client, "list_workers")
                 order.append("list_workers")
@@ -571,7 +453,7 @@ class RawSession:
 
     def __init__(self, home: Path) -> None:
         self.proc = subprocess.Popen(
-            SERVER,
+            MCP_SERVER,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -12,30 +12,21 @@ Every server is stopped by its pid in teardown (SIGTERM, then SIGKILL)."""
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
-import socket
 import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import MCP_TOOLS
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from test_mcp import (  # noqa: F401  (the fixture cancels tasks left running)
-    REQUEST_TIMEOUT_S,
-    SERVER,
+from support.cli import CLI, MCP_SERVER
+from support.mcp_http_server import free_port, http_client, http_server
+from support.mcp_session import (
+    MCP_TOOLS,
     call,
     call_error,
     delegate,
     mcp_server,
-    no_task_outlives_the_test,
+    server_env,
     wait_status,
 )
 
@@ -43,111 +34,10 @@ from bridge import mcp_http
 from bridge.errors import ConfigError
 from bridge.version import __version__
 
-CLI_SCRIPT = Path(sys.executable).parent / "worker-bridge"
-CLI = [str(CLI_SCRIPT)] if CLI_SCRIPT.exists() else [sys.executable, "-m", "bridge.cli"]
-TOKEN_VARS = ("WORKER_BRIDGE_MCP_TOKEN", "WORKER_BRIDGE_MCP_TOKEN_FILE")
-START_DEADLINE_S = 30
-POLL = 0.1
-
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def token() -> str:
-    return secrets.token_hex(24)
-
-
-@pytest.fixture
-def token_file(workdir: Path, token: str) -> Path:
-    path = workdir / "mcp-token"
-    path.write_text(token + "\n")
-    path.chmod(0o600)
-    return path
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def server_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The test's state root, and no token but the ones a test passes on purpose."""
-    env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
-    return {**env, "WORKER_BRIDGE_HOME": str(home), **(extra or {})}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class HttpServer:
-    proc: subprocess.Popen
-    url: str  # http://127.0.0.1:PORT, without the /mcp path
-    home: Path
-    stderr_path: Path
-
-    def log_text(self) -> str:
-        """Everything the server logged: its stderr and the log file under the state root."""
-        log_file = self.home / "logs" / "mcp-server.log"
-        text = self.stderr_path.read_text(errors="replace")
-        return text + (log_file.read_text(errors="replace") if log_file.exists() else "")
-
-
-@contextmanager
-def http_server(home: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[HttpServer]:
-    """`worker-bridge-mcp --http 127.0.0.1:PORT ARGS...` until /healthz answers; always stopped
-    by its pid on the way out."""
-    port = free_port()
-    stderr_path = home.parent / f"mcp-http-{port}.log"
-    with open(stderr_path, "wb") as stderr:
-        proc = subprocess.Popen(
-            [*SERVER, "--http", f"127.0.0.1:{port}", *args],
-            env=server_env(home, env),
-            stdin=subprocess.DEVNULL,
-            stdout=stderr,
-            stderr=stderr,
-        )
-    server = HttpServer(proc, f"http://127.0.0.1:{port}", home, stderr_path)
-    try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while not _healthy(server.url):
-            assert proc.poll() is None, f"the server exited {proc.returncode}: {server.log_text()}"
-            assert time.monotonic() < deadline, f"no /healthz answer: {server.log_text()}"
-            time.sleep(POLL)
-        yield server
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, 15)  # SIGTERM: uvicorn shuts down gracefully
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, 9)
-                proc.wait(timeout=10)
-    assert "Traceback" not in server.log_text(), server.log_text()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx2.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx2.HTTPError:
-        return False
-
-
-@asynccontextmanager
-async def http_client(server: HttpServer, token: str | None) -> AsyncIterator[Client]:
-    """An initialised SDK client session over streamable HTTP, sending the bearer token."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    timeout = httpx2.Timeout(30, read=300)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
-        transport = streamable_http_client(f"{server.url}/mcp", http_client=http)
-        async with Client(transport, read_timeout_seconds=REQUEST_TIMEOUT_S) as client:
-            yield client
 
 
 def refused_to_start(command: list[str], home: Path, env: dict[str, str] | None = None) -> str:
@@ -181,7 +71,7 @@ async def test_health_answers_without_a_token_and_everything_else_wants_it(home,
             assert response.headers["www-authenticate"].startswith("Bearer "), response.headers
             assert token not in response.text
 
-        async with http_client(server, token) as client:  # the right token gets in
+        async with http_client(server.url, token) as client:  # the right token gets in
             assert {t.name for t in (await client.list_tools()).tools} == MCP_TOOLS
         log = server.log_text()
 
@@ -198,7 +88,7 @@ async def test_tools_and_tool_errors_are_the_same_as_on_stdio(home, token):
         stdio_error = await call_error(stdio, "worker_status", {"task_id": "no-such-task"})
 
     with http_server(home, env={"WORKER_BRIDGE_MCP_TOKEN": token}) as server:
-        async with http_client(server, token) as client:
+        async with http_client(server.url, token) as client:
             http_tools = {t.name: t for t in (await client.list_tools()).tools}
             http_error = await call_error(client, "worker_status", {"task_id": "no-such-task"})
             listing = await call(client, "list_workers")  # the server is still healthy
@@ -218,7 +108,7 @@ async def test_a_mock_task_is_delegated_polled_and_accepted_over_http(
 ):
     mock = {"write": {"hello.txt": "hello over http\n"}, "summary": "wrote hello.txt"}
     with http_server(home, "--token-file", str(token_file)) as server:
-        async with http_client(server, token) as client:
+        async with http_client(server.url, token) as client:
             queued = await delegate(client, repo, mock, verify=["test -f hello.txt"])
             assert queued["status"] in {"queued", "running"}, queued
             result = await wait_status(client, queued["task_id"], deadline_s=90)
@@ -237,7 +127,7 @@ async def test_a_mock_task_is_delegated_polled_and_accepted_over_http(
 
 async def test_it_refuses_to_start_without_a_token_off_loopback(home):
     port = str(free_port())
-    stderr = refused_to_start([*SERVER, "--http", f"0.0.0.0:{port}"], home)
+    stderr = refused_to_start([*MCP_SERVER, "--http", f"0.0.0.0:{port}"], home)
     assert "--token-file" in stderr and "WORKER_BRIDGE_MCP_TOKEN" in stderr, stderr
 
     stderr = refused_to_start([*CLI, "mcp", "--http", f"0.0.0.0:{port}", "--no-token"], home)
@@ -289,7 +179,7 @@ def test_bind_addresses_and_token_sources_are_checked_before_anything_starts(wor
 
 async def test_loopback_runs_without_a_token_only_when_told_and_says_so(home):
     with http_server(home, "--no-token") as server:
-        async with http_client(server, None) as client:
+        async with http_client(server.url, None) as client:
             assert {t.name for t in (await client.list_tools()).tools} == MCP_TOOLS
         log = server.log_text()
     assert "WITHOUT a bearer token" in log, log

@@ -2,8 +2,8 @@
 proofs of concept): no path, method or header trick passes the token gate; a client without the
 token can neither forge log lines nor grow the log at request speed, nor fake the peer it is
 logged as; a loopback server refuses requests naming a foreign host (DNS rebinding) on every
-loopback address. Every server is started by test_mcp_http's http_server() (a free port on
-loopback, its own state root) and stopped by its pid."""
+loopback address. Every server is started by support/mcp_http_server.py's http_server() (a free
+port on loopback, its own state root) and stopped by its pid."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import urllib.parse
 from pathlib import Path
 
 import httpx2
-from test_mcp_http import http_server
+from support.cli import MCP_SERVER
+from support.mcp_http_server import free_port, http_server
+from support.mcp_session import server_env
 
 INIT = (
     b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
@@ -126,14 +128,12 @@ def test_no_token_on_any_loopback_address_refuses_a_foreign_host(tmp_path: Path)
     import subprocess
     import time
 
-    from test_mcp_http import SERVER, free_port, server_env
-
     home = tmp_path / "home"
     port = free_port()
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*SERVER, "--http", f"127.0.0.2:{port}", "--no-token"],
+            [*MCP_SERVER, "--http", f"127.0.0.2:{port}", "--no-token"],
             env=server_env(home),
             stdin=subprocess.DEVNULL,
             stdout=out,

@@ -5,18 +5,16 @@ the total cap holds across addresses, a new MCP session past the session cap is 
 sentence while open ones keep working, and an idle session is reaped (its id then answers 404).
 
 Small configured bounds keep each test to seconds; every wait is on a condition with a deadline.
-Servers come from test_mcp_http's http_server() and are stopped by their pid."""
+Servers come from support/mcp_http_server.py's http_server() and are stopped by their pid."""
 
 from __future__ import annotations
 
 import json
-import secrets
 from contextlib import ExitStack
-from pathlib import Path
 
 import httpx2
-import pytest
-from conftest import MCP_TOOLS
+from support.mcp_http_server import HttpServer, http_server
+from support.mcp_session import MCP_TOOLS
 from support.raw_http import (
     connect,
     health,
@@ -26,7 +24,6 @@ from support.raw_http import (
     trickle_until_closed,
     wait_for,
 )
-from test_mcp_http import HttpServer, http_server
 
 INIT = {
     "jsonrpc": "2.0",
@@ -39,19 +36,6 @@ INIT = {
     },
 }
 ACCEPT = "application/json, text/event-stream"
-
-
-@pytest.fixture
-def token() -> str:
-    return secrets.token_hex(24)
-
-
-@pytest.fixture
-def token_file(workdir: Path, token: str) -> Path:
-    path = workdir / "mcp-token"
-    path.write_text(token + "\n")
-    path.chmod(0o600)
-    return path
 
 
 def bounds(**values: object) -> dict[str, str]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MCP_TOOLS
+from support.mcp_session import MCP_TOOLS
 
 INTEROP = Path(__file__).parent / "interop"
 CLIENT = INTEROP / "mcp_client.mjs"

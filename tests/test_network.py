@@ -12,20 +12,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import TERMINAL, git, mock_task, poll, write_spec
-from support.upstream import Upstream
+from support.repos import git
+from support.tasks import TERMINAL, mock_task, write_spec
+from support.waiting import poll
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 KEY = "sk-test-" + os.urandom(12).hex()
 MARKER = KEY[8:20]  # a slice to search for inside the sandbox (the whole key is never given)
-
-
-@pytest.fixture
-def upstream():
-    server = Upstream().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

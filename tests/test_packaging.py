@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import TEST_ROOT
+from support.scratch import TEST_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_COPIED = shutil.ignore_patterns(

@@ -13,7 +13,9 @@ import subprocess
 from pathlib import Path
 
 import docker
-from conftest import CliResult, git, mock_task
+from support.cli import CliResult
+from support.repos import git
+from support.tasks import mock_task
 
 CALC_ORIGINAL = "def add(a, b):\n    return a + b\n"
 CALC_WITH_SUB = CALC_ORIGINAL + "\n\ndef sub(a, b):\n    return a - b\n"

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TERMINAL, git, mock_task
+from support.repos import git
+from support.tasks import TERMINAL, mock_task
 
 from bridge import WorkerBridge
 from bridge.phase.handle import PhaseHandle, PipelineHooks

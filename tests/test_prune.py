@@ -11,7 +11,9 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-from conftest import git, mock_task, poll, write_spec
+from support.repos import git
+from support.tasks import mock_task, write_spec
+from support.waiting import poll
 from testcontainers.core.container import DockerContainer
 
 # -- helpers ------------------------------------------------------------------------------------

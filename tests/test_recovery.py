@@ -21,7 +21,9 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-from conftest import TERMINAL, git, mock_task, poll, write_spec
+from support.repos import git
+from support.tasks import TERMINAL, mock_task, write_spec
+from support.waiting import poll
 
 PAUSED_RUNNER = Path(__file__).parent / "support" / "paused_runner.py"
 

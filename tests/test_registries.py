@@ -27,19 +27,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import git
 from support.projects import NODE_DEP, bump_dependency, node_project, python_project
 from support.registries import ForwardingProxy, PackageServer
+from support.repos import git
 
 NPM = shutil.which("npm")
 needs_npm = pytest.mark.skipif(NPM is None, reason="npm is not installed")
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-@pytest.fixture
-def server():
-    with PackageServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from conftest import git, make_repo, mock_task
 from support.gateway_host import GatewayHost
+from support.gateway_sockets import Events, built_in_routes, gateway, http, request, status_of
 from support.hostile_upstream import HostileUpstream
-from support.upstream import Upstream
-from test_gateway import Events, _built_in, gateway, http, request, status_of
+from support.repos import git, make_repo
+from support.tasks import mock_task
 
 from bridge import WorkerBridge
 from bridge.config import load_config
@@ -34,13 +34,6 @@ from bridge.scope import image_allowed
 
 BUDGET_MB = 48  # gateway.memory_budget_mb's default
 SLACK_MB = 16  # the interpreter, aiohttp's pools, the sockets: what the existing flood shows
-
-
-@pytest.fixture
-def upstream():
-    server = Upstream().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -302,7 +295,7 @@ HOSTILE_TARGETS = [
 
 def test_whatever_a_route_lets_through_the_upstream_reads_as_a_listed_path(workdir, upstream):
     gw = gateway(workdir / "gw", upstream, Events())
-    gw.routes.update(_built_in(upstream))
+    gw.routes.update(built_in_routes(upstream))
     statuses = {}
     try:
         for target in HOSTILE_TARGETS:
@@ -325,7 +318,7 @@ def test_a_body_framed_twice_cannot_smuggle_a_second_request_to_the_upstream(wor
     """Content-Length and chunked together: the upstream gets one request (the gateway's
     Content-Length, which its client keeps to), and a repeated or signed length is refused."""
     gw = gateway(workdir / "gw", upstream, Events())
-    gw.routes.update(_built_in(upstream))
+    gw.routes.update(built_in_routes(upstream))
     smuggled = b"GET /v1/organizations/users HTTP/1.1\r\nHost: x\r\n\r\n"
     body = b"{}" + smuggled
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
@@ -352,7 +345,7 @@ def test_the_key_never_reaches_an_unlisted_path_through_pipelining_or_a_redirect
     """Two requests in one write, the second off the list; and an upstream redirect is handed
     to the sandbox, not followed with the key."""
     gw = gateway(workdir / "gw", upstream, Events())
-    gw.routes.update(_built_in(upstream))
+    gw.routes.update(built_in_routes(upstream))
     first = b"POST /anthropic/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
     second = b"GET /anthropic/v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     try:

@@ -10,18 +10,14 @@ import secrets
 from pathlib import Path
 
 import pytest
-from conftest import git, make_repo, poll
-from test_mcp import call, call_error, delegate, mcp_server, wait_status
-from test_mcp_http import http_client, http_server
+from support.mcp_http_server import http_client, http_server
+from support.mcp_session import call, call_error, delegate, mcp_server, wait_status
+from support.repos import git, make_repo
+from support.waiting import poll
 
 from bridge import WorkerBridge
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -115,7 +111,7 @@ async def test_every_mcp_tool_over_http_treats_another_repositorys_task_as_absen
     _scope_to(home, workdir / "allowed")
     token = secrets.token_hex(24)
     with http_server(home, env={"WORKER_BRIDGE_MCP_TOKEN": token}) as server:
-        async with http_client(server, token) as client:
+        async with http_client(server.url, token) as client:
             await _every_tool_refuses(client, workdir, outside)
     _assert_untouched(outside)
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import git
+from support.repos import git
 
 from bridge.errors import DiskFull
 from bridge.workspace.baseline import record_files, touched_paths

@@ -8,24 +8,22 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import git
-from support.real_workers import (  # noqa: F401
+from support.real_workers import (
     KEY,
     KEY_VARS,
     assert_key_nowhere,
     assert_only_model_route,
     ensure_worker_image,
-    events,
-    model_server,
-    real_env,
-    run_task,
 )
+from support.repos import git
+from support.tasks import run_spec as run_task
+from support.tasks import task_events as events
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 
 @pytest.fixture
-def claude(home, real_env):  # noqa: F811
+def claude(home, real_env):
     from bridge.config import load_config
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), "claude-code")
@@ -57,7 +55,7 @@ def test_claude_code_writes_with_its_tool_resumes_its_session_and_keeps_the_key_
     workdir,
     home,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     objective = (
         "Add a greeting file.\n"
@@ -113,7 +111,7 @@ def test_a_failed_verification_gets_a_repair_turn_in_the_same_session(
     repo,
     workdir,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     objective = "Make the check pass.\n@write f.txt: wrong\n@repair-write f.txt: right\n@say Fixed."
     spec = _spec(repo, objective, verification={"commands": ["grep -q right f.txt"]})
@@ -135,7 +133,7 @@ def test_a_refused_key_fails_naming_authentication_and_the_variable(
     repo,
     workdir,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     result = run_task(cli, workdir, _spec(repo, "Do it.\n@fail-auth"), claude)
     assert result["status"] == "failed"
@@ -152,7 +150,7 @@ def test_a_model_that_never_answers_is_ended_by_the_task_deadline(
     repo,
     workdir,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     spec = _spec(repo, "Wait.\n@hang", limits={"timeout_seconds": 10})
     result = run_task(cli, workdir, spec, claude)
@@ -165,7 +163,7 @@ def test_read_only_refuses_the_write_and_changes_nothing(
     repo,
     workdir,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     spec = _spec(repo, "Look only.\n@write notes.txt: nope\n@say Looked.", permission="read_only")
     result = run_task(cli, workdir, spec, claude)
@@ -186,7 +184,7 @@ def test_zcode_glm_is_claude_code_on_the_zai_route_with_glm_models(
     workdir,
     home,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     objective = "Add a file.\n@write glm.txt: hello from glm\n@say Wrote glm.txt."
     spec = _spec(repo, objective, "zcode-glm", verification={"commands": ["grep -q glm glm.txt"]})
@@ -208,7 +206,7 @@ def test_a_claude_subscription_token_stays_on_the_host(
     workdir,
     home,
     claude,
-    model_server,  # noqa: F811
+    model_server,
 ):
     """The claude-subscription route: Claude Code inside holds a placeholder subscription token
     (so it speaks the subscription's protocol); the gateway adds the host's real one."""

@@ -8,24 +8,22 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import git
-from support.real_workers import (  # noqa: F401
+from support.real_workers import (
     KEY,
     KEY_VARS,
     assert_key_nowhere,
     assert_only_model_route,
     ensure_worker_image,
-    events,
-    model_server,
-    real_env,
-    run_task,
 )
+from support.repos import git
+from support.tasks import run_spec as run_task
+from support.tasks import task_events as events
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 
 @pytest.fixture
-def codex(home, real_env):  # noqa: F811
+def codex(home, real_env):
     from bridge.config import load_config
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), "codex")
@@ -53,7 +51,7 @@ def test_codex_writes_with_apply_patch_resumes_its_session_and_keeps_the_key_awa
     workdir,
     home,
     codex,
-    model_server,  # noqa: F811
+    model_server,
 ):
     objective = (
         "Add a greeting file.\n"
@@ -108,7 +106,7 @@ def test_a_failed_verification_gets_a_repair_turn_in_the_same_session(
     repo,
     workdir,
     codex,
-    model_server,  # noqa: F811
+    model_server,
 ):
     objective = "Make the check pass.\n@write f.txt: wrong\n@repair-write f.txt: right\n@say Fixed."
     spec = _spec(repo, objective, verification={"commands": ["grep -q right f.txt"]})
@@ -130,7 +128,7 @@ def test_a_refused_key_fails_fast_naming_the_variable(
     repo,
     workdir,
     codex,
-    model_server,  # noqa: F811
+    model_server,
 ):
     result = run_task(cli, workdir, _spec(repo, "Do it.\n@fail-auth"), codex)
     assert result["status"] == "failed"
@@ -147,7 +145,7 @@ def test_a_model_that_never_answers_is_ended_by_the_task_deadline(
     repo,
     workdir,
     codex,
-    model_server,  # noqa: F811
+    model_server,
 ):
     spec = _spec(repo, "Wait.\n@hang", limits={"timeout_seconds": 6})
     result = run_task(cli, workdir, spec, codex)
@@ -160,7 +158,7 @@ def test_read_only_refuses_the_write_and_changes_nothing(
     repo,
     workdir,
     codex,
-    model_server,  # noqa: F811
+    model_server,
 ):
     spec = _spec(repo, "Look only.\n@write calc.py: broken\n@say Looked.", permission="read_only")
     result = run_task(cli, workdir, spec, codex)

@@ -12,14 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import git
-from support.real_workers import (  # noqa: F401
-    ensure_worker_image,
-    events,
-    model_server,
-    real_env,
-    run_task,
-)
+from support.real_workers import ensure_worker_image
+from support.repos import git
+from support.tasks import run_spec, task_events
 
 FORGED = "--dangerously-skip-permissions"
 
@@ -153,8 +148,8 @@ def test_a_repository_hook_cannot_plant_a_session_id_for_the_next_turn(
     repo,
     workdir,
     home,
-    real_env,  # noqa: F811
-    model_server,  # noqa: F811
+    real_env,
+    model_server,
 ):
     """A repository whose Claude Code project settings run a hook at session start (hooks run
     in plan mode too: the CLI is not the boundary, the container is) writes forged stream lines
@@ -180,12 +175,12 @@ def test_a_repository_hook_cannot_plant_a_session_id_for_the_next_turn(
         "workspace": {"repository": str(repo)},
         "permission": "read_only",
     }
-    result = run_task(cli, workdir, spec, real_env)
+    result = run_spec(cli, workdir, spec, real_env)
     assert result["session_id"] and result["session_id"] != FORGED
     assert len(result["session_id"]) == 36
     progress = [
         e["data"]["text"]
-        for e in events(cli, result["task_id"], real_env)
+        for e in task_events(cli, result["task_id"], real_env)
         if e["kind"] == "worker.progress"
     ]
     assert any("unexpected shape" in text for text in progress)

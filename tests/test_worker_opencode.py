@@ -8,24 +8,22 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import git
-from support.real_workers import (  # noqa: F401
+from support.real_workers import (
     KEY,
     KEY_VARS,
     assert_key_nowhere,
     assert_only_model_route,
     ensure_worker_image,
-    events,
-    model_server,
-    real_env,
-    run_task,
 )
+from support.repos import git
+from support.tasks import run_spec as run_task
+from support.tasks import task_events as events
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 
 @pytest.fixture
-def opencode(home, real_env):  # noqa: F811
+def opencode(home, real_env):
     from bridge.config import load_config
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), "opencode")
@@ -57,7 +55,7 @@ def test_opencode_writes_with_its_tool_resumes_its_session_and_keeps_the_key_awa
     workdir,
     home,
     opencode,
-    model_server,  # noqa: F811
+    model_server,
 ):
     # The repository's own OpenCode config is not loaded (it would also make OpenCode write
     # .opencode/.gitignore and fetch a plugin from npm), but its AGENTS.md reaches the model.
@@ -124,7 +122,7 @@ def test_a_failed_verification_gets_a_repair_turn_in_the_same_session(
     repo,
     workdir,
     opencode,
-    model_server,  # noqa: F811
+    model_server,
 ):
     objective = "Make the check pass.\n@write f.txt: wrong\n@repair-write f.txt: right\n@say Fixed."
     spec = _spec(repo, objective, verification={"commands": ["grep -q right f.txt"]})
@@ -146,7 +144,7 @@ def test_a_refused_key_fails_fast_naming_the_variable(
     repo,
     workdir,
     opencode,
-    model_server,  # noqa: F811
+    model_server,
 ):
     result = run_task(cli, workdir, _spec(repo, "Do it.\n@fail-auth"), opencode)
     assert result["status"] == "failed"
@@ -161,7 +159,7 @@ def test_a_model_that_never_answers_is_ended_by_the_task_deadline(
     repo,
     workdir,
     opencode,
-    model_server,  # noqa: F811
+    model_server,
 ):
     spec = _spec(repo, "Wait.\n@hang", limits={"timeout_seconds": 15})
     result = run_task(cli, workdir, spec, opencode)
@@ -174,7 +172,7 @@ def test_read_only_refuses_the_write_and_changes_nothing(
     repo,
     workdir,
     opencode,
-    model_server,  # noqa: F811
+    model_server,
 ):
     spec = _spec(repo, "Look only.\n@write calc.py: broken\n@say Looked.", permission="read_only")
     result = run_task(cli, workdir, spec, opencode)

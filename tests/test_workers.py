@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import git
+from support.repos import git
 
 
 def test_workers_list_json_has_the_contract_shape(cli, docker_images):

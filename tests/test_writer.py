@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import git
+from support.repos import git
 
 from bridge.workspace.git import Git
 from bridge.workspace.rawgit import raw_git

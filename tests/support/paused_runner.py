@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from bridge.models import Status
-from bridge.pipeline.detached import reserve_runner
 from bridge.phase.handle import PipelineHooks
+from bridge.pipeline.detached import reserve_runner
 from bridge.pipeline.process import run_reserved
 from bridge.store import Store
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import git, make_repo
 from support.registries import PackageServer
+from support.repos import git, make_repo
 
 NODE_DEP = "wb-left-pad"
 NODE_NAME = "wb-node-demo"

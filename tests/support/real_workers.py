@@ -9,8 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-from conftest import BASE_IMAGE, write_spec
+from support.engine import BASE_IMAGE
+from support.tasks import task_events
 
 from bridge.smoke.model_server import ModelServer
 
@@ -29,26 +29,18 @@ AUTH = {
 }
 
 
-@pytest.fixture
-def model_server():
-    server = ModelServer(key=KEY).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def real_env(home: Path, model_server: ModelServer) -> dict[str, str]:
-    """config.yaml whose model routes all lead to the scripted server; the key variables set."""
+def model_config(url: str) -> tuple[str, dict[str, str]]:
+    """config.yaml whose model routes all lead to the scripted server at URL, and the
+    environment that sets their key variables."""
     lines = ["gateway:", "  routes:"]
     for route, var in KEY_VARS.items():
         lines += [
             f"    {route}:",
-            f"      upstream: {model_server.url}",
+            f"      upstream: {url}",
             f"      auth: {AUTH[route]}",
             f"      key_env: {var}",
         ]
-    (home / "config.yaml").write_text("\n".join(lines) + "\n")
-    return {var: KEY for var in KEY_VARS.values()}
+    return "\n".join(lines) + "\n", {var: KEY for var in KEY_VARS.values()}
 
 
 def ensure_worker_image(config, name: str) -> str:
@@ -63,20 +55,6 @@ def ensure_worker_image(config, name: str) -> str:
     return tag
 
 
-def run_task(cli, workdir: Path, spec: dict, env: dict, *extra: str, timeout: float = 600) -> dict:
-    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
-    res = cli("tasks", "run", "--spec", str(path), "--json", *extra, env=env, timeout=timeout)
-    assert res.stdout.strip(), res.stderr
-    return res.json()
-
-
-def events(cli, task_id: str, env: dict, kind: str | None = None) -> list[dict]:
-    res = cli("tasks", "logs", task_id, "--json", env=env)
-    assert res.code == 0, res.stderr
-    found = res.json()["events"]
-    return [e for e in found if kind is None or e["kind"] == kind]
-
-
 def assert_key_nowhere(home: Path, key: str = KEY) -> None:
     """The real key is in no file of the state root: store, artifacts, the CLI's home, inputs."""
     proc = subprocess.run(
@@ -88,6 +66,6 @@ def assert_key_nowhere(home: Path, key: str = KEY) -> None:
 def assert_only_model_route(cli, task_id: str, env: dict, server: ModelServer) -> None:
     """The CLI made no request but its model route: nothing refused by the gateway, nothing
     unexpected at the server."""
-    refused = events(cli, task_id, env, "network.refused")
+    refused = task_events(cli, task_id, env, "network.refused")
     assert refused == [], json.dumps(refused)[:2000]
     assert server.unexpected() == [], [r.path for r in server.unexpected()]
