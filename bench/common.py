@@ -50,20 +50,9 @@ def make_repo(path: Path, files: int, total_mb: float) -> Path:
 
 def tasks_run_command(repo: Path, objective: str, metadata: dict, *verify: str) -> list[str]:
     """`worker-bridge tasks run` with the mock worker, as a command line (JSON output)."""
-    cmd = [
-        str(Path(sys.executable).parent / "worker-bridge"),
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        objective,
-        "--metadata-json",
-        json.dumps(metadata),
-        "--json",
-    ]
+    cmd = [str(Path(sys.executable).parent / "worker-bridge"), "tasks", "run", "--json"]
+    cmd += ["--repo", str(repo), "--worker", "mock", "--objective", objective]
+    cmd += ["--metadata-json", json.dumps(metadata)]
     for command in verify:
         cmd += ["--verify", command]
     return cmd

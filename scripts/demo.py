@@ -50,22 +50,11 @@ def main() -> int:
         "write": {"calc.py": CALC_NEW, "test_multiply.py": TEST_NEW},
         "summary": "Added multiply() and a test for it.",
     }
-    cmd = [
-        str(Path(sys.executable).parent / "worker-bridge"),
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        "Add a multiply(a, b) function with a test",
-        "--verify",
-        "python3 -m pytest -q -p no:cacheprovider",
-        "--metadata-json",
-        json.dumps({"mock": mock}),
-        "--json",
-    ]
+    cmd = [str(Path(sys.executable).parent / "worker-bridge"), "tasks", "run", "--json"]
+    cmd += ["--repo", str(repo), "--worker", "mock"]
+    cmd += ["--objective", "Add a multiply(a, b) function with a test"]
+    cmd += ["--verify", "python3 -m pytest -q -p no:cacheprovider"]
+    cmd += ["--metadata-json", json.dumps({"mock": mock})]
     print(
         f"$ worker-bridge tasks run --repo {repo} --worker mock --verify 'python3 -m pytest -q' ..."
     )

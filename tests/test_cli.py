@@ -3,22 +3,7 @@ list filters, and the usage errors of the parser itself."""
 
 from __future__ import annotations
 
-import json
-import time
-
-from support.tasks import TERMINAL, mock_task, write_spec
-
-
-def wait_for_status(cli, task_id: str, deadline_s: float = 120) -> dict:
-    deadline = time.monotonic() + deadline_s
-    delay = 0.05
-    while time.monotonic() < deadline:
-        result = cli("tasks", "show", task_id, "--json").json()
-        if result["status"] in TERMINAL:
-            return result
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
-    raise AssertionError(f"task {task_id} did not finish within {deadline_s} s")
+from support.tasks import mock_task, task_flags, wait_until_done, write_spec
 
 
 def test_create_prints_only_the_task_id_and_the_task_waits_in_created(cli, repo, workdir):
@@ -40,24 +25,13 @@ def test_flags_beside_a_spec_file_override_its_fields(cli, repo, workdir):
 def test_start_without_wait_returns_at_once_and_a_detached_runner_finishes_the_task(
     cli, repo, docker_images
 ):
-    task_id = cli(
-        "tasks",
-        "create",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        "detached",
-        "--verify",
-        "test -f d.txt",
-        "--metadata-json",
-        json.dumps({"mock": {"write": {"d.txt": "d"}}}),
-    ).stdout.strip()
+    mock = {"mock": {"write": {"d.txt": "d"}}}
+    flags = task_flags(repo, "detached", verify=("test -f d.txt",), metadata=mock)
+    task_id = cli("tasks", "create", *flags).stdout.strip()
     started = cli("tasks", "start", task_id, "--json")
     assert started.code == 0, started.stderr
     assert started.json()["status"] in {"queued", "running", "verifying", "succeeded"}
-    result = wait_for_status(cli, task_id)
+    result = wait_until_done(cli, task_id, deadline_s=120)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["ok"] is True
 
@@ -65,18 +39,8 @@ def test_start_without_wait_returns_at_once_and_a_detached_runner_finishes_the_t
 def test_start_wait_runs_in_the_foreground_and_logs_follow_prints_to_the_end(
     cli, repo, docker_images
 ):
-    task_id = cli(
-        "tasks",
-        "create",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        "fg",
-        "--metadata-json",
-        json.dumps({"mock": {"write": {"f.txt": "f"}, "summary": "all done"}}),
-    ).stdout.strip()
+    mock = {"mock": {"write": {"f.txt": "f"}, "summary": "all done"}}
+    task_id = cli("tasks", "create", *task_flags(repo, "fg", metadata=mock)).stdout.strip()
     run = cli("tasks", "start", task_id, "--wait")
     assert run.code == 0, run.stderr
     assert f"task {task_id}: succeeded" in run.stdout

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.tasks import bare_spec
 
 from bridge.errors import ConfigError, InvalidSpec
 from bridge.sandbox import host_paths
@@ -130,9 +131,8 @@ def test_start_up_task_creation_and_doctor_refuse_what_differs(
     # the state root shared, the repository not: refused at creation, nothing recorded
     in_container([bind(str(home)), bind("/host/repo", str(repo))])
     host_paths.require_state_root(home)
-    spec = {"objective": "x", "worker": "mock", "workspace": {"repository": str(repo)}}
     with pytest.raises(InvalidSpec, match=f"The repository {repo} is mounted from /host/repo"):
-        bridge.create_task(spec)
+        bridge.create_task(bare_spec(repo))
     assert bridge.list_tasks() == []
     env = {"WORKER_BRIDGE_IN_CONTAINER": "1", "WORKER_BRIDGE_REPOS": f"{repo}:/srv/none"}
     checks = {(n, ok) for n, ok, _ in deployment_checks(home, env)}

@@ -3,9 +3,8 @@ reserve, with a reason and nothing left behind."""
 
 from __future__ import annotations
 
-import json
-
 from support.repos import git
+from support.tasks import task_flags
 
 
 def test_doctor_passes_when_the_engine_and_images_are_there(cli, docker_images):
@@ -31,19 +30,8 @@ def test_doctor_names_the_build_command_for_a_missing_image(cli, docker_images):
 
 def test_a_task_below_the_disk_reserve_fails_before_allocating(cli, repo, home, docker_images):
     (home / "config.yaml").write_text("disk_reserve_gb: 1000000\n")
-    run = cli(
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--worker",
-        "mock",
-        "--objective",
-        "x",
-        "--metadata-json",
-        json.dumps({"mock": {"write": {"a": "a"}}}),
-        "--json",
-    )
+    flags = task_flags(repo, "x", metadata={"mock": {"write": {"a": "a"}}})
+    run = cli("tasks", "run", *flags, "--json")
     assert run.code == 1
     result = run.json()
     assert result["status"] == "failed"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.repos import git
+from support.repos import commit_all
 from support.tasks import mock_task, write_spec
 
 CONNECTIONS = 64
@@ -127,8 +127,7 @@ def test_a_flood_through_a_setup_gateway_leaves_the_runner_under_its_bound(
         f"gateway:\n  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{upstream.port}]\n"
     )
     (repo / "flood.py").write_text(FLOOD)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "a setup that floods its gateway")
+    commit_all(repo, "a setup that floods its gateway")
     setup = f'python3 flood.py "$HTTP_PROXY" http://localhost:{upstream.port}/discard'
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
     spec["environment"] = {

@@ -7,22 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
-from support.repos import git
-from support.tasks import mock_task, write_spec
+from support.repos import commit_all, commit_files, git
+from support.tasks import mock_task, run_spec
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 HOST_SECRET = "wb-host-secret-7f3a9c1e5d"
-
-
-def run(cli, workdir: Path, spec: dict, *extra: str, env: dict | None = None) -> dict:
-    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
-    res = cli("tasks", "run", "--spec", str(path), "--json", *extra, env=env)
-    assert res.stdout.strip(), res.stderr
-    return res.json()
 
 
 def everything(cli, task_id: str) -> str:
@@ -61,7 +53,7 @@ def test_a_verify_command_that_sabotages_its_container_cannot_change_what_is_rec
         verify=[SABOTAGE, "test ! -e late && exit 3", "kill -9 -1; sleep 1; exit 5", "exit 0"],
     )
     spec["metadata"]["auto_repair"] = 0
-    result = run(cli, workdir, spec, env={"WB_TEST_HOST_SECRET": HOST_SECRET})
+    result = run_spec(cli, workdir, spec, {"WB_TEST_HOST_SECRET": HOST_SECRET})
     commands = result["verification"]["commands"]
     assert [(c["exit_code"], c["status"]) for c in commands] == [
         (0, "passed"),
@@ -90,7 +82,7 @@ def test_a_failing_check_cannot_be_turned_into_a_pass_by_the_command_after_it(cl
         ],
     )
     spec["metadata"]["auto_repair"] = 0
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert [c["exit_code"] for c in result["verification"]["commands"]] == [7, 0]
     assert result["verification"]["ok"] is False
 
@@ -107,15 +99,14 @@ def test_verification_and_accept_see_the_snapshots_bytes_whatever_the_attributes
     (repo / "id.txt").write_text("$Id$\n")
     (repo / "wide.u16").write_bytes("wide\n".encode("utf-16-le"))
     (repo / "lines.crlf").write_text("a\nb\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "attributes")
+    commit_all(repo, "attributes")
     new = {"id.txt": "$Id$\nmore\n", "lines.crlf": "a\nb\nc\n"}
     checks = [
         "printf '$Id$\\nmore\\n' | cmp - id.txt",  # not expanded
         "printf 'a\\nb\\nc\\n' | cmp - lines.crlf",  # no CR added
         "printf 'wide\\n' | cmp - wide.u16",  # the blob (UTF-8), not re-encoded
     ]
-    result = run(cli, workdir, mock_task(repo, {"write": new}, verify=checks))
+    result = run_spec(cli, workdir, mock_task(repo, {"write": new}, verify=checks))
     assert result["verification"]["ok"] is True, result["verification"]
     accepted = cli("tasks", "accept", result["task_id"], "--json")
     assert accepted.code == 0, accepted.stderr
@@ -131,11 +122,9 @@ def test_verification_and_accept_see_the_snapshots_bytes_whatever_the_attributes
 
 def test_accept_on_a_moved_head_reverifies_the_merge_and_refuses_when_it_fails(cli, repo, workdir):
     spec = mock_task(repo, {"write": {"feature.txt": "on\n"}}, verify=["test ! -e poison"])
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["status"] == "succeeded"
-    (repo / "poison").write_text("the user's later commit breaks the check\n")
-    git(repo, "add", "poison")
-    git(repo, "commit", "-qm", "later")
+    commit_files(repo, {"poison": "the user's later commit breaks the check\n"}, "later")
 
     refused = cli("tasks", "accept", result["task_id"], "--json")
     assert refused.code == 1
@@ -158,11 +147,9 @@ def test_accept_on_a_moved_head_writes_the_merge_when_the_checks_pass(cli, repo,
         {"write": {"calc.py": "def add(a, b):\n    return b + a\n"}},
         verify=["python3 -m pytest -q"],
     )
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["status"] == "succeeded"
-    (repo / "later.txt").write_text("later\n")
-    git(repo, "add", "later.txt")
-    git(repo, "commit", "-qm", "later")
+    commit_files(repo, {"later.txt": "later\n"}, "later")
     accepted = cli("tasks", "accept", result["task_id"], "--json")
     assert accepted.code == 0, accepted.stderr
     doc = accepted.json()
@@ -173,7 +160,7 @@ def test_accept_on_a_moved_head_writes_the_merge_when_the_checks_pass(cli, repo,
 
 
 def test_accept_never_writes_through_a_symlink_or_over_an_ignored_file(cli, repo, workdir):
-    result = run(
+    result = run_spec(
         cli,
         workdir,
         mock_task(
@@ -207,9 +194,7 @@ def test_the_sandbox_cannot_read_a_stash_a_private_branch_or_another_tasks_snaps
     git(repo, "stash")
     stash = git(repo, "rev-parse", "stash@{0}").strip()
     git(repo, "checkout", "-qb", "private")
-    (repo / "plan.txt").write_text("SECRET_BRANCH = 'branch-9e2f'\n")
-    git(repo, "add", "plan.txt")
-    git(repo, "commit", "-qm", "private plan")
+    commit_files(repo, {"plan.txt": "SECRET_BRANCH = 'branch-9e2f'\n"}, "private plan")
     private = git(repo, "rev-parse", "HEAD").strip()
     git(repo, "checkout", "-q", "main")
     script = (
@@ -220,7 +205,7 @@ def test_the_sandbox_cannot_read_a_stash_a_private_branch_or_another_tasks_snaps
         " find / -xdev -name '*.pack' 2>/dev/null >> leak.txt;"
         f" git cat-file -e {private} && echo READABLE >> leak.txt; true"
     )
-    result = run(cli, workdir, mock_task(repo, {"script": script}))
+    result = run_spec(cli, workdir, mock_task(repo, {"script": script}))
     assert result["status"] == "succeeded", result["error"]
     leak = git(repo, "show", f"{result['branch']}:leak.txt")
     for secret in ("stash-7c1d", "branch-9e2f", "READABLE"):
@@ -234,7 +219,7 @@ def test_the_sandbox_cannot_read_a_stash_a_private_branch_or_another_tasks_snaps
 def test_a_worker_writing_past_the_disk_limit_is_stopped_with_kind_disk(cli, repo, workdir):
     script = "while true; do head -c 4194304 /dev/zero >> big.bin; done"
     spec = mock_task(repo, {"script": script}, limits={"disk_mb": 40, "timeout_seconds": 120})
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "disk", result["error"]
     assert "limits.disk_mb" in result["error"]["message"]
@@ -243,7 +228,7 @@ def test_a_worker_writing_past_the_disk_limit_is_stopped_with_kind_disk(cli, rep
 def test_a_30_mb_line_is_cut_and_read_in_linear_time(cli, repo, workdir):
     line = "python3 -c \"import sys; sys.stdout.write('x' * 30_000_000); sys.stdout.flush()\""
     spec = mock_task(repo, {"script": line}, verify=[line])
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["status"] == "succeeded", result["error"]
     progress = [
         e
@@ -266,7 +251,7 @@ def test_a_change_of_100000_new_files_is_collected_and_verified(cli, repo, workd
     )
     spec = mock_task(repo, {"script": script}, verify=["test -f many/99/999.txt"])
     spec["limits"] = {"timeout_seconds": 600}
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["status"] == "succeeded", result["error"]
     assert len(result["changed_files"]) == 100_000
 
@@ -284,7 +269,7 @@ def test_a_1500_deep_tree_ends_the_task_and_prune_reclaims_it(cli, repo, workdir
         "os.close(os.open('leaf', os.O_CREAT | os.O_WRONLY, dir_fd=fd))\n"
         "os.chmod('.', 0o500)\""
     )
-    result = run(cli, workdir, mock_task(repo, {"script": script}, verify=["true"]))
+    result = run_spec(cli, workdir, mock_task(repo, {"script": script}, verify=["true"]))
     assert result["status"] in ("succeeded", "failed")
     if result["status"] == "failed":
         assert result["error"]["kind"] != "internal", result["error"]
@@ -297,7 +282,7 @@ def test_a_1500_deep_tree_ends_the_task_and_prune_reclaims_it(cli, repo, workdir
 
 def test_a_file_name_that_is_not_utf8_is_collected_shown_and_accepted(cli, repo, workdir):
     script = "python3 -c \"open(b'caf\\\\xe9.txt', 'wb').write(b'latin\\\\n')\""
-    result = run(cli, workdir, mock_task(repo, {"script": script}, verify=["ls"]))
+    result = run_spec(cli, workdir, mock_task(repo, {"script": script}, verify=["ls"]))
     assert result["status"] == "succeeded", result["error"]
     assert result["changed_files"] == [{"path": "caf\\xe9.txt", "change": "added"}]
     accepted = cli("tasks", "accept", result["task_id"])
@@ -315,7 +300,7 @@ def test_a_secret_in_a_follow_up_message_is_masked_but_reaches_the_worker(cli, r
         "write": {"a.txt": "a\n"},
         "on_follow_up": {"script": "cp /bridge/prompt.txt prompt-seen.txt"},
     }
-    result = run(cli, workdir, mock_task(repo, mock))
+    result = run_spec(cli, workdir, mock_task(repo, mock))
     task_id = result["task_id"]
     followed = cli("tasks", "follow-up", task_id, "use DB_PASSWORD=Secret2024 for the db")
     assert followed.code == 0, followed.stderr
@@ -341,7 +326,7 @@ def test_a_secret_in_a_follow_up_message_is_masked_but_reaches_the_worker(cli, r
 def test_what_the_worker_prints_never_reaches_the_terminal_raw(cli, repo, workdir):
     evil = "\x1b]0;owned\x07\x1b[2J\r\u202eevil\x9b31m"
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}, "summary": f"done {evil}"})
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["summary"] == f"done {evil}"  # the JSON keeps the text, escaped
     shown = cli("tasks", "show", result["task_id"])
     raw_json = cli("tasks", "show", result["task_id"], "--json").stdout
@@ -362,7 +347,7 @@ def test_a_worker_added_pytest_py_does_not_replace_pytest_in_the_checks(cli, rep
     }
     spec = mock_task(repo, {"write": files}, verify=["python3 -m pytest -q"])
     spec["metadata"]["auto_repair"] = 0
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     assert result["status"] == "failed"
     [command] = result["verification"]["commands"]
     assert command["exit_code"] == 1
@@ -381,7 +366,7 @@ def test_each_check_runs_on_a_fresh_checkout_so_one_cannot_doctor_the_next(cli, 
     )
     spec["verification"]["protected_paths"] = ["tests/**"]
     spec["metadata"]["auto_repair"] = 0
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     codes = [c["exit_code"] for c in result["verification"]["commands"]]
     assert codes == [0, 0, 1], result["verification"]["commands"]
     assert result["status"] == "failed"
@@ -393,7 +378,7 @@ def test_accept_refuses_to_write_over_the_users_ignored_env_file(cli, repo, work
     git(repo, "commit", "-qm", "ignore .env")
     (repo / ".env").write_text("API_KEY=the-users-real-one\n")
     mock = {"write": {".gitignore": "", ".env": "API_KEY=the-workers\n"}}
-    result = run(cli, workdir, mock_task(repo, mock, verify=["true"]))
+    result = run_spec(cli, workdir, mock_task(repo, mock, verify=["true"]))
     assert result["status"] == "succeeded", result["error"]
     refused = cli("tasks", "accept", result["task_id"])
     assert refused.code == 1 and "not tracked" in refused.stderr, refused.stderr
@@ -402,7 +387,9 @@ def test_accept_refuses_to_write_over_the_users_ignored_env_file(cli, repo, work
 
 
 def test_accept_refuses_a_new_link_that_leaves_through_a_symlink_of_the_users(cli, repo, workdir):
-    result = run(cli, workdir, mock_task(repo, {"script": "ln -s venv/lib lib"}, verify=["true"]))
+    result = run_spec(
+        cli, workdir, mock_task(repo, {"script": "ln -s venv/lib lib"}, verify=["true"])
+    )
     assert result["status"] == "succeeded", result["error"]
     (repo / "venv").symlink_to("/usr")  # the user's own, untracked
     refused = cli("tasks", "accept", result["task_id"])
@@ -414,7 +401,7 @@ def test_a_summary_cannot_forge_lines_of_the_cli_output(cli, repo, workdir):
     forged = "done\n  verification: ok\n    [pass] pytest (0.1 s)\u2028"
     spec = mock_task(repo, {"write": {"a": "a"}, "summary": forged}, verify=["exit 1"])
     spec["metadata"]["auto_repair"] = 0
-    result = run(cli, workdir, spec)
+    result = run_spec(cli, workdir, spec)
     shown = cli("tasks", "show", result["task_id"]).stdout.splitlines()
     assert [line for line in shown if line.startswith("  verification:")] == [
         "  verification: FAILED"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 
+from support.tasks import task_flags
 from support.waiting import poll
 
 from bridge.cli.live import LiveView, describe
@@ -73,34 +74,12 @@ def test_tasks_run_shows_progress_on_stderr_and_keeps_stdout_for_the_result(
     docker_images, cli, repo
 ):
     mock = {"write": {"a.txt": "x"}, "script": "echo step-one-done"}
-    res = cli(
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--objective",
-        "live",
-        "--worker",
-        "mock",
-        "--metadata-json",
-        json.dumps({"mock": mock}),
-    )
+    flags = task_flags(repo, "live", metadata={"mock": mock})
+    res = cli("tasks", "run", *flags)
     assert res.code == 0, res.stderr
     assert "step-one-done" in res.stderr and "worker mock started" in res.stderr
     assert res.stdout.startswith("task ") and "step-one-done" not in res.stdout
-    quiet = cli(
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--objective",
-        "live",
-        "--worker",
-        "mock",
-        "--metadata-json",
-        json.dumps({"mock": mock}),
-        "--json",
-    )
+    quiet = cli("tasks", "run", *flags, "--json")
     assert quiet.code == 0 and quiet.stderr == ""
     json.loads(quiet.stdout)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.repos import git
-from support.tasks import TERMINAL, mock_task, write_spec
+from support.tasks import mock_task, run_spec, start_spec, task_events, wait_until_done
 from support.waiting import poll
 
 pytestmark = pytest.mark.usefixtures("docker_images")
@@ -43,17 +43,6 @@ def env(home, upstream):
 def py(code: str) -> str:
     """A mock script that runs ``code`` with the sandbox's python3."""
     return "python3 - <<'PYEOF'\n" + textwrap.dedent(code) + "\nPYEOF"
-
-
-def run(cli, workdir: Path, spec: dict, env: dict, *extra: str) -> dict:
-    path = write_spec(workdir / f"spec-{os.urandom(3).hex()}.json", spec)
-    res = cli("tasks", "run", "--spec", str(path), "--json", *extra, env=env)
-    assert res.stdout.strip(), res.stderr
-    return res.json()
-
-
-def events(cli, task_id: str, env: dict) -> list[dict]:
-    return json.loads(cli("tasks", "logs", task_id, "--json", env=env).stdout)["events"]
 
 
 CALL_ROUTE = f"""
@@ -104,7 +93,7 @@ def test_a_route_reaches_the_upstream_with_the_real_key_which_is_nowhere_inside(
     cli, repo, workdir, env, upstream
 ):
     spec = mock_task(repo, {"routes": ["test"], "script": py(CALL_ROUTE)})
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     probe = json.loads(git(repo, "show", f"{result['branch']}:probe.json"))
     assert probe["answer"]["path"] == "/v1/messages"
@@ -115,11 +104,13 @@ def test_a_route_reaches_the_upstream_with_the_real_key_which_is_nowhere_inside(
     assert probe["interfaces"] == ["lo"]
     assert all(v != "connected" for v in probe["direct"].values()), probe["direct"]
     text = cli("tasks", "show", result["task_id"], "--json", env=env).stdout
-    text += json.dumps(events(cli, result["task_id"], env))
+    text += json.dumps(task_events(cli, result["task_id"], env))
     text += Path(result["artifacts"]["diff"]).read_text(errors="replace")
     assert KEY not in text  # nor in the store, the events or the artifacts
     requests = [
-        e["data"] for e in events(cli, result["task_id"], env) if e["kind"] == "network.request"
+        e["data"]
+        for e in task_events(cli, result["task_id"], env)
+        if e["kind"] == "network.request"
     ]
     assert (
         requests and requests[0]["route"] == "test" and requests[0]["model"] == "served-mock-model"
@@ -140,7 +131,7 @@ def test_a_worker_that_names_no_route_has_no_gateway_at_all(cli, repo, workdir, 
         open("probe.txt", "w").write(f"{os.path.exists('/run/worker-bridge')} {state}")
         """
     )
-    result = run(cli, workdir, mock_task(repo, {"script": script}), env)
+    result = run_spec(cli, workdir, mock_task(repo, {"script": script}), env)
     assert result["status"] == "succeeded", result["error"]
     assert git(repo, "show", f"{result['branch']}:probe.txt") == "False ConnectionRefusedError"
 
@@ -176,12 +167,12 @@ def test_the_allowlist_tunnels_listed_names_and_refuses_the_rest(cli, repo, work
     spec = mock_task(
         repo, {"script": script}, network={"mode": "allowlist", "domains": ["localhost"]}
     )
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     tunneled, unlisted = git(repo, "show", f"{result['branch']}:probe.txt").split("\n=====\n")
     assert '"path": "/tunneled"' in tunneled
     assert "403" in unlisted and "not in this task's network.domains" in unlisted
-    log = events(cli, result["task_id"], env)
+    log = task_events(cli, result["task_id"], env)
     refused = [e["data"] for e in log if e["kind"] == "network.refused"]
     assert [r["host"] for r in refused] == ["example.com"]
 
@@ -209,11 +200,13 @@ def test_a_listed_name_on_a_loopback_address_is_refused_unless_trusted(
     spec = mock_task(
         repo, {"script": script}, network={"mode": "allowlist", "domains": ["localhost"]}
     )
-    result = run(cli, workdir, spec, env)
+    result = run_spec(cli, workdir, spec, env)
     answer = git(repo, "show", f"{result['branch']}:probe.txt")
     assert "403" in answer and "loopback" in answer
     refused = [
-        e["data"] for e in events(cli, result["task_id"], env) if e["kind"] == "network.refused"
+        e["data"]
+        for e in task_events(cli, result["task_id"], env)
+        if e["kind"] == "network.refused"
     ]
     assert "loopback" in refused[0]["reason"]
 
@@ -231,22 +224,12 @@ def test_a_streamed_answer_arrives_chunk_by_chunk_inside_the_sandbox(
         open("rest.txt", "w").write(rest.decode())
         """
     )
-    path = write_spec(workdir / "s.json", mock_task(repo, {"routes": ["test"], "script": script}))
-    task_id = cli("tasks", "create", "--spec", str(path), env=env).stdout.strip()
-    assert cli("tasks", "start", task_id, env=env).code == 0
+    task_id = start_spec(cli, workdir, mock_task(repo, {"routes": ["test"], "script": script}), env)
     worktree = home / "worktrees" / task_id
     poll(lambda: (worktree / "first.txt").exists(), "the first chunk inside the sandbox", 60)
     assert not (worktree / "rest.txt").exists()  # the upstream has not sent the rest yet
     upstream.release.set()
-    result = poll(
-        lambda: (
-            (r := json.loads(cli("tasks", "show", task_id, "--json", env=env).stdout))["status"]
-            in TERMINAL
-            and r
-        ),
-        "the task to finish",
-        90,
-    )
+    result = wait_until_done(cli, task_id, env)
     assert result["status"] == "succeeded", result["error"]
     assert "data: last" in git(repo, "show", f"{result['branch']}:rest.txt")
 
@@ -274,9 +257,7 @@ def test_a_runner_killed_mid_stream_comes_back_and_the_next_request_works(
                 time.sleep(0.5)
         """
     )
-    path = write_spec(workdir / "s.json", mock_task(repo, {"routes": ["test"], "script": script}))
-    task_id = cli("tasks", "create", "--spec", str(path), env=env).stdout.strip()
-    assert cli("tasks", "start", task_id, env=env).code == 0
+    task_id = start_spec(cli, workdir, mock_task(repo, {"routes": ["test"], "script": script}), env)
     worktree = home / "worktrees" / task_id
     poll(lambda: (worktree / "streaming.txt").exists(), "the stream to be under way", 60)
     import sqlite3
@@ -287,15 +268,7 @@ def test_a_runner_killed_mid_stream_comes_back_and_the_next_request_works(
     os.killpg(pid, signal.SIGKILL)
     poll(lambda: (worktree / "broken.txt").exists(), "the stream to break with its runner", 30)
     assert cli("tasks", "recover", env=env).code == 0  # the gateway comes back with a runner
-    result = poll(
-        lambda: (
-            (r := json.loads(cli("tasks", "show", task_id, "--json", env=env).stdout))["status"]
-            in TERMINAL
-            and r
-        ),
-        "the task to finish after recovery",
-        120,
-    )
+    result = wait_until_done(cli, task_id, env, deadline_s=120)
     assert result["status"] == "succeeded", result["error"]
     assert '"path": "/v1/after"' in git(repo, "show", f"{result['branch']}:after.txt")
     assert not list((home / "gateways" / task_id).glob("*.sock"))
@@ -306,13 +279,11 @@ def test_cancel_and_timeout_leave_no_gateway_socket(cli, repo, workdir, env, hom
     script = "sleep 60"
     spec = mock_task(repo, {"routes": ["test"], "script": script})
     if end == "timeout":
-        result = run(cli, workdir, spec, env, "--timeout", "3")
+        result = run_spec(cli, workdir, spec, env, "--timeout", "3")
         assert result["status"] == "timed_out"
         task_id = result["task_id"]
     else:
-        path = write_spec(workdir / "s.json", spec)
-        task_id = cli("tasks", "create", "--spec", str(path), env=env).stdout.strip()
-        assert cli("tasks", "start", task_id, env=env).code == 0
+        task_id = start_spec(cli, workdir, spec, env)
         poll(lambda: list((home / "gateways" / task_id).glob("*.sock")), "the gateway", 60)
         assert cli("tasks", "cancel", task_id, env=env).code == 0
     poll(

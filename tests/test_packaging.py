@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 from support.scratch import TEST_ROOT
+from support.tasks import task_flags
 
 ROOT = Path(__file__).resolve().parents[1]
+WRITE_A = {"mock": {"write": {"a.txt": "x"}}}  # the installed wheel's mock task
 NOT_COPIED = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "node_modules", ".*_cache"
 )
@@ -164,16 +166,7 @@ def test_an_installed_wheel_builds_the_images_passes_doctor_and_runs_a_mock_task
         "worker-bridge",
         "tasks",
         "run",
-        "--worker",
-        "mock",
-        "--repo",
-        str(repo),
-        "--objective",
-        "write a.txt",
-        "--metadata-json",
-        json.dumps({"mock": {"write": {"a.txt": "x"}}}),
-        "--verify",
-        "test -f a.txt",
+        *task_flags(repo, "write a.txt", verify=("test -f a.txt",), metadata=WRITE_A),
         "--json",
         env=env,
     )

@@ -12,10 +12,10 @@ import os
 import subprocess
 from pathlib import Path
 
-import docker
 from support.cli import CliResult
-from support.repos import git
-from support.tasks import mock_task
+from support.engine import task_containers
+from support.repos import commit_all, git
+from support.tasks import mock_task, show_task, task_flags
 
 CALC_ORIGINAL = "def add(a, b):\n    return a + b\n"
 CALC_WITH_SUB = CALC_ORIGINAL + "\n\ndef sub(a, b):\n    return a - b\n"
@@ -50,12 +50,6 @@ def run_task(
     return res, res.json()
 
 
-def show(cli, task_id: str) -> dict:
-    res = cli("tasks", "show", task_id, "--json")
-    assert res.code == 0, res.stderr
-    return res.json()
-
-
 def logs(cli, task_id: str, after: int | None = None) -> dict:
     argv = ["tasks", "logs", task_id, "--json"]
     if after is not None:
@@ -71,16 +65,6 @@ def by_path(changed_files: list[dict]) -> dict[str, dict]:
 
 def rev(repo: Path, ref: str) -> str:
     return git(repo, "rev-parse", "--verify", ref).strip()
-
-
-def task_containers(task_id: str) -> list:
-    client = docker.from_env()
-    try:
-        return client.containers.list(
-            all=True, filters={"label": f"io.worker-bridge.task={task_id}"}
-        )
-    finally:
-        client.close()
 
 
 def assert_diff_reproduces_snapshot(repo: Path, result: dict, scratch: Path) -> None:
@@ -434,23 +418,11 @@ def test_a_read_only_task_cannot_write_and_fails_with_worker_exit(
 def test_a_worker_exiting_non_zero_fails_the_task_with_its_status(
     docker_images, cli, repo: Path
 ) -> None:
-    args = [
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--objective",
-        "exit",
-        "--worker",
-        "mock",
-        "--metadata-json",
-        json.dumps({"mock": {"exit_code": 3}}),
-    ]
-    res = cli(*args)
+    res = cli("tasks", "run", *task_flags(repo, "exit", metadata={"mock": {"exit_code": 3}}))
     assert res.code == 1
     assert "status 3" in res.stderr
     task_id = res.stdout.split()[1].rstrip(":")  # "task <id>: failed"
-    result = show(cli, task_id)
+    result = show_task(cli, task_id)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "worker_exit"
     assert "status 3" in result["error"]["message"]
@@ -505,7 +477,7 @@ def test_secrets_are_redacted_in_what_is_stored_and_shown_but_not_in_what_runs(
     ]
     assert "password=[REDACTED]" in progress
     assert "again [REDACTED]" in progress
-    shown = json.dumps(show(cli, task_id), ensure_ascii=False)
+    shown = json.dumps(show_task(cli, task_id), ensure_ascii=False)
     events = events_text(cli, task_id)
     for text in (res.stdout, shown, events):
         assert "[REDACTED]" in text
@@ -556,8 +528,7 @@ def test_modify_delete_rename_chmod_binary_and_symlink_are_each_reported_with_th
 ) -> None:
     (repo / "run.sh").write_text("#!/bin/sh\necho run\n")
     (repo / "data.txt").write_text("a data file that the worker is going to delete\n" * 3)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "more files")
+    commit_all(repo, "more files")
     readme = (repo / "README.md").read_text()
     mock = {
         "write": {"calc.py": CALC_WITH_SUB, "docs/README.md": readme},
@@ -661,7 +632,7 @@ def test_the_library_creates_and_runs_a_task_and_agrees_with_the_cli(
     assert result.verification.ok is True
     assert result.document()["changed_files"] == [{"path": "calc.py", "change": "modified"}]
 
-    from_cli = show(cli, task_id)
+    from_cli = show_task(cli, task_id)
     from_library = json.loads(json.dumps(bridge.get_task(task_id).document()))
     assert from_cli["status"] == from_library["status"] == "succeeded"
     assert from_cli["changed_files"] == from_library["changed_files"]

@@ -5,51 +5,17 @@ not accepted yet (unless --include-unaccepted)."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import docker
 import psutil
 import pytest
 from support.repos import git
-from support.tasks import mock_task, write_spec
+from support.tasks import mock_task, run_spec, show_task, start_spec, wait_for_event
 from support.waiting import poll
 from testcontainers.core.container import DockerContainer
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def show(cli, task_id: str) -> dict:
-    result = cli("tasks", "show", task_id, "--json")
-    assert result.code == 0, result.stderr
-    return result.json()
-
-
-def run_task(cli, workdir: Path, spec: dict) -> dict:
-    """`tasks run` to the end; returns the task result."""
-    path = write_spec(workdir / f"spec-{uuid.uuid4().hex[:8]}.json", spec)
-    run = cli("tasks", "run", "--spec", str(path), "--json")
-    assert run.stdout, run.stderr
-    return run.json()
-
-
-def start_detached(cli, workdir: Path, spec: dict) -> str:
-    path = write_spec(workdir / f"spec-{uuid.uuid4().hex[:8]}.json", spec)
-    created = cli("tasks", "create", "--spec", str(path))
-    assert created.code == 0, created.stderr
-    task_id = created.stdout.strip()
-    started = cli("tasks", "start", task_id)
-    assert started.code == 0, started.stderr
-    return task_id
-
-
-def wait_for_event(cli, task_id: str, kind: str) -> dict:
-    def find():
-        logs = cli("tasks", "logs", task_id, "--json")
-        assert logs.code == 0, logs.stderr
-        return next((e for e in logs.json()["events"] if e["kind"] == kind), None)
-
-    return poll(find, f"event {kind} of task {task_id}")
 
 
 def runner_pid(home: Path, task_id: str) -> int | None:
@@ -135,16 +101,16 @@ def _defaults(monkeypatch):
 def test_a_dry_run_lists_failed_and_cancelled_workspaces_and_apply_removes_them(
     cli, repo, workdir, home, docker_images
 ):
-    failed = run_task(cli, workdir, mock_task(repo, {"write": {"f.txt": "f"}, "exit_code": 1}))
+    failed = run_spec(cli, workdir, mock_task(repo, {"write": {"f.txt": "f"}, "exit_code": 1}))
     assert failed["status"] == "failed", failed["error"]
     failed_id = failed["task_id"]
 
-    cancelled_id = start_detached(cli, workdir, mock_task(repo, {"sleep": 30}))
+    cancelled_id = start_spec(cli, workdir, mock_task(repo, {"sleep": 30}))
     wait_for_event(cli, cancelled_id, "worker.started")
     pid = runner_pid(home, cancelled_id)
     assert cli("tasks", "cancel", cancelled_id).code == 0
     poll(lambda: process_gone(pid), "the cancelled task's runner to exit")
-    assert show(cli, cancelled_id)["status"] == "cancelled"
+    assert show_task(cli, cancelled_id)["status"] == "cancelled"
 
     for task_id in (failed_id, cancelled_id):
         assert workspace_exists(home, repo, task_id)
@@ -170,7 +136,7 @@ def test_a_dry_run_lists_failed_and_cancelled_workspaces_and_apply_removes_them(
 def test_succeeded_work_not_yet_accepted_is_kept_unless_include_unaccepted(
     cli, repo, workdir, home, docker_images
 ):
-    done = run_task(cli, workdir, mock_task(repo, {"write": {"s.txt": "s"}}, verify=["true"]))
+    done = run_spec(cli, workdir, mock_task(repo, {"write": {"s.txt": "s"}}, verify=["true"]))
     assert done["status"] == "succeeded", done["error"]
     task_id = done["task_id"]
 
@@ -188,7 +154,7 @@ def test_succeeded_work_not_yet_accepted_is_kept_unless_include_unaccepted(
 
 
 def test_a_running_task_is_never_touched(cli, repo, workdir, home, docker_images):
-    task_id = start_detached(cli, workdir, mock_task(repo, {"sleep": 30}))
+    task_id = start_spec(cli, workdir, mock_task(repo, {"sleep": 30}))
     wait_for_event(cli, task_id, "worker.started")
     try:
         for flags in ((), ("--apply",), ("--apply", "--include-unaccepted")):
@@ -198,10 +164,10 @@ def test_a_running_task_is_never_touched(cli, repo, workdir, home, docker_images
         assert workspace_exists(home, repo, task_id)
         running = containers(task=task_id, role="worker")
         assert [c.status for c in running] == ["running"]
-        assert show(cli, task_id)["status"] == "running"
+        assert show_task(cli, task_id)["status"] == "running"
     finally:
         cli("tasks", "cancel", task_id)
-    assert show(cli, task_id)["status"] == "cancelled"
+    assert show_task(cli, task_id)["status"] == "cancelled"
 
 
 def test_orphan_folders_and_containers_are_listed_and_removed(cli, home, docker_images):
@@ -239,7 +205,7 @@ def test_orphan_folders_and_containers_are_listed_and_removed(cli, home, docker_
 def test_artifacts_are_removed_only_past_the_retention_period(
     cli, repo, workdir, home, docker_images
 ):
-    failed = run_task(cli, workdir, mock_task(repo, {"write": {"a.txt": "a"}, "exit_code": 3}))
+    failed = run_spec(cli, workdir, mock_task(repo, {"write": {"a.txt": "a"}, "exit_code": 3}))
     assert failed["status"] == "failed", failed["error"]
     task_id = failed["task_id"]
     task_dir = home / "tasks" / task_id
@@ -249,20 +215,20 @@ def test_artifacts_are_removed_only_past_the_retention_period(
     default = prune(cli, "--apply")  # retention_days defaults to 14
     assert [a["kind"] for a in actions_for(default, task_id)] == ["workspace"]
     assert task_dir.is_dir()
-    assert set(show(cli, task_id)["artifacts"]) == {"diff", "manifest"}
+    assert set(show_task(cli, task_id)["artifacts"]) == {"diff", "manifest"}
 
     (home / "config.yaml").write_text("retention_days: 0\n")
     applied = prune(cli, "--apply")
     reclaimed = actions_for(applied, task_id)
     assert [(a["kind"], Path(a["target"])) for a in reclaimed] == [("artifacts", task_dir)]
     assert not task_dir.exists()
-    assert show(cli, task_id)["artifacts"] == {}
+    assert show_task(cli, task_id)["artifacts"] == {}
 
 
 def test_prune_after_accept_removes_the_task_branch_and_leaves_the_working_tree(
     cli, repo, workdir, home, docker_images
 ):
-    done = run_task(
+    done = run_spec(
         cli, workdir, mock_task(repo, {"write": {"new.txt": "from the worker\n"}}, verify=["true"])
     )
     assert done["status"] == "succeeded", done["error"]
@@ -284,7 +250,7 @@ def test_prune_after_accept_removes_the_task_branch_and_leaves_the_working_tree(
     assert git(repo, "status", "--porcelain") == status_before
     assert {name: (repo / name).read_text() for name in files_before} == files_before
     assert files_before["new.txt"] == "from the worker\n"
-    assert show(cli, task_id)["status"] == "accepted"
+    assert show_task(cli, task_id)["status"] == "accepted"
 
 
 def test_an_orphan_worktree_git_still_knows_is_unregistered_with_its_branch(cli, repo, home):

@@ -18,11 +18,19 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-import docker
 import psutil
 import pytest
+from support.engine import task_containers
 from support.repos import git
-from support.tasks import TERMINAL, mock_task, write_spec
+from support.tasks import (
+    TERMINAL,
+    mock_task,
+    show_task,
+    task_events,
+    wait_for_event,
+    wait_until_done,
+    write_spec,
+)
 from support.waiting import poll
 
 PAUSED_RUNNER = Path(__file__).parent / "support" / "paused_runner.py"
@@ -56,77 +64,36 @@ def start_detached(cli, task_id: str, pause: str | None = None, home: Path | Non
     log.close()
 
 
-def show(cli, task_id: str) -> dict:
-    result = cli("tasks", "show", task_id, "--json")
-    assert result.code == 0, result.stderr
-    return result.json()
-
-
-def wait_for_status(cli, task_id: str, deadline_s: float = 90) -> dict:
-    return poll(
-        lambda: (r := show(cli, task_id))["status"] in TERMINAL and r,
-        f"task {task_id} to finish",
-        deadline_s,
-    )
-
-
-def cli_events(cli, task_id: str) -> list[dict]:
-    """Events through the CLI (which, being a read, recovers nothing)."""
-    logs = cli("tasks", "logs", task_id, "--json")
-    assert logs.code == 0, logs.stderr
-    return logs.json()["events"]
-
-
-def wait_for_event(cli, task_id: str, kind: str, deadline_s: float = 60) -> dict:
-    return poll(
-        lambda: next((e for e in cli_events(cli, task_id) if e["kind"] == kind), None),
-        f"event {kind} of task {task_id}",
-        deadline_s,
-    )
-
-
 def _db(home: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(home / "bridge.db"), timeout=30)
     conn.row_factory = sqlite3.Row
     return conn
 
 
-def runner_row(home: Path, task_id: str) -> dict:
-    """The task's runner claim, read from the store without running any bridge code."""
+def _rows(home: Path, sql: str, *params: object) -> list[dict]:
+    """Rows read straight from the store: no bridge code runs, so nothing is recovered."""
     conn = _db(home)
     try:
-        row = conn.execute(
-            "SELECT status, phase, runner_id, runner_pid, runner_expires_at FROM tasks"
-            " WHERE task_id = ?",
-            (task_id,),
-        ).fetchone()
-        return dict(row)
+        return [dict(row) for row in conn.execute(sql, params).fetchall()]
     finally:
         conn.close()
+
+
+def runner_row(home: Path, task_id: str) -> dict:
+    """The task's runner claim."""
+    columns = "status, phase, runner_id, runner_pid, runner_expires_at"
+    [row] = _rows(home, f"SELECT {columns} FROM tasks WHERE task_id = ?", task_id)
+    return row
 
 
 def store_events(home: Path, task_id: str) -> list[dict]:
-    """Events read straight from the store: unlike a CLI command, this recovers nothing."""
-    conn = _db(home)
-    try:
-        rows = conn.execute(
-            "SELECT event_id, kind, at, data FROM events WHERE task_id = ? ORDER BY event_id",
-            (task_id,),
-        ).fetchall()
-        return [{**dict(r), "data": json.loads(r["data"] or "{}")} for r in rows]
-    finally:
-        conn.close()
+    """Events read from the store: unlike a CLI command, this recovers nothing."""
+    sql = "SELECT event_id, kind, at, data FROM events WHERE task_id = ? ORDER BY event_id"
+    return [{**row, "data": json.loads(row["data"] or "{}")} for row in _rows(home, sql, task_id)]
 
 
 def lease_rows(home: Path, task_id: str) -> list[dict]:
-    conn = _db(home)
-    try:
-        rows = conn.execute(
-            "SELECT scope, owner, expires_at FROM leases WHERE task_id = ?", (task_id,)
-        ).fetchall()
-        return [dict(r) for r in rows]
-    finally:
-        conn.close()
+    return _rows(home, "SELECT scope, owner, expires_at FROM leases WHERE task_id = ?", task_id)
 
 
 def kinds(events: list[dict], kind: str) -> list[dict]:
@@ -143,16 +110,6 @@ def process_gone(pid: int) -> bool:
 def kill_runner(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
     poll(lambda: process_gone(pid), f"runner {pid} to die after SIGKILL", 20)
-
-
-def task_containers(task_id: str, **labels: str) -> list:
-    wanted = [f"io.worker-bridge.task={task_id}"]
-    wanted += [f"io.worker-bridge.{k}={v}" for k, v in labels.items()]
-    client = docker.from_env()
-    try:
-        return client.containers.list(all=True, filters={"label": wanted})
-    finally:
-        client.close()
 
 
 def wait_no_containers(task_id: str) -> None:
@@ -212,14 +169,14 @@ def test_cancelling_a_detached_run_is_final_and_its_container_goes(
 
     cancelled = cli("tasks", "cancel", task_id)
     assert cancelled.code == 0, cancelled.stderr
-    assert show(cli, task_id)["status"] == "cancelled"
+    assert show_task(cli, task_id)["status"] == "cancelled"
     wait_no_containers(task_id)
 
     poll(lambda: process_gone(pid), "the cancelled task's runner to exit", 60)
-    result = show(cli, task_id)
+    result = show_task(cli, task_id)
     assert result["status"] == "cancelled"
     assert result["error"]["kind"] == "cancelled"
-    statuses = [e["data"]["to"] for e in kinds(cli_events(cli, task_id), "task.status")]
+    statuses = [e["data"]["to"] for e in kinds(task_events(cli, task_id), "task.status")]
     assert statuses[-1] == "cancelled" and statuses.count("cancelled") == 1
     assert not task_containers(task_id)
 
@@ -247,7 +204,7 @@ def test_cancelling_a_wait_run_from_another_process_ends_it_with_exit_1(
             proc.wait()
     assert proc.returncode == 1, err
     assert f"task {task_id} cancelled" in err
-    result = show(cli, task_id)
+    result = show_task(cli, task_id)
     assert result["status"] == "cancelled"
     assert result["error"]["kind"] == "cancelled"
     wait_no_containers(task_id)
@@ -266,7 +223,7 @@ def test_cancelling_during_verification_removes_the_verify_container(
     assert cancelled.code == 0, cancelled.stderr
     wait_no_containers(task_id)
     poll(lambda: process_gone(pid), "the cancelled task's runner to exit", 60)
-    result = show(cli, task_id)
+    result = show_task(cli, task_id)
     assert result["status"] == "cancelled"
     assert result["error"]["kind"] == "cancelled"
 
@@ -278,13 +235,13 @@ def test_cancelling_a_finished_task_is_refused_and_leaves_it_as_it_was(
     run = cli("tasks", "run", "--spec", str(spec), "--json")
     assert run.code == 0, run.stderr
     task_id = run.json()["task_id"]
-    before = show(cli, task_id)
+    before = show_task(cli, task_id)
     assert before["status"] == "succeeded"
 
     refused = cli("tasks", "cancel", task_id)
     assert refused.code == 1
     assert "already ended succeeded" in refused.stderr
-    after = show(cli, task_id)
+    after = show_task(cli, task_id)
     assert after["status"] == "succeeded"
     assert after["error"] is None
     assert after["finished_at"] == before["finished_at"]
@@ -334,7 +291,7 @@ def test_a_worker_over_its_memory_limit_fails_with_out_of_memory(cli, repo, work
     assert result["error"]["kind"] == "out_of_memory", result["error"]
     message = result["error"]["message"]
     assert "64 MB" in message
-    completed = kinds(cli_events(cli, result["task_id"]), "worker.completed")
+    completed = kinds(task_events(cli, result["task_id"]), "worker.completed")
     assert completed and completed[-1]["data"]["oom_killed"] is True
     assert f"exit status {completed[-1]['data']['exit_code']}" in message
     wait_no_containers(result["task_id"])
@@ -405,17 +362,17 @@ def test_a_runner_killed_in_any_phase_is_resumed_by_the_next_command_that_acts_a
     for read in (["show", task_id], ["list"], ["logs", task_id]):
         assert cli("tasks", *read).code == 0
     assert runner_row(home, task_id)["runner_pid"] == pid, "no read handed it to a runner"
-    assert not kinds(cli_events(cli, task_id), "task.recovering")
+    assert not kinds(task_events(cli, task_id), "task.recovering")
 
     listed = cli("tasks", "recover", "--json")  # a command that acts recovers the stranded task
     assert listed.code == 0, listed.stderr
     assert listed.json() == {"recovered": [task_id]}
-    result = wait_for_status(cli, task_id)
+    result = wait_until_done(cli, task_id)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["ok"] is True
     assert [c["path"] for c in result["changed_files"]] == ["out.txt"]
 
-    events = cli_events(cli, task_id)
+    events = task_events(cli, task_id)
     assert [e["data"]["phase"] for e in kinds(events, "task.resumed")] == [phase]
     assert len(kinds(events, "worker.started")) == 1
     if kill_at == "worker.started":
@@ -446,7 +403,7 @@ def test_a_queued_task_whose_runner_died_waiting_for_capacity_is_picked_up_again
 
     listed = cli("tasks", "recover")
     assert listed.code == 0, listed.stderr
-    assert kinds(cli_events(cli, queued_id), "task.recovering")
+    assert kinds(task_events(cli, queued_id), "task.recovering")
     second = poll(
         lambda: (
             (row := runner_row(home, queued_id))["runner_pid"]
@@ -458,7 +415,7 @@ def test_a_queued_task_whose_runner_died_waiting_for_capacity_is_picked_up_again
     assert second["status"] == "queued"  # the slot is still held by the long task
 
     assert cli("tasks", "cancel", long_id).code == 0
-    result = wait_for_status(cli, queued_id)
+    result = wait_until_done(cli, queued_id)
     assert result["status"] == "succeeded", result["error"]
     assert result["verification"]["ok"] is True
     wait_no_containers(queued_id)
@@ -500,11 +457,11 @@ def test_the_lease_of_a_killed_runner_is_free_at_once_and_both_tasks_finish(
     listed = cli("tasks", "recover")  # recovers A
     assert listed.code == 0, listed.stderr
     for task_id in (a_id, b_id):
-        result = wait_for_status(cli, task_id)
+        result = wait_until_done(cli, task_id)
         assert result["status"] == "succeeded", (task_id, result["error"])
         assert result["verification"]["ok"] is True
         wait_no_containers(task_id)
-    assert [e["data"]["phase"] for e in kinds(cli_events(cli, a_id), "task.resumed")] == ["worker"]
+    assert [e["data"]["phase"] for e in kinds(task_events(cli, a_id), "task.resumed")] == ["worker"]
 
 
 def test_a_killed_runners_still_running_container_keeps_its_slot(
@@ -531,7 +488,7 @@ def test_a_killed_runners_still_running_container_keeps_its_slot(
 
     assert cli("tasks", "recover").code == 0
     for task_id in (a_id, b_id):
-        assert wait_for_status(cli, task_id)["status"] == "succeeded"
+        assert wait_until_done(cli, task_id)["status"] == "succeeded"
 
 
 def test_runners_killed_at_random_instants_leave_nothing_recovery_and_prune_cannot_finish(

@@ -22,8 +22,8 @@ import pytest
 from support.gateway_host import GatewayHost
 from support.gateway_sockets import Events, built_in_routes, gateway, http, request, status_of
 from support.hostile_upstream import HostileUpstream
-from support.repos import git, make_repo
-from support.tasks import mock_task
+from support.repos import commit_all, make_repo
+from support.tasks import bare_spec, mock_task
 
 from bridge import WorkerBridge
 from bridge.config import load_config
@@ -47,8 +47,11 @@ def _bridge(home: Path, **overrides) -> WorkerBridge:
     return WorkerBridge(home=home, sandbox=FakeSandbox(), **overrides)
 
 
-def _spec(repo: Path, **extra) -> dict:
-    return {"objective": "x", "worker": "mock", "workspace": {"repository": str(repo)}, **extra}
+def _allowed_and_outside(workdir: Path) -> tuple[Path, Path]:
+    """The one folder a scoped bridge will allow, and a repository outside it."""
+    allowed = workdir / "allowed"
+    allowed.mkdir()
+    return allowed, make_repo(workdir, "outside")
 
 
 # -- 1. repositories bound every verb ------------------------------------------------------------
@@ -61,13 +64,13 @@ def test_a_folder_whose_name_extends_an_allowed_one_is_outside_with_or_without_a
     allowed.mkdir()
     evil = make_repo(workdir, "repos-evil")  # a string prefix match would let it in
     unscoped = _bridge(home, repositories=[])
-    task = unscoped.create_task(_spec(evil)).task_id
+    task = unscoped.create_task(bare_spec(evil)).task_id
     unscoped.close()
     for spelled in (str(allowed), str(allowed) + "/", str(allowed) + "/."):
         scoped = _bridge(home, repositories=[Path(spelled)])
         try:
             with pytest.raises(InvalidSpec, match="outside the folders"):
-                scoped.create_task(_spec(evil))
+                scoped.create_task(bare_spec(evil))
             with pytest.raises(TaskNotFound):
                 scoped.get_task(task)
             assert scoped.list_tasks() == []
@@ -78,27 +81,23 @@ def test_a_folder_whose_name_extends_an_allowed_one_is_outside_with_or_without_a
 def test_a_link_or_a_climb_inside_the_allowed_folder_does_not_reach_a_repository_outside(
     workdir, home
 ):
-    allowed = workdir / "allowed"
-    allowed.mkdir()
-    outside = make_repo(workdir, "outside")
+    allowed, outside = _allowed_and_outside(workdir)
     (allowed / "link").symlink_to(outside)
     scoped = _bridge(home, repositories=[allowed])
     try:
         for spelled in (allowed / "link", Path(f"{allowed}/../outside")):
             with pytest.raises(InvalidSpec, match="outside the folders"):
-                scoped.create_task(_spec(spelled))
+                scoped.create_task(bare_spec(spelled))
     finally:
         scoped.close()
 
 
 def test_a_task_whose_repository_was_swapped_for_a_link_outside_is_absent(workdir, home):
-    allowed = workdir / "allowed"
-    allowed.mkdir()
+    allowed, outside = _allowed_and_outside(workdir)
     mine = make_repo(allowed, "mine")
-    outside = make_repo(workdir, "outside")
     scoped = _bridge(home, repositories=[allowed])
     try:
-        task = scoped.create_task(_spec(mine)).task_id
+        task = scoped.create_task(bare_spec(mine)).task_id
         os.rename(mine, workdir / "parked")
         mine.symlink_to(outside)
         with pytest.raises(TaskNotFound):
@@ -111,20 +110,18 @@ def test_a_task_whose_repository_was_swapped_for_a_link_outside_is_absent(workdi
 
 
 def test_an_idempotency_key_used_only_in_another_repository_answers_as_an_unused_key(workdir, home):
-    allowed = workdir / "allowed"
-    allowed.mkdir()
+    allowed, outside = _allowed_and_outside(workdir)
     mine = make_repo(allowed, "mine")
-    outside = make_repo(workdir, "outside")
     unscoped = _bridge(home, repositories=[])
-    unscoped.create_task(_spec(outside, idempotency_key="JIRA-4711-fix-billing"))
+    unscoped.create_task(bare_spec(outside, idempotency_key="JIRA-4711-fix-billing"))
     unscoped.close()
     scoped = _bridge(home, repositories=[allowed])
     try:
-        fresh = scoped.create_task(_spec(mine, idempotency_key="never-used"))
+        fresh = scoped.create_task(bare_spec(mine, idempotency_key="never-used"))
         assert fresh.status == "created"
         # The oracle: a client probing keys learns which another tenant used (and cannot use
         # them itself) unless this answers like the unused key above.
-        probed = scoped.create_task(_spec(mine, idempotency_key="JIRA-4711-fix-billing"))
+        probed = scoped.create_task(bare_spec(mine, idempotency_key="JIRA-4711-fix-billing"))
         assert probed.status == "created"
     finally:
         scoped.close()
@@ -184,13 +181,14 @@ def test_a_devcontainer_build_from_an_image_not_allowed_is_refused_at_creation(
     build = {"dockerfile": "Dockerfile", **({"args": args} if args else {})}
     (repo / ".devcontainer" / "devcontainer.json").write_text(json.dumps({"build": build}))
     (repo / ".devcontainer" / "Dockerfile").write_text(dockerfile)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "a devcontainer built from another image")
+    commit_all(repo, "a devcontainer built from another image")
     bridge = _bridge(home)
     try:
         with pytest.raises(InvalidSpec, match="allowed_images"):
             bridge.create_task(
-                _spec(repo, environment={"devcontainer": True}, verification={"commands": ["true"]})
+                bare_spec(
+                    repo, environment={"devcontainer": True}, verification={"commands": ["true"]}
+                )
             )
     finally:
         bridge.close()
@@ -498,7 +496,7 @@ def test_the_kept_log_read_after_a_lost_stream_still_refuses_a_session_id_of_the
 
     bridge = WorkerBridge(home=home, sandbox=FakeSandbox(behaviour))
     try:
-        spec = {**_spec(repo), "worker": "claude-code", "verification": {"commands": []}}
+        spec = {**bare_spec(repo), "worker": "claude-code", "verification": {"commands": []}}
         result = bridge.run_task(bridge.create_task(spec).task_id)
         record = bridge.store.load_task(result.task_id)
         notes = [

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from support.mcp_http_server import http_client, http_server
 from support.mcp_session import call, call_error, delegate, mcp_server, wait_status
-from support.repos import git, make_repo
+from support.repos import commit_all, git, make_repo
+from support.tasks import bare_spec
 from support.waiting import poll
 
 from bridge import WorkerBridge
@@ -161,12 +162,7 @@ def test_an_idempotency_key_of_another_repositorys_task_reveals_nothing(workdir,
     mine = make_repo(allowed, "mine")
     scoped = WorkerBridge(home=home)
     try:
-        spec = {
-            "objective": "x",
-            "worker": "mock",
-            "workspace": {"repository": str(mine)},
-            "idempotency_key": key,
-        }
+        spec = bare_spec(mine, idempotency_key=key)
         first = scoped.create_task(spec)
         assert first.task_id != done, "a key is its repository's: no other task is named"
         assert scoped.create_task(spec).task_id == first.task_id, "and idempotent within it"
@@ -215,8 +211,7 @@ async def test_a_spec_names_only_allowed_images_and_a_refusal_tells_nothing_of_t
         ), "the same words whether the engine has the image or not"
         (repo / ".devcontainer").mkdir()
         (repo / ".devcontainer" / "devcontainer.json").write_text(f'{{"image": "{secret_image}"}}')
-        git(repo, "add", "-A")
-        git(repo, "commit", "-qm", "a devcontainer naming the secret image")
+        commit_all(repo, "a devcontainer naming the secret image")
         through_repo = await call_error(
             client,
             "worker_delegate",
@@ -229,12 +224,8 @@ async def test_a_spec_names_only_allowed_images_and_a_refusal_tells_nothing_of_t
     try:
         from bridge.errors import InvalidSpec
 
-        spec = {
-            "objective": "x",
-            "worker": "mock",
-            "workspace": {"repository": str(repo)},
-            "verification": {"commands": ["cat /etc/secret"], "image": secret_image},
-        }
+        verification = {"commands": ["cat /etc/secret"], "image": secret_image}
+        spec = bare_spec(repo, verification=verification)
         with pytest.raises(InvalidSpec, match="verification.image .*allowed_images"):
             bridge.create_task(spec)
         own = {

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from support.repos import git
+from support.repos import commit_all, git
 
 from bridge.errors import DiskFull
 from bridge.workspace.baseline import record_files, touched_paths
@@ -91,8 +91,7 @@ def test_the_worktree_is_a_byte_exact_checkout_whatever_the_attributes_say(home,
     (repo / ".gitattributes").write_text("*.txt ident\n*.crlf text eol=crlf\n")
     (repo / "id.txt").write_text("$Id$\n")
     (repo / "lines.crlf").write_text("a\nb\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "attributes")
+    commit_all(repo, "attributes")
     ws, base = _workspace(home, repo, "raw")
     assert (ws.worktree / "id.txt").read_bytes() == b"$Id$\n"
     assert (ws.worktree / "lines.crlf").read_bytes() == b"a\nb\n"

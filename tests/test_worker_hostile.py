@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.real_workers import ensure_worker_image
-from support.repos import git
+from support.repos import commit_all
 from support.tasks import run_spec, task_events
 
 FORGED = "--dangerously-skip-permissions"
@@ -167,8 +167,7 @@ def test_a_repository_hook_cannot_plant_a_session_id_for_the_next_turn(
     )
     settings = {"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": hook}]}]}}
     (repo / ".claude" / "settings.json").write_text(json.dumps(settings))
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "project settings")
+    commit_all(repo, "project settings")
     spec = {
         "objective": "Look only.\n@say Looked.",
         "worker": "claude-code",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from support.repos import git
+from support.tasks import task_flags
 
 
 def test_workers_list_json_has_the_contract_shape(cli, docker_images):
@@ -23,17 +24,7 @@ def test_a_linked_cli_runs_in_the_base_image_with_the_prompt_filled_in(cli, repo
     listed = {w["name"]: w for w in cli("workers", "list", "--json").json()["workers"]}
     assert listed["echoer"]["image"].startswith("worker-bridge/base:")
 
-    run = cli(
-        "tasks",
-        "run",
-        "--repo",
-        str(repo),
-        "--worker",
-        "echoer",
-        "--objective",
-        "say hello",
-        "--json",
-    )
+    run = cli("tasks", "run", *task_flags(repo, "say hello", worker="echoer"), "--json")
     assert run.code == 0, run.stderr
     result = run.json()
     assert result["summary"] == "final: done"

@@ -30,6 +30,14 @@ def commit_all(repo: Path, message: str) -> None:
     git(repo, "commit", "-qm", message)
 
 
+def commit_files(repo: Path, files: dict[str, str], message: str) -> None:
+    """Write FILES (path -> text) and commit them alone."""
+    for rel, text in files.items():
+        (repo / rel).write_text(text)
+    git(repo, "add", "--", *files)
+    git(repo, "commit", "-qm", message)
+
+
 def calc_repo(path: Path) -> Path:
     """A small committed repository at PATH: a module, its test, a .gitignore, a README."""
     path.mkdir()
