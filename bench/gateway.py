@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -166,6 +167,38 @@ def _flood_memory(upstream_port: int, connections: int, body: int) -> dict:
     }
 
 
+def _latency_ms(connect, target: str) -> float:
+    t0 = time.perf_counter()
+    _get(connect, target, "127.0.0.1")
+    return (time.perf_counter() - t0) * 1000
+
+
+def _stream_mib_s(connect, target: str) -> float:
+    t0 = time.perf_counter()
+    size = _get(connect, target, "127.0.0.1")
+    return size / 2**20 / (time.perf_counter() - t0)
+
+
+def _upload_mib_s(connect, target: str) -> float:
+    t0 = time.perf_counter()
+    _post(connect, target, UPLOAD_BYTES)
+    return UPLOAD_BYTES / 2**20 / (time.perf_counter() - t0)
+
+
+def _alternate(
+    rounds: int, paths: tuple, path: str, once: Callable[[Callable, str], float]
+) -> tuple[list[float], list[float]]:
+    """ROUNDS measurements of PATH straight to the upstream and through the gateway (route
+    `b`), taken in turn so that the machine's drift falls on both alike; ONCE is one."""
+    direct, via = paths
+    direct_out: list[float] = []
+    via_out: list[float] = []
+    for _ in range(rounds):
+        direct_out.append(once(direct, path))
+        via_out.append(once(via, "/b" + path))
+    return direct_out, via_out
+
+
 def bench_gateway(samples: int) -> dict:
     upstream = _Upstream()
     folder = Path(tempfile.mkdtemp(prefix="wb-gw-", dir="/dev/shm"))
@@ -182,33 +215,10 @@ def bench_gateway(samples: int) -> dict:
         return s
 
     try:
-        lat_direct, lat_via = [], []
-        for _ in range(samples):
-            for fn, out, target in (
-                (direct, lat_direct, "/v1/small"),
-                (via, lat_via, "/b/v1/small"),
-            ):
-                t0 = time.perf_counter()
-                _get(fn, target, "127.0.0.1")
-                out.append((time.perf_counter() - t0) * 1000)
-        thr_direct, thr_via = [], []
-        for _ in range(max(samples // 10, 3)):
-            for fn, out, target in (
-                (direct, thr_direct, "/v1/stream"),
-                (via, thr_via, "/b/v1/stream"),
-            ):
-                t0 = time.perf_counter()
-                size = _get(fn, target, "127.0.0.1")
-                out.append(size / 2**20 / (time.perf_counter() - t0))
-        up_direct, up_via = [], []
-        for _ in range(max(samples // 50, 3)):
-            for fn, out, target in (
-                (direct, up_direct, "/v1/upload"),
-                (via, up_via, "/b/v1/upload"),
-            ):
-                t0 = time.perf_counter()
-                _post(fn, target, UPLOAD_BYTES)
-                out.append(UPLOAD_BYTES / 2**20 / (time.perf_counter() - t0))
+        paths = (direct, via)
+        lat_direct, lat_via = _alternate(samples, paths, "/v1/small", _latency_ms)
+        thr_direct, thr_via = _alternate(max(samples // 10, 3), paths, "/v1/stream", _stream_mib_s)
+        up_direct, up_via = _alternate(max(samples // 50, 3), paths, "/v1/upload", _upload_mib_s)
         flood = _flood_memory(upstream.port, FLOOD_CONNECTIONS, UPLOAD_BYTES)
     finally:
         gateway.stop()

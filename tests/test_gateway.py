@@ -17,6 +17,7 @@ from support.gateway_sockets import (
     connect,
     gateway,
     http,
+    localhost_gateway,
     request,
     status_of,
 )
@@ -151,14 +152,7 @@ def test_an_upstream_that_is_down_or_slow_gives_502_or_504_with_the_reason(workd
 
 def test_a_listed_name_tunnels_and_others_are_refused(workdir, upstream):
     events = Events()
-    gw = gateway(
-        workdir / "gw",
-        upstream,
-        events,
-        allowlist=["localhost"],
-        trusted=["127.0.0.0/8", "::1/128"],
-        ports=[upstream.port],
-    )
+    gw = localhost_gateway(workdir / "gw", upstream, events, trusted=["127.0.0.0/8", "::1/128"])
     try:
         tunneled = connect(
             gw.folder / PROXY_SOCKET, "localhost", upstream.port, http("GET", "/via")
@@ -181,7 +175,7 @@ def test_a_listed_name_tunnels_and_others_are_refused(workdir, upstream):
 
 def test_a_listed_name_on_a_private_address_is_refused_unless_trusted(workdir, upstream):
     events = Events()
-    gw = gateway(workdir / "gw", upstream, events, allowlist=["localhost"], ports=[upstream.port])
+    gw = localhost_gateway(workdir / "gw", upstream, events, trusted=())
     try:
         refused = connect(gw.folder / PROXY_SOCKET, "localhost", upstream.port, b"")
     finally:
@@ -613,15 +607,7 @@ def test_bodies_stream_through_within_the_byte_budget_without_a_deadlock(workdir
 
 def test_idle_tunnels_hold_none_of_the_budget_and_still_carry_bytes(workdir, upstream):
     events = Events()
-    gw = gateway(
-        workdir / "gw",
-        upstream,
-        events,
-        allowlist=["localhost"],
-        trusted=["127.0.0.0/8"],
-        ports=[upstream.port],
-        memory_budget_mb=1,
-    )
+    gw = localhost_gateway(workdir / "gw", upstream, events, memory_budget_mb=1)
     tunnels = []
     try:
         for _ in range(40):  # more than the budget would fit at 64 KiB each if idle ones held it

@@ -18,14 +18,14 @@ from bridge.sandbox.images import DEFAULT_TARGETS, build_images, explain_build_f
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def make_plan(target: str, newer: str) -> str:
+    """What `make TARGET` would run, with NEWER taken as just changed (`make -n -W`)."""
+    argv = ["make", "-n", "-W", newer, target]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
 def test_make_demo_builds_only_the_images_the_demo_uses():
-    plan = subprocess.run(
-        ["make", "-n", "-W", "pyproject.toml", "demo"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    plan = make_plan("demo", "pyproject.toml")
     [build] = [line for line in plan.splitlines() if "images build" in line]
     assert "--all" not in build
     for worker in ("codex", "claude-code", "opencode"):
@@ -35,13 +35,7 @@ def test_make_demo_builds_only_the_images_the_demo_uses():
 
 
 def test_make_test_installs_what_the_tests_need():
-    plan = subprocess.run(
-        ["make", "-n", "-W", "tests/interop/package-lock.json", "test"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    plan = make_plan("test", "tests/interop/package-lock.json")
     assert "npm ci --prefix tests/interop" in plan
     assert "install-test-deps docker-compose" in plan
     assert "images build --all" in plan

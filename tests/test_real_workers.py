@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from support.real_workers import (
+    AUTH,
     KEY,
     KEY_VARS,
     assert_key_nowhere,
@@ -38,7 +40,6 @@ class RealCli:
     worker: str
     api: str  # the scripted server's API it speaks (bridge/smoke/apis/)
     route: str  # its model route: a refused key names this route's key variable
-    auth: tuple[str, str]  # the credential header the gateway adds on the host, and its value
     eol: str  # what the CLI's write puts after a one-line file's text
     session_looks_right: Callable[[str], bool]
     file_edit: dict  # the progress event of its write of hello.txt
@@ -61,12 +62,23 @@ class RealCli:
             **extra,
         }
 
+    @property
+    def auth(self) -> tuple[str, str]:
+        """The credential header the gateway adds on the host for its route, and its value."""
+        if AUTH[self.route] == "x-api-key":
+            return "x-api-key", KEY
+        return "authorization", f"Bearer {KEY}"
+
     def user_texts(self, request) -> list[str]:
         api = importlib.import_module(f"bridge.smoke.apis.{self.api}").API
         return api.conversation(request.body or {}).user_texts
 
     def requests(self, server) -> list:
         return server.api_requests(self.api)
+
+
+def _is_uuid(session: str) -> bool:
+    return len(session) == 36 and str(uuid.UUID(session)) == session.lower()
 
 
 # -- Claude Code -------------------------------------------------------------------------------
@@ -91,9 +103,8 @@ CLAUDE_CODE = RealCli(
     worker="claude-code",
     api="anthropic",
     route="anthropic",
-    auth=("x-api-key", KEY),
     eol="",
-    session_looks_right=lambda session: len(session) == 36,  # a UUID
+    session_looks_right=_is_uuid,
     file_edit={"kind": "file_edit", "text": "write hello.txt", "name": "Write"},
     exact_turns=False,  # Claude Code adds its own context to the first turn's text
     refused_key_requests=range(0, 3),  # final: not Claude Code's ten retries (3 min of backoff)
@@ -128,9 +139,8 @@ CODEX = RealCli(
     worker="codex",
     api="responses",
     route="openai",
-    auth=("authorization", f"Bearer {KEY}"),
     eol="\n",
-    session_looks_right=lambda session: len(session) == 36,  # its thread id, a UUID
+    session_looks_right=_is_uuid,  # its thread id
     file_edit={"kind": "file_edit", "text": "add hello.txt", "name": "apply_patch"},
     exact_turns=True,
     refused_key_requests=range(2, 3),  # one stream retry, not Codex's default five
@@ -184,7 +194,6 @@ OPENCODE = RealCli(
     worker="opencode",
     api="chat",
     route="openai",
-    auth=("authorization", f"Bearer {KEY}"),
     eol="",
     session_looks_right=lambda session: session.startswith("ses_"),
     file_edit={"kind": "file_edit", "text": "hello.txt", "name": "write"},

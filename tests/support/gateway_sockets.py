@@ -42,6 +42,17 @@ def gateway(folder: Path, upstream: Upstream, events: Events, allowlist=None, **
     return Gateway(folder, routes, allowlist, config, events).start()
 
 
+def localhost_gateway(
+    folder: Path, upstream: Upstream, events: Events, *, trusted=("127.0.0.0/8",), **cfg
+) -> Gateway:
+    """A started gateway whose proxy's allowlist names `localhost`, on the upstream's port, with
+    TRUSTED ranges (loopback by default, so that the name may be reached)."""
+    ports = [upstream.port]
+    return gateway(
+        folder, upstream, events, ["localhost"], trusted=list(trusted), ports=ports, **cfg
+    )
+
+
 def request(sock_path: Path, raw: bytes, timeout: float = 10) -> bytes:
     """Send ``raw`` on the socket and read until the server closes (Connection: close)."""
     with socket.socket(socket.AF_UNIX) as s:
