@@ -51,6 +51,10 @@ def ensure_worker_image(config, name: str) -> str:
     sandbox = DockerSandbox()
     tag = config.image_for(name)
     if not sandbox.image_present(tag):
+        # npm inside the build trusts what this machine trusts (`make test` passes its CA file)
+        ca = os.environ.get("WORKER_BRIDGE_EXTRA_CA_FILE")
+        if ca and config.extra_ca_file is None:
+            config = config.model_copy(update={"extra_ca_file": Path(ca)})
         build_images(config, sandbox, [name], BASE_IMAGE, on_line=lambda _: None)
     return tag
 
