@@ -60,7 +60,9 @@ def workdir(request):
     yield path
     _remove_containers(path / "home")
     from bridge.workspace.fs import remove_tree  # any depth, never following a link
+    from bridge.workspace.trash import reap
 
+    reap(path / "home")  # after the state root's background remover, never beside it
     remove_tree(path)
 
 
