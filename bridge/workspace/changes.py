@@ -4,6 +4,7 @@ the binary diff, the manifest (path, change kind, size, mode) and the protected-
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import re
 from dataclasses import dataclass
@@ -204,21 +205,37 @@ def update_checkout(
     home: Path, repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
 ) -> list[str]:
     """Bring a clean checkout of the base commit to exactly ``snapshot`` by touching only the
-    changed paths: deletions (and rename sources) first, then the rest. Returns the paths
-    written."""
+    changed paths: deletions (and rename sources) first, the folders they emptied after them
+    (each looked at once), then the rest. Returns the paths written."""
+    emptied: set[str] = set()
     for change in changes:
         for path in ([change.old_path] if change.old_path else []) + (
             [change.path] if change.change in ("deleted", "type_changed") else []
         ):
             fs.remove_tree(dest / path)
-            _remove_empty_parents((dest / path).parent, dest)
+            emptied.add(path.rpartition("/")[0])
+    _remove_empty_folders(dest, emptied)
     written = [c.path for c in changes if c.change != "deleted"]
     if written:
         raw_checkout(home, repo, snapshot, dest, scratch / f"checkout-{dest.name}.index", written)
     return written
 
 
-def _remove_empty_parents(folder: Path, root: Path) -> None:
-    while folder != root and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-        folder = folder.parent
+def _remove_empty_folders(root: Path, folders: set[str]) -> None:
+    """Remove those of ``folders`` (paths under ``root``) left empty, and their parents left
+    empty in turn, deepest first: once per folder, however many deletions emptied it."""
+    heap = [(-f.count("/"), f) for f in folders if f]
+    heapq.heapify(heap)
+    seen: set[str] = set()
+    while heap:
+        _, folder = heapq.heappop(heap)
+        if folder in seen:
+            continue
+        seen.add(folder)
+        path = root / folder
+        if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
+            continue
+        path.rmdir()
+        above = folder.rpartition("/")[0]
+        if above:
+            heapq.heappush(heap, (-above.count("/"), above))
