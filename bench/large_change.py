@@ -1,7 +1,9 @@
 """Collecting a large change: N new small files in a worktree, snapshotted, diffed and listed by
 worker-bridge's collect (stat baseline, safe reads, one fast-import), against the floor of doing
 the same by hand in a plain clone (`git add -A`, `write-tree`, `commit-tree`, `diff --raw`,
-`diff --binary`). Run at growing N to show how the cost grows (it should stay linear)."""
+`diff --binary`). Run at growing N to show how the cost grows (it should stay linear). The
+whole task of such a change (worker, collect, verification, accept, on tmpfs and on the root
+disk) is `bench/large_task.py`."""
 
 from __future__ import annotations
 

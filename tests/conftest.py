@@ -45,7 +45,9 @@ def workdir(request):
     yield path
     remove_home_artifacts(path / "home")
     from bridge.workspace.fs import remove_tree  # any depth, never following a link
+    from bridge.workspace.trash import reap
 
+    reap(path / "home")  # after the state root's background remover, never beside it
     remove_tree(path)
 
 

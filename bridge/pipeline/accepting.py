@@ -26,23 +26,23 @@ from bridge.records import AcceptResult, TaskRecord
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import get_worker
-from bridge.workspace.accept import escaping_symlink
-from bridge.workspace.changes import list_changes
-from bridge.workspace.fs import display, remove_tree
-from bridge.workspace.git import Git
-from bridge.workspace.locks import repository_lock
-from bridge.workspace.rawgit import object_format, raw_git
-from bridge.workspace.worktree import TaskWorkspace, remove_workspace
-from bridge.workspace.writer import (
-    BlobReader,
-    Refused,
-    Writer,
+from bridge.workspace.accept import (
     check_entries,
     check_written,
     dirty_paths,
+    entries_of_changes,
+    escaping_symlink,
     target_entries,
     tracked_paths,
 )
+from bridge.workspace.changes import list_changes
+from bridge.workspace.fs import display
+from bridge.workspace.git import Git
+from bridge.workspace.locks import repository_lock
+from bridge.workspace.rawgit import object_format, raw_git
+from bridge.workspace.trash import discard
+from bridge.workspace.worktree import TaskWorkspace, remove_workspace
+from bridge.workspace.writer import BlobReader, Refused, Writer
 
 
 def accept_task(
@@ -78,7 +78,7 @@ def accept_task(
 def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> AcceptResult:
     repo, home = Path(record.repository), ctx.home
     base, snapshot = record.base_commit or "", record.snapshot_commit or ""
-    changes = list_changes(repo, base, snapshot)
+    changes = list_changes(repo, base, snapshot, sizes=False)
     head = Git(repo).resolve_commit("HEAD")
     raw = raw_git(home, repo)
     target, reverified, verification = snapshot, None, None
@@ -105,15 +105,19 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
             f"repository ('{escape[1]}').",
             "symlink_escape",
         )
-    entries = target_entries(raw, target, paths)
+    # The snapshot's own entries come with the diff; a merged tree is looked up.
+    entries = (
+        entries_of_changes(changes) if target == snapshot else target_entries(raw, target, paths)
+    )
     with repository_lock(home, repo):
         if Git(repo).resolve_commit("HEAD") != head:
             raise Refused(
                 f"Refusing to accept: HEAD of {repo} moved while task {record.task_id} was being "
                 "accepted; accept again."
             )
-        check_entries(repo, entries, dirty_paths(repo), tracked_paths(repo))
-        writer = Writer(repo, ctx.task_dir(record.task_id) / "accept-backup")
+        tracked = tracked_paths(repo)
+        check_entries(repo, entries, dirty_paths(repo), tracked)
+        writer = Writer(repo, ctx.task_dir(record.task_id) / "accept-backup", tracked)
         blobs = BlobReader(raw)
         try:
             writer.apply(entries, blobs)
@@ -142,7 +146,8 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
         writer.commit()
     applied = [display(e.path) for e in entries]
     ctx.store.add_event(record.task_id, "task.accepted", {"files": applied[:1000], "head": head})
-    remove_workspace(home, TaskWorkspace.plan(home, repo, record.task_id))
+    # The worktree goes to the background remover: accept is done once the files are written.
+    remove_workspace(home, TaskWorkspace.plan(home, repo, record.task_id), defer=True)
     return AcceptResult(
         accepted=True,
         task_id=record.task_id,
@@ -212,7 +217,7 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str, head: str) -> Verific
     scratch = run_ctx.task_dir(record.task_id) / "reverify"
     env = TaskEnvironment(handle, lambda: get_worker(run_ctx.config, record.spec.worker))
     try:
-        remove_tree(scratch)
+        discard(ctx.home, scratch)
         scratch.mkdir(parents=True)
         # The task's environment for the merged tree's dependency files (setup again when
         # they are not the base's), else the verification image.
@@ -238,4 +243,4 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str, head: str) -> Verific
         env.discard()
         stop.set()
         store.leases.release(record.task_id, owner)
-        remove_tree(scratch)
+        discard(ctx.home, scratch)

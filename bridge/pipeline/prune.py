@@ -24,7 +24,7 @@ from bridge.pipeline.recovery import orphan_containers
 from bridge.records import TaskRecord
 from bridge.scope import RepositoryScope
 from bridge.store.db import now_iso
-from bridge.workspace import fs
+from bridge.workspace import fs, trash
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.objects import stores_in_use
@@ -36,7 +36,7 @@ RECLAIMABLE = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.REJECTE
 
 @dataclass
 class PruneAction:
-    kind: str  # workspace | artifacts | orphan_dir | orphan_log | container | object_cache
+    kind: str  # workspace | artifacts | orphan_dir | orphan_log | container | object_cache | trash
     target: str
     task_id: str | None
     reason: str
@@ -110,6 +110,16 @@ def plan_prune(
                 )
             )
     actions += _orphans(ctx, tasks, scope)
+    left = trash.leftovers(home)  # folders already removed from every task: any scope's
+    if left:
+        actions.append(
+            PruneAction(
+                "trash",
+                str(trash.trash_dir(home)),
+                None,
+                f"{len(left)} removed folder(s) that no background remover is at work on",
+            )
+        )
     pruning = {a.task_id for a in actions if a.kind == "workspace"}
     actions += _object_caches(ctx, tasks, pruning, scope)
     try:
@@ -244,6 +254,8 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
         return failed
     if action.kind == "orphan_dir":
         return _remove_orphan_dir(ctx, Path(action.target))
+    if action.kind == "trash":
+        return trash.reap(ctx.home)
     if action.kind in ("orphan_log", "object_cache"):
         return fs.remove_tree(Path(action.target))
     if action.kind == "container":

@@ -27,7 +27,7 @@ from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
-from bridge.workspace.fs import remove_tree
+from bridge.workspace.trash import discard
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class VerifyCheckout:
 
     def _prepare(self) -> None:
         try:
-            remove_tree(self.scratch)
+            discard(self.home, self.scratch)  # what a killed runner left
             self.scratch.mkdir(parents=True)
             export_snapshot(self.home, self.ws.repository, self.base, self.path, self.scratch)
             self._chown()
@@ -123,7 +123,7 @@ class VerifyCheckout:
         if self._thread is not None:
             self._thread.join()
         if self._thread is None or self._error is not None:
-            remove_tree(self.scratch)
+            discard(self.home, self.scratch)
             self.scratch.mkdir(parents=True)
             export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
             self._chown()
@@ -136,10 +136,11 @@ class VerifyCheckout:
             materialize(self.outputs, self.path, self.handle.ctx.sandbox_identity()[1])
 
     def discard(self) -> None:
-        """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees)."""
+        """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees):
+        moved into the trash at once, removed there in the background (`workspace.trash`)."""
         if self._thread is not None:
             self._thread.join()
-        remove_tree(self.scratch)
+        discard(self.home, self.scratch)
 
 
 def run_verification(
@@ -192,7 +193,7 @@ class FreshCheckouts:
     def _make(self, index: int) -> None:
         try:
             dest = self.path(index)
-            remove_tree(dest)
+            discard(self.handle.ctx.home, dest)
             repo = Path(self.handle.record.repository)
             export_snapshot(self.handle.ctx.home, repo, self.tree, dest, self.scratch)
             _, owner = self.handle.ctx.sandbox_identity()
@@ -220,8 +221,9 @@ class FreshCheckouts:
         return self.path(index)
 
     def done(self, index: int) -> None:
+        """Command ``index`` ended: its checkout goes to the trash (removed in the background)."""
         if index != 0 or self.first is None:
-            remove_tree(self.path(index))
+            discard(self.handle.ctx.home, self.path(index))
 
     def close(self) -> None:
         for index, thread in self._ready.items():

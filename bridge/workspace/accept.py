@@ -1,14 +1,20 @@
-"""Accept's check of the snapshot's symlinks: none that the task adds or changes may point outside
-the repository, also through the snapshot's other links (the writing is `writer.py`, the
-orchestration `pipeline/accepting.py`)."""
+"""Accept's checks (the writing is `writer.py`, the orchestration `pipeline/accepting.py`): the
+entries to write and what stands in their way in the user's tree (uncommitted changes, untracked
+or ignored files, a symlink or file where a folder goes), the snapshot's symlinks (none that the
+task adds or changes may point outside the repository, also through its other links), and the
+written files read back against their blobs."""
 
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
+from bridge.workspace import fs
 from bridge.workspace.changes import Change
 from bridge.workspace.git import Git
+from bridge.workspace.writer import Entry, Refused, blob_id, lstat_at, lstat_path
 
 
 def _snapshot_symlinks(git: Git, snapshot: str) -> dict[str, str]:
@@ -87,3 +93,134 @@ def _through_user_link(repo: Path, parts: list[str], links: dict[str, str]) -> b
         if prefix not in links and os.path.islink(repo / prefix):
             return True
     return False
+
+
+def target_entries(git: Git, tree: str, paths: Iterable[str]) -> list[Entry]:
+    """The entry of each of ``paths`` in ``tree`` (missing there: a deletion)."""
+    wanted = set(paths)
+    found: dict[str, tuple[str, str]] = {}
+    if wanted:
+        out = git.run("ls-tree", "-r", "-z", "--full-tree", tree).stdout
+        for item in out.split(b"\0"):
+            meta, _, raw = item.partition(b"\t")
+            path = fs.decode(raw)
+            if path in wanted:
+                mode, _kind, sha = meta.decode().split()
+                found[path] = (mode, sha)
+    return [Entry(p, *found[p]) if p in found else Entry(p, None, None) for p in sorted(wanted)]
+
+
+def entries_of_changes(changes: Iterable[Change]) -> list[Entry]:
+    """The entries of a change's own target (the snapshot, when HEAD is still the base): each
+    path with the mode and blob `git diff --raw` gave it, a rename's source deleted."""
+    found: dict[str, Entry] = {}
+    for change in changes:
+        if change.old_path is not None:
+            found.setdefault(change.old_path, Entry(change.old_path, None, None))
+        found[change.path] = Entry(change.path, change.mode, change.sha)
+    return [found[p] for p in sorted(found)]
+
+
+def dirty_paths(repo: Path) -> set[str]:
+    """Paths with uncommitted changes (staged, unstaged or untracked), from one `git status`
+    that takes no lock (a killed accept leaves no index.lock behind)."""
+    out = (
+        Git(repo)
+        .run(
+            "--no-optional-locks",
+            "status",
+            "--porcelain=v1",
+            "-z",
+            "--untracked-files=all",
+            "--no-renames",
+        )
+        .stdout
+    )
+    return {fs.decode(item[3:]) for item in out.split(b"\0") if len(item) > 3}
+
+
+def tracked_paths(repo: Path) -> set[str]:
+    """Paths the user's index tracks."""
+    out = Git(repo).run("--no-optional-locks", "ls-files", "-z").stdout
+    return {fs.decode(item) for item in out.split(b"\0") if item}
+
+
+def check_entries(repo: Path, entries: list[Entry], dirty: set[str], tracked: set[str]) -> None:
+    """Refused naming the first path that must not be written: one with uncommitted changes,
+    one that exists but is not tracked (untracked or ignored: the user's own file, such as a
+    `.env`), one under a symlink or a file of the user's, or one outside the repository.
+    Each folder on the way is looked at once, however many paths lie under it."""
+    deleted = {e.path for e in entries if e.delete}
+    folders: dict[str, os.stat_result | None] = {}
+    for entry in entries:
+        parts = entry.path.split("/")
+        if entry.path.startswith("/") or ".." in parts or any(p.lower() == ".git" for p in parts):
+            where = fs.display(entry.path)
+            raise Refused(
+                f"Refusing to accept: '{where}' is not a path inside the repository.",
+                "symlink_escape",
+            )
+        if entry.path in dirty:
+            raise Refused(
+                f"Refusing to accept: '{fs.display(entry.path)}' has uncommitted changes in "
+                f"{repo}; commit or stash them, then accept again."
+            )
+        absent = False  # a folder on the way is missing, so the path is too
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder not in folders:
+                folders[folder] = lstat_path(repo / folder)
+            st = folders[folder]
+            if st is None:
+                absent = True
+                break
+            if stat.S_ISLNK(st.st_mode):
+                raise Refused(
+                    f"Refusing to accept: '{fs.display(folder)}' is a symlink in "
+                    f"{repo}, and writing '{fs.display(entry.path)}' would go through it.",
+                    "symlink_escape",
+                )
+            if not stat.S_ISDIR(st.st_mode) and folder not in deleted:
+                raise Refused(
+                    f"Refusing to accept: '{fs.display(folder)}' is a file in "
+                    f"{repo}, where the change needs a folder."
+                )
+        st = None if absent else lstat_path(repo / entry.path)
+        if st is not None and not stat.S_ISDIR(st.st_mode) and entry.path not in tracked:
+            raise Refused(
+                f"Refusing to accept: '{fs.display(entry.path)}' exists in {repo} but is not "
+                "tracked (an untracked or ignored file of yours); move it away, then accept again."
+            )
+        if not entry.delete and entry.path not in deleted:
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise Refused(
+                    f"Refusing to accept: '{fs.display(entry.path)}' is a folder in {repo}; "
+                    "move it away, then accept again."
+                )
+
+
+def check_written(repo: Path, entries: list[Entry], algorithm: str, limit: int) -> str | None:
+    """The first path whose file is not the target blob (or still exists when deleted)."""
+    with fs.OpenDirs(repo) as dirs:
+        for entry in entries:
+            try:
+                if entry.delete:
+                    try:
+                        parent, name = dirs.parent(entry.path)
+                    except FileNotFoundError:
+                        continue  # its folder went with it
+                    st = lstat_at(parent, name)
+                    if st is not None and not stat.S_ISDIR(st.st_mode):
+                        return entry.path
+                    continue
+                if entry.mode == "120000":
+                    data = fs.read_link(dirs, entry.path)
+                else:
+                    data, st = fs.read_regular_stat(dirs, entry.path, limit)
+                    if bool(st.st_mode & stat.S_IXUSR) != (entry.mode == "100755"):
+                        return entry.path
+                if blob_id(algorithm, data) != entry.sha:
+                    return entry.path
+            except OSError:
+                return entry.path
+    return None

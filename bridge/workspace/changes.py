@@ -4,6 +4,7 @@ the binary diff, the manifest (path, change kind, size, mode) and the protected-
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import re
 from dataclasses import dataclass
@@ -54,18 +55,43 @@ class Change:
         return [self.path] + ([self.old_path] if self.old_path else [])
 
 
-def list_changes(repo: Path, base: str, snapshot: str) -> list[Change]:
-    """Parse `git diff --raw -z -M` (safe for any file name: spaces, unicode, newlines)."""
+# One line of `git diff --raw`: status letter, source path of a rename, path, old mode, new
+# mode, new blob.
+_Raw = tuple[str, str | None, str, str, str, str]
+
+
+def list_changes(repo: Path, base: str, snapshot: str, *, sizes: bool = True) -> list[Change]:
+    """Parse `git diff --raw -z -M` (safe for any file name: spaces, unicode, newlines); blob
+    sizes (one `cat-file --batch-check` for all) unless ``sizes`` is off."""
     git = Git(repo)
     raw = git.run(
         "diff", "--raw", "-z", "-M", "--no-abbrev", "--no-ext-diff", base, snapshot
     ).stdout
-    fields = raw.split(b"\0")
-    changes: list[Change] = []
+    lines = _parse_raw(raw.split(b"\0"))
+    wanted = [sha for letter, _, _, _, mode, sha in lines if letter != "D" and mode != "160000"]
+    known = _sizes(git, wanted) if sizes else {}
+    changes = []
+    for letter, old_path, path, old_mode, new_mode, new_sha in lines:
+        deleted = letter == "D"
+        changes.append(
+            Change(
+                path=path,
+                change=_KINDS.get(letter, "modified"),
+                old_path=old_path,
+                old_mode=None if old_mode == "000000" else old_mode,
+                mode=None if deleted else new_mode,
+                sha=None if deleted else new_sha,
+                size=None if deleted else known.get(new_sha),
+            )
+        )
+    return changes
+
+
+def _parse_raw(fields: list[bytes]) -> list[_Raw]:
+    lines: list[_Raw] = []
     i = 0
     while i < len(fields) and fields[i]:
-        meta = fields[i].decode().lstrip(":").split()
-        old_mode, new_mode, _old_sha, new_sha, status = meta
+        old_mode, new_mode, _old_sha, new_sha, status = fields[i].decode().lstrip(":").split()
         letter = status[0]
         if letter in "RC":
             old_path, path = decode(fields[i + 1]), decode(fields[i + 2])
@@ -73,35 +99,26 @@ def list_changes(repo: Path, base: str, snapshot: str) -> list[Change]:
         else:
             old_path, path = None, decode(fields[i + 1])
             i += 2
-        deleted = letter == "D"
-        changes.append(
-            Change(
-                path=path,
-                change=_KINDS.get(letter, "modified"),
-                old_path=old_path if letter == "R" else None,
-                old_mode=None if old_mode == "000000" else old_mode,
-                mode=None if deleted else new_mode,
-                sha=None if deleted else new_sha,
-            )
+        lines.append(
+            (letter, old_path if letter == "R" else None, path, old_mode, new_mode, new_sha)
         )
-    return _with_sizes(git, changes)
+    return lines
 
 
-def _with_sizes(git: Git, changes: list[Change]) -> list[Change]:
-    wanted = [c.sha for c in changes if c.sha and c.mode != "160000"]
-    if not wanted:
-        return changes
+def _sizes(git: Git, shas: list[str]) -> dict[str, int]:
+    if not shas:
+        return {}
     out = git.run(
         "cat-file",
         "--batch-check=%(objectname) %(objectsize)",
-        input="\n".join(wanted).encode() + b"\n",
+        input="\n".join(shas).encode() + b"\n",
     ).stdout.decode()
     sizes = {}
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             sizes[parts[0]] = int(parts[1])
-    return [Change(**{**c.__dict__, "size": sizes.get(c.sha)}) if c.sha else c for c in changes]
+    return sizes
 
 
 def write_diff(repo: Path, base: str, snapshot: str, dest: Path) -> tuple[int, str]:
@@ -130,12 +147,14 @@ def write_diff(repo: Path, base: str, snapshot: str, dest: Path) -> tuple[int, s
 
 
 def write_manifest(changes: list[Change], base: str, snapshot: str, dest: Path) -> tuple[int, str]:
-    doc = {
-        "base_commit": base,
-        "snapshot_commit": snapshot,
-        "files": [c.manifest_entry() for c in changes],
-    }
-    data = json.dumps(doc, indent=2, ensure_ascii=False).encode()
+    """The manifest as JSON with one file per line, each line from json's C encoder (an
+    indented document is the pure-Python encoder's: 1.2 s for 100,000 files)."""
+    commits = f'"base_commit": {json.dumps(base)}, "snapshot_commit": {json.dumps(snapshot)}'
+    files = "".join(
+        f"{',' if i else ''}\n  {json.dumps(c.manifest_entry(), ensure_ascii=False)}"
+        for i, c in enumerate(changes)
+    )
+    data = f'{{{commits},\n "files": [{files}\n]}}\n'.encode()
     dest.write_bytes(data)
     return len(data), hashlib.sha256(data).hexdigest()
 
@@ -186,21 +205,37 @@ def update_checkout(
     home: Path, repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
 ) -> list[str]:
     """Bring a clean checkout of the base commit to exactly ``snapshot`` by touching only the
-    changed paths: deletions (and rename sources) first, then the rest. Returns the paths
-    written."""
+    changed paths: deletions (and rename sources) first, the folders they emptied after them
+    (each looked at once), then the rest. Returns the paths written."""
+    emptied: set[str] = set()
     for change in changes:
         for path in ([change.old_path] if change.old_path else []) + (
             [change.path] if change.change in ("deleted", "type_changed") else []
         ):
             fs.remove_tree(dest / path)
-            _remove_empty_parents((dest / path).parent, dest)
+            emptied.add(path.rpartition("/")[0])
+    _remove_empty_folders(dest, emptied)
     written = [c.path for c in changes if c.change != "deleted"]
     if written:
         raw_checkout(home, repo, snapshot, dest, scratch / f"checkout-{dest.name}.index", written)
     return written
 
 
-def _remove_empty_parents(folder: Path, root: Path) -> None:
-    while folder != root and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-        folder = folder.parent
+def _remove_empty_folders(root: Path, folders: set[str]) -> None:
+    """Remove those of ``folders`` (paths under ``root``) left empty, and their parents left
+    empty in turn, deepest first: once per folder, however many deletions emptied it."""
+    heap = [(-f.count("/"), f) for f in folders if f]
+    heapq.heapify(heap)
+    seen: set[str] = set()
+    while heap:
+        _, folder = heapq.heappop(heap)
+        if folder in seen:
+            continue
+        seen.add(folder)
+        path = root / folder
+        if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
+            continue
+        path.rmdir()
+        above = folder.rpartition("/")[0]
+        if above:
+            heapq.heappush(heap, (-above.count("/"), above))

@@ -6,6 +6,7 @@ into `str` with surrogateescape (so names that are not UTF-8 survive the round t
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -181,6 +182,11 @@ class OpenDirs:
 def read_regular(dirs: OpenDirs, rel: str, limit: int) -> bytes:
     """The bytes of the regular file ``rel`` (at most ``limit``); OSError when it is anything
     else (a FIFO is never opened for reading: O_NONBLOCK, and fstat is checked first)."""
+    return read_regular_stat(dirs, rel, limit)[0]
+
+
+def read_regular_stat(dirs: OpenDirs, rel: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """`read_regular`, with the file's own stat (taken on the descriptor that was read)."""
     fd_dir, name = dirs.parent(rel)
     fd = os.open(name, _FILE_FLAGS, dir_fd=fd_dir)
     try:
@@ -196,7 +202,7 @@ def read_regular(dirs: OpenDirs, rel: str, limit: int) -> bytes:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
 
@@ -244,41 +250,48 @@ def remove_tree(path: Path) -> list[str]:
 def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> None:
     """Empty and remove ``name`` in ``parent``. Each folder is listed once, and once more when
     its listing is used up (to catch what was moved into it), so a wide folder costs linear
-    time. Deep trees are flattened: past _FLATTEN_AT open levels, the next directory down is
-    moved up into ``name`` and removed from there, so the descriptors held stay bounded however
-    deep the tree is."""
+    time; an entry the listing says is not a folder is unlinked without a stat first (as
+    `rm -r` does), and one that turns out to be a folder after all is entered. Deep trees are
+    flattened: past _FLATTEN_AT open levels, the next directory down is moved up into
+    ``name`` and removed from there, so the descriptors held stay bounded however deep the
+    tree is. What another process removes meanwhile is taken as removed."""
     try:
         top = _open_for_removal(parent, name)
+    except FileNotFoundError:
+        return
     except OSError as exc:
         failures.append(f"{where}: {exc.strerror}")
         return
     tag = os.urandom(4).hex().encode()
     flat = 0
-    # Frames: (fd, name in the directory above, names in it that could not be removed, names
+    # Frames: (fd, name in the directory above, names in it that could not be removed, entries
     # still to look at, whether the folder was listed again once those ran out).
-    stack: list[tuple[int, bytes, set[bytes], list[bytes], list[bool]]] = [
-        (top, name, set(), _subdirs_first(top), [False])
+    stack: list[tuple[int, bytes, set[bytes], list[tuple[bytes, bool]], list[bool]]] = [
+        (top, name, set(), _removal_listing(top), [False])
     ]
     while stack:
         fd, here, stuck, pending, relisted = stack[-1]
         child = None
         while pending:
-            entry = pending.pop()
+            entry, listed_as_dir = pending.pop()
             if entry in stuck:
                 continue
             try:
-                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode):
-                    os.unlink(entry, dir_fd=fd)
-                elif len(stack) >= _FLATTEN_AT:
+                if not listed_as_dir and _unlinked(fd, entry):
+                    continue
+                if len(stack) >= _FLATTEN_AT:
                     # Moved up into the folder being removed (never beside it), where the walk
                     # meets it again; an interrupted removal leaves nothing outside it.
                     flat += 1
                     os.rename(entry, b".wb-flat-%s-%d" % (tag, flat), src_dir_fd=fd, dst_dir_fd=top)
-                else:
+                    continue
+                try:
                     sub = _open_for_removal(fd, entry)
-                    child = (sub, entry, set(), _subdirs_first(sub), [False])
-                    break
+                except (NotADirectoryError, _Link):  # a file or a link after all
+                    os.unlink(entry, dir_fd=fd)
+                    continue
+                child = (sub, entry, set(), _removal_listing(sub), [False])
+                break
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -291,7 +304,7 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
         # (listed again until none come back), nothing moves into the others (once is enough).
         if not relisted[0] or len(stack) == 1:
             relisted[0] = True
-            pending.extend(n for n in _subdirs_first(fd) if n not in stuck)
+            pending.extend(e for e in _removal_listing(fd) if e[0] not in stuck)
             if pending:
                 continue
         os.close(fd)
@@ -299,20 +312,52 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
         up = stack[-1] if stack else None
         try:
             os.rmdir(here, dir_fd=up[0] if up else parent)
+        except FileNotFoundError:
+            pass
         except OSError as exc:
             if up is not None:
                 up[2].add(here)
             failures.append(f"{where} (…/{display(decode(here))}): {exc.strerror}")
 
 
+class _Link(OSError):
+    """A symlink where a directory was opened for removal."""
+
+
+def _unlinked(fd: int, entry: bytes) -> bool:
+    """Unlink ``entry`` (not a folder when it was listed); False when it is a folder now."""
+    try:
+        os.unlink(entry, dir_fd=fd)
+    except IsADirectoryError:
+        return False
+    return True
+
+
+def _removal_listing(fd: int) -> list[tuple[bytes, bool]]:
+    """(name, whether the listing's file type says folder) for each entry, to be popped from
+    the end in the order the directory lists them. The type comes with the listing on ext4,
+    xfs, btrfs and tmpfs; where it does not, scandir asks lstat."""
+    with os.scandir(fd) as entries:
+        found = [(os.fsencode(e.name), e.is_dir(follow_symlinks=False)) for e in entries]
+    found.reverse()
+    return found
+
+
 def _open_for_removal(parent: int, name: bytes) -> int:
     """Open a directory to empty it. One the worker made unreadable or unwritable (chmod 000)
-    gets its owner's rwx back first; only directories get here (entries are lstat'ed)."""
+    gets its owner's rwx back first. NotADirectoryError or _Link when ``name`` is a file or a
+    symlink (never followed)."""
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
     except PermissionError:
+        if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+            raise
         os.chmod(name, 0o700, dir_fd=parent)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Link(exc.errno, exc.strerror) from exc
+        raise
     if os.fstat(fd).st_mode & 0o700 != 0o700:
         try:
             os.fchmod(fd, 0o700)

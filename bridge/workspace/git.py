@@ -102,12 +102,18 @@ class Git:
         return proc
 
     def popen(
-        self, *args: str, stdout: bool = False, stderr: object = None
+        self,
+        *args: str,
+        stdout: bool = False,
+        stderr: object = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A streaming git process (stdin a pipe; stdout a pipe when asked, else discarded)
         with the same options."""
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in _CALLER_ONLY}
         env.update(_ENV)
+        env.update(extra)
         return subprocess.Popen(
             ["git", *_SAFE_OPTIONS, *_PERF_OPTIONS, *self.where, *args],
             cwd=self.cwd,

@@ -14,6 +14,7 @@ index, linear in the number of changed paths), which writes the branch.
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
 import tempfile
 import time
@@ -330,6 +331,16 @@ def _commands(
     yield b"\ndone\n"
 
 
+def _fast_malloc() -> dict[str, str]:
+    """fast-import sets up a zlib stream per blob (about 256 KB), and glibc's malloc gives the
+    memory back to the kernel after each one and faults it in again for the next: 100,000
+    small blobs took 3.7 s, 2.7 s of it in the kernel. Keeping 64 MB of headroom at the top
+    of the heap makes that 0.8 s. (Ignored by other C libraries.)"""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    ours = "glibc.malloc.top_pad=67108864"
+    return {"GLIBC_TUNABLES": f"{tunables}:{ours}" if tunables else ours}
+
+
 def _fast_import(
     ws: TaskWorkspace,
     base: str,
@@ -341,7 +352,9 @@ def _fast_import(
     clear_stale_locks(ws)
     git = Git(ws.repository)
     with tempfile.TemporaryFile() as errors:
-        proc = git.popen("fast-import", "--quiet", "--done", "--force", stderr=errors)
+        proc = git.popen(
+            "fast-import", "--quiet", "--done", "--force", stderr=errors, env=_fast_malloc()
+        )
         try:
             assert proc.stdin is not None
             for chunk in _commands(ws, base, start, message, plan, stop):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import ConfigError, InvalidSpec
-from bridge.workspace import fs
+from bridge.workspace import fs, trash
 from bridge.workspace.git import Git, common_git_dir, validate_branch_name
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.objects import base_stores, container_alternates
@@ -162,15 +162,25 @@ def chown_tree(root: Path, uid: int, gid: int) -> None:
 
 
 def chown_paths(root: Path, paths: list[str], uid: int, gid: int) -> None:
-    """Give ``paths`` under ``root``, and the folders leading to them, to uid:gid."""
-    done: set[Path] = set()
-    for rel in paths:
-        target = root / rel
-        while target != root and target not in done:
-            if os.path.lexists(target):
-                os.lchown(target, uid, gid)
-            done.add(target)
-            target = target.parent
+    """Give ``paths`` under ``root``, and the folders leading to them, to uid:gid (through
+    folder descriptors, never following a link; each folder once)."""
+    folders: set[str] = set()
+    with fs.OpenDirs(root) as dirs:
+        for rel in paths:
+            _lchown_at(dirs, rel, uid, gid)
+            folder = rel.rpartition("/")[0]
+            while folder and folder not in folders:
+                folders.add(folder)
+                _lchown_at(dirs, folder, uid, gid)
+                folder = folder.rpartition("/")[0]
+
+
+def _lchown_at(dirs: fs.OpenDirs, rel: str, uid: int, gid: int) -> None:
+    try:
+        parent, name = dirs.parent(rel)
+        os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
 
 
 def clear_stale_locks(ws: TaskWorkspace) -> None:
@@ -186,14 +196,18 @@ def clear_stale_locks(ws: TaskWorkspace) -> None:
         lock.unlink(missing_ok=True)
 
 
-def remove_workspace(home: Path, ws: TaskWorkspace, *, delete_branch: bool = False) -> list[str]:
+def remove_workspace(
+    home: Path, ws: TaskWorkspace, *, delete_branch: bool = False, defer: bool = False
+) -> list[str]:
     """Remove the worktree and private git dir (and the branch when asked). Idempotent; returns
-    what could not be removed, having removed the rest."""
+    what could not be removed, having removed the rest. With ``defer``, both are moved into
+    the trash at once and removed there in the background (`workspace.trash`)."""
     failures: list[str] = []
+    remove = (lambda path: trash.discard(home, path)) if defer else fs.remove_tree
     with repository_lock(home, ws.repository):
         clear_stale_locks(ws)
         repo = Git(ws.repository)
-        failures += fs.remove_tree(ws.worktree)
+        failures += remove(ws.worktree)
         # An admin dir left `locked` by a worktree add that was killed is not pruned by git.
         (ws.admin / "locked").unlink(missing_ok=True)
         repo.run("worktree", "prune", check=False)
@@ -201,5 +215,5 @@ def remove_workspace(home: Path, ws: TaskWorkspace, *, delete_branch: bool = Fal
             failures += fs.remove_tree(ws.admin)
         if delete_branch:
             repo.run("branch", "-D", "--quiet", ws.branch, check=False)
-    failures += fs.remove_tree(ws.private_gitdir.parent)
+    failures += remove(ws.private_gitdir.parent)
     return failures

@@ -6,9 +6,11 @@ the blobs, and undone when anything fails half way."""
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
 import stat
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from bridge.workspace import fs
 from bridge.workspace.git import Git
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_KEEP_OPEN = 64  # folder descriptors the writer keeps open at once
 
 
 @dataclass(frozen=True)
@@ -39,111 +42,40 @@ class Refused(Exception):
         self.kind = kind
 
 
-def target_entries(git: Git, tree: str, paths: Iterable[str]) -> list[Entry]:
-    """The entry of each of ``paths`` in ``tree`` (missing there: a deletion)."""
-    wanted = set(paths)
-    found: dict[str, tuple[str, str]] = {}
-    if wanted:
-        out = git.run("ls-tree", "-r", "-z", "--full-tree", tree).stdout
-        for item in out.split(b"\0"):
-            meta, _, raw = item.partition(b"\t")
-            path = fs.decode(raw)
-            if path in wanted:
-                mode, _kind, sha = meta.decode().split()
-                found[path] = (mode, sha)
-    return [Entry(p, *found[p]) if p in found else Entry(p, None, None) for p in sorted(wanted)]
-
-
-def dirty_paths(repo: Path) -> set[str]:
-    """Paths with uncommitted changes (staged, unstaged or untracked), from one `git status`
-    that takes no lock (a killed accept leaves no index.lock behind)."""
-    out = (
-        Git(repo)
-        .run(
-            "--no-optional-locks",
-            "status",
-            "--porcelain=v1",
-            "-z",
-            "--untracked-files=all",
-            "--no-renames",
-        )
-        .stdout
-    )
-    return {fs.decode(item[3:]) for item in out.split(b"\0") if len(item) > 3}
-
-
-def tracked_paths(repo: Path) -> set[str]:
-    """Paths the user's index tracks."""
-    out = Git(repo).run("--no-optional-locks", "ls-files", "-z").stdout
-    return {fs.decode(item) for item in out.split(b"\0") if item}
-
-
-def check_entries(repo: Path, entries: list[Entry], dirty: set[str], tracked: set[str]) -> None:
-    """Refused naming the first path that must not be written: one with uncommitted changes,
-    one that exists but is not tracked (untracked or ignored: the user's own file, such as a
-    `.env`), one under a symlink or a file of the user's, or one outside the repository."""
-    deleted = {e.path for e in entries if e.delete}
-    for entry in entries:
-        parts = entry.path.split("/")
-        if entry.path.startswith("/") or ".." in parts or any(p.lower() == ".git" for p in parts):
-            where = fs.display(entry.path)
-            raise Refused(
-                f"Refusing to accept: '{where}' is not a path inside the repository.",
-                "symlink_escape",
-            )
-        if entry.path in dirty:
-            raise Refused(
-                f"Refusing to accept: '{fs.display(entry.path)}' has uncommitted changes in "
-                f"{repo}; commit or stash them, then accept again."
-            )
-        here = repo
-        for i, part in enumerate(parts[:-1]):
-            here = here / part
-            st = _lstat(here)
-            if st is None:
-                break
-            if stat.S_ISLNK(st.st_mode):
-                raise Refused(
-                    f"Refusing to accept: '{fs.display('/'.join(parts[: i + 1]))}' is a symlink in "
-                    f"{repo}, and writing '{fs.display(entry.path)}' would go through it.",
-                    "symlink_escape",
-                )
-            if not stat.S_ISDIR(st.st_mode) and "/".join(parts[: i + 1]) not in deleted:
-                raise Refused(
-                    f"Refusing to accept: '{fs.display('/'.join(parts[: i + 1]))}' is a file in "
-                    f"{repo}, where the change needs a folder."
-                )
-        st = _lstat(repo / entry.path)
-        if st is not None and not stat.S_ISDIR(st.st_mode) and entry.path not in tracked:
-            raise Refused(
-                f"Refusing to accept: '{fs.display(entry.path)}' exists in {repo} but is not "
-                "tracked (an untracked or ignored file of yours); move it away, then accept again."
-            )
-        if not entry.delete and entry.path not in deleted:
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                raise Refused(
-                    f"Refusing to accept: '{fs.display(entry.path)}' is a folder in {repo}; "
-                    "move it away, then accept again."
-                )
-
-
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
 class BlobReader:
     """Blobs from one `git cat-file --batch` process."""
 
     def __init__(self, git: Git) -> None:
         self.proc = git.popen("cat-file", "--batch", stdout=True)
+        self._feeder: threading.Thread | None = None
 
     def read(self, sha: str) -> bytes:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         self.proc.stdin.write(sha.encode() + b"\n")
         self.proc.stdin.flush()
+        return self._next(sha)
+
+    def stream(self, shas: list[str]) -> Iterator[bytes]:
+        """The blobs of ``shas`` in order. A thread writes the names while they are read, so
+        there is no round trip per blob (100,000 of them cost seconds)."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+
+        def feed() -> None:
+            try:
+                for sha in shas:
+                    stdin.write(sha.encode() + b"\n")
+                stdin.flush()
+            except (BrokenPipeError, ValueError):  # the reader gave up and closed the process
+                pass
+
+        self._feeder = threading.Thread(target=feed, name="accept-blobs", daemon=True)
+        self._feeder.start()
+        for sha in shas:
+            yield self._next(sha)
+
+    def _next(self, sha: str) -> bytes:
+        assert self.proc.stdout is not None
         header = self.proc.stdout.readline().split()
         if len(header) != 3 or header[1] != b"blob":
             raise Refused(f"Refusing to accept: blob {sha} is missing from the object store.")
@@ -152,9 +84,17 @@ class BlobReader:
         return data
 
     def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
+        if self._feeder is not None and self._feeder.is_alive():
+            self.proc.kill()  # a stream left half read: the feeder's writes fail and it ends
+            self._feeder.join()
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
         self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
 
 
 def blob_id(algorithm: str, data: bytes) -> str:
@@ -166,106 +106,154 @@ def blob_id(algorithm: str, data: bytes) -> str:
 
 class Writer:
     """Applies entries under ``repo`` and can undo what it did (originals are kept in
-    ``backup`` until `commit`)."""
+    ``backup`` until `commit`). Every file is reached through folder descriptors opened
+    without following a link (kept open while the paths of one folder are written)."""
 
-    def __init__(self, repo: Path, backup: Path) -> None:
+    def __init__(self, repo: Path, backup: Path, replaceable: set[str] | None = None) -> None:
         self.repo = repo
         self.backup = backup
+        # The paths whose files it may replace (the tracked ones the checks saw); any other
+        # file in the way appeared after the checks, and is never written over. None: any.
+        self.replaceable = replaceable
         self._undo: list[tuple[str, str, Path | None]] = []  # (path, kind, saved copy)
-        self._made_dirs: list[str] = []
+        self._dirs: dict[str, int] = {}  # folder ("" the repository) -> descriptor
 
     def apply(self, entries: list[Entry], blobs: BlobReader) -> None:
         self.backup.mkdir(parents=True, exist_ok=True)
-        for entry in entries:
-            if entry.delete:
-                self._remove(entry.path)
-        for entry in entries:
-            if not entry.delete:
-                self._write(entry, blobs.read(entry.sha or ""))
+        try:
+            emptied: set[str] = set()
+            for entry in entries:
+                if entry.delete and self._remove(entry.path):
+                    emptied.add(entry.path.rpartition("/")[0])
+            self._remove_empty_folders(emptied)
+            writes = [e for e in entries if not e.delete]
+            blobs_in_order = blobs.stream([e.sha or "" for e in writes])
+            for entry, data in zip(writes, blobs_in_order, strict=True):
+                self._write(entry, data)
+        finally:
+            self._close_dirs()
 
-    def _save(self, path: str) -> Path | None:
-        """Keep the user's current file (content and mode) before it is replaced or removed."""
-        target = self.repo / path
-        st = _lstat(target)
-        if st is None:
+    def _folder(self, folder: str, create: bool) -> int | None:
+        """The descriptor of ``folder`` (opened from the nearest open one down, one component
+        at a time, never through a link); made where missing when ``create``, else None."""
+        if folder in self._dirs:
+            return self._dirs[folder]
+        if not folder:
+            self._dirs[""] = os.open(self.repo, _DIR)
+            return self._dirs[""]
+        above, _, name = folder.rpartition("/")
+        parent = self._folder(above, create)
+        if parent is None:
             return None
+        raw = os.fsencode(name)
+        try:
+            fd = os.open(raw, _DIR, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                return None
+            os.mkdir(raw, 0o777, dir_fd=parent)
+            self._undo.append((folder, "mkdir", None))
+            fd = os.open(raw, _DIR, dir_fd=parent)
+        if len(self._dirs) >= _KEEP_OPEN:
+            self._close_dirs()  # ``fd`` itself is open on its own
+        self._dirs[folder] = fd
+        return fd
+
+    def _close_dirs(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+
+    def _save(self, parent: int, name: bytes, st: os.stat_result) -> Path:
+        """Keep the user's current file (content and mode) before it is replaced or removed."""
         copy = self.backup / f"{len(self._undo)}"
         if stat.S_ISLNK(st.st_mode):
-            os.symlink(os.readlink(target), copy)
-        else:
-            with open(target, "rb") as src, open(copy, "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            os.chmod(copy, stat.S_IMODE(st.st_mode))
+            os.symlink(os.readlink(name, dir_fd=parent), copy)
+            return copy
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        with open(fd, "rb") as src, open(copy, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.chmod(copy, stat.S_IMODE(st.st_mode))
         return copy
 
-    def _remove(self, path: str) -> None:
-        target = self.repo / path
-        st = _lstat(target)
+    def _remove(self, path: str) -> bool:
+        """Remove the file at ``path`` (kept for undo); whether there was one."""
+        folder, _, last = path.rpartition("/")
+        parent = self._folder(folder, create=False)
+        if parent is None:
+            return False
+        name = os.fsencode(last)
+        st = lstat_at(parent, name)
         if st is None or stat.S_ISDIR(st.st_mode):
-            return
-        self._undo.append((path, "removed", self._save(path)))
-        target.unlink()
-        folder = target.parent
-        while folder != self.repo and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-            self._undo.append((str(folder.relative_to(self.repo)), "rmdir", None))
-            folder = folder.parent
+            return False
+        self._undo.append((path, "removed", self._save(parent, name, st)))
+        os.unlink(name, dir_fd=parent)
+        return True
+
+    def _remove_empty_folders(self, folders: set[str]) -> None:
+        """Remove the folders the deletions left empty (and theirs above), deepest first, each
+        looked at once: a folder of 1,000 deleted files is listed once, not 1,000 times."""
+        self._close_dirs()  # nothing is written through them after this
+        heap = [(-f.count("/"), f) for f in folders if f]
+        heapq.heapify(heap)
+        seen: set[str] = set()
+        while heap:
+            _, folder = heapq.heappop(heap)
+            if folder in seen:
+                continue
+            seen.add(folder)
+            target = self.repo / folder
+            st = lstat_path(target)
+            if st is None or not stat.S_ISDIR(st.st_mode) or any(target.iterdir()):
+                continue
+            target.rmdir()
+            self._undo.append((folder, "rmdir", None))
+            above = folder.rpartition("/")[0]
+            if above:
+                heapq.heappush(heap, (-above.count("/"), above))
 
     def _write(self, entry: Entry, data: bytes) -> None:
-        parent_fd = self._open_parents(entry.path)
-        name = os.fsencode(entry.path.rsplit("/", 1)[-1])
+        folder, _, last = entry.path.rpartition("/")
+        parent = self._folder(folder, create=True)
+        assert parent is not None
+        name = os.fsencode(last)
+        # Most paths of a large change are new: made in place, and only if nothing is there
+        # (O_EXCL, no link followed), so nothing that appeared meanwhile is written over.
+        self._undo.append((entry.path, "written", None))
+        try:
+            _create(parent, name, entry.mode, data)
+            return
+        except FileExistsError:
+            self._undo.pop()  # not ours: undo must leave it alone
+        if self.replaceable is not None and entry.path not in self.replaceable:
+            raise self._appeared(entry.path)
+        # A file of the user's is replaced whole: kept, then a temporary file renamed over it.
+        st = lstat_at(parent, name)
+        saved = self._save(parent, name, st) if st is not None else None
+        self._undo.append((entry.path, "written", saved))
         tmp = b".wb-accept-" + os.urandom(6).hex().encode()
         try:
-            self._undo.append((entry.path, "written", self._save(entry.path)))
-            if entry.mode == "120000":
-                os.symlink(data, tmp, dir_fd=parent_fd)
-            else:
-                mode = 0o777 if entry.mode == "100755" else 0o666
-                fd = os.open(
-                    tmp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    mode,
-                    dir_fd=parent_fd,
-                )
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                finally:
-                    os.close(fd)
-            os.rename(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+            _create(parent, tmp, entry.mode, data)
+            os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException:
             try:
-                os.unlink(tmp, dir_fd=parent_fd)
+                os.unlink(tmp, dir_fd=parent)
             except OSError:
                 pass
             raise
-        finally:
-            os.close(parent_fd)
 
-    def _open_parents(self, path: str) -> int:
-        """The folder of ``path`` opened component by component (made where missing), never
-        through a symlink."""
-        fd = os.open(self.repo, _DIR)
-        done = []
-        for part in path.split("/")[:-1]:
-            done.append(part)
-            raw = os.fsencode(part)
-            try:
-                nxt = os.open(raw, _DIR, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(raw, 0o777, dir_fd=fd)
-                self._undo.append(("/".join(done), "mkdir", None))
-                nxt = os.open(raw, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return fd
+    def _appeared(self, path: str) -> Refused:
+        return Refused(
+            f"Refusing to accept: '{fs.display(path)}' appeared in {self.repo} while the "
+            "change was being written; every file was put back."
+        )
 
     def undo(self) -> None:
         """Put back every file as it was, newest action first. Backups are copied back (the
         state root may be on another filesystem than the repository); if any could not be,
         the backups are kept and Refused says where."""
+        self._close_dirs()
         failed = []
         for path, kind, saved in reversed(self._undo):
             target = self.repo / path
@@ -292,6 +280,33 @@ class Writer:
         fs.remove_tree(self.backup)
 
 
+def lstat_at(parent: int, name: bytes) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> None:
+    """A new file or link ``name`` in ``parent`` holding ``data``; FileExistsError when
+    anything is there already (never followed)."""
+    if mode == "120000":
+        os.symlink(data, name, dir_fd=parent)
+        return
+    fd = os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o777 if mode == "100755" else 0o666,
+        dir_fd=parent,
+    )
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def _restore(saved: Path, target: Path) -> None:
     """Copy a backup back to ``target`` (a link as a link, a file with its mode)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -306,24 +321,9 @@ def _restore(saved: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def check_written(repo: Path, entries: list[Entry], algorithm: str, limit: int) -> str | None:
-    """The first path whose file is not the target blob (or still exists when deleted)."""
-    with fs.OpenDirs(repo) as dirs:
-        for entry in entries:
-            try:
-                if entry.delete:
-                    if _lstat(repo / entry.path) is not None and not (repo / entry.path).is_dir():
-                        return entry.path
-                    continue
-                if entry.mode == "120000":
-                    data = fs.read_link(dirs, entry.path)
-                else:
-                    data = fs.read_regular(dirs, entry.path, limit)
-                    executable = bool(os.lstat(repo / entry.path).st_mode & stat.S_IXUSR)
-                    if executable != (entry.mode == "100755"):
-                        return entry.path
-                if blob_id(algorithm, data) != entry.sha:
-                    return entry.path
-            except OSError:
-                return entry.path
-    return None
+def lstat_path(path: Path) -> os.stat_result | None:
+    """The path's own stat (a link's, not what it points at), or None when it is not there."""
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
