@@ -4,7 +4,6 @@ the binary diff, the manifest (path, change kind, size, mode) and the protected-
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import re
 from dataclasses import dataclass
@@ -214,28 +213,8 @@ def update_checkout(
         ):
             fs.remove_tree(dest / path)
             emptied.add(path.rpartition("/")[0])
-    _remove_empty_folders(dest, emptied)
+    fs.remove_empty_folders(dest, emptied)
     written = [c.path for c in changes if c.change != "deleted"]
     if written:
         raw_checkout(home, repo, snapshot, dest, scratch / f"checkout-{dest.name}.index", written)
     return written
-
-
-def _remove_empty_folders(root: Path, folders: set[str]) -> None:
-    """Remove those of ``folders`` (paths under ``root``) left empty, and their parents left
-    empty in turn, deepest first: once per folder, however many deletions emptied it."""
-    heap = [(-f.count("/"), f) for f in folders if f]
-    heapq.heapify(heap)
-    seen: set[str] = set()
-    while heap:
-        _, folder = heapq.heappop(heap)
-        if folder in seen:
-            continue
-        seen.add(folder)
-        path = root / folder
-        if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
-            continue
-        path.rmdir()
-        above = folder.rpartition("/")[0]
-        if above:
-            heapq.heappush(heap, (-above.count("/"), above))

@@ -7,6 +7,7 @@ into `str` with surrogateescape (so names that are not UTF-8 survive the round t
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import stat
 from collections.abc import Iterator
@@ -364,3 +365,27 @@ def _open_for_removal(parent: int, name: bytes) -> int:
         except OSError:
             pass  # not ours to change: the removal reports what stays
     return fd
+
+
+def remove_empty_folders(root: Path, folders: set[str]) -> list[str]:
+    """Remove those of ``folders`` (paths under ``root``) left empty, and their parents left
+    empty in turn, deepest first, each looked at once however many deletions emptied it; never
+    through a link. Returns the folders removed, in order."""
+    heap = [(-f.count("/"), f) for f in folders if f]
+    heapq.heapify(heap)
+    seen: set[str] = set()
+    removed = []
+    while heap:
+        _, folder = heapq.heappop(heap)
+        if folder in seen:
+            continue
+        seen.add(folder)
+        path = root / folder
+        if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
+            continue
+        path.rmdir()
+        removed.append(folder)
+        above = folder.rpartition("/")[0]
+        if above:
+            heapq.heappush(heap, (-above.count("/"), above))
+    return removed

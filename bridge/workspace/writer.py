@@ -6,7 +6,6 @@ the blobs, and undone when anything fails half way."""
 from __future__ import annotations
 
 import hashlib
-import heapq
 import os
 import stat
 import threading
@@ -192,26 +191,11 @@ class Writer:
         return True
 
     def _remove_empty_folders(self, folders: set[str]) -> None:
-        """Remove the folders the deletions left empty (and theirs above), deepest first, each
-        looked at once: a folder of 1,000 deleted files is listed once, not 1,000 times."""
+        """Remove the folders the deletions left empty (and theirs above), each looked at once:
+        a folder of 1,000 deleted files is listed once, not 1,000 times."""
         self._close_dirs()  # nothing is written through them after this
-        heap = [(-f.count("/"), f) for f in folders if f]
-        heapq.heapify(heap)
-        seen: set[str] = set()
-        while heap:
-            _, folder = heapq.heappop(heap)
-            if folder in seen:
-                continue
-            seen.add(folder)
-            target = self.repo / folder
-            st = lstat_path(target)
-            if st is None or not stat.S_ISDIR(st.st_mode) or any(target.iterdir()):
-                continue
-            target.rmdir()
+        for folder in fs.remove_empty_folders(self.repo, folders):
             self._undo.append((folder, "rmdir", None))
-            above = folder.rpartition("/")[0]
-            if above:
-                heapq.heappush(heap, (-above.count("/"), above))
 
     def _write(self, entry: Entry, data: bytes) -> None:
         folder, _, last = entry.path.rpartition("/")
