@@ -138,6 +138,7 @@ LAYERS = [
     {"bridge.workers", "bridge.phase"},
     {"bridge.environments"},
     {"bridge.pipeline", "bridge.creation", "bridge.doctor"},
+    {"bridge.jobs"},  # several tasks advanced together, through the pipeline
     {"bridge.service"},
     {"bridge.smoke"},  # runs tasks through the facade
     {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server

@@ -1,0 +1,100 @@
+"""Making a job: its arguments checked before anything is recorded (each refusal one sentence),
+the base resolved once so that every task of it starts from the same commit, and its row with
+the effective configuration its coordinator will run with."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bridge.config import Config
+from bridge.creation import new_task_row
+from bridge.errors import InvalidSpec
+from bridge.jobs.slots import candidate_spec, judge_spec, split_metadata
+from bridge.models import JobKind, JobStatus, TaskSpec
+from bridge.sandbox import Sandbox
+from bridge.scope import RepositoryScope
+from bridge.workers.info import worker_infos
+
+MAX_CANDIDATES = 8
+
+
+def _require_healthy(config: Config, sandbox: Sandbox, names: list[str]) -> None:
+    """Each named worker exists and can run here now (InvalidSpec naming the first that
+    cannot, and why)."""
+    infos = {info.name: info for info in worker_infos(config, sandbox)}
+    for name in dict.fromkeys(names):
+        info = infos.get(name)
+        if info is None:
+            known = ", ".join(sorted(infos))
+            raise InvalidSpec(f"Unknown worker '{name}'; known workers: {known}.")
+        if not info.healthy:
+            raise InvalidSpec(f"Worker '{name}' cannot run here now: {info.reason}")
+
+
+def compete_slots(workers: list[str], attempts: int) -> list[str]:
+    """The worker of each candidate: every named worker ``attempts`` times."""
+    if attempts < 1:
+        raise InvalidSpec("--attempts must be 1 or more.")
+    slots = [w for w in workers for _ in range(attempts)]
+    if len(slots) < 2:
+        raise InvalidSpec(
+            "A compete needs at least two candidates: name two workers, or give one worker "
+            "with --attempts 2 or more."
+        )
+    if len(slots) > MAX_CANDIDATES:
+        raise InvalidSpec(
+            f"A compete runs at most {MAX_CANDIDATES} candidates; this asks for {len(slots)}."
+        )
+    return slots
+
+
+def new_compete_row(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    task: dict[str, Any] | TaskSpec,
+    workers: list[str],
+    attempts: int = 1,
+    judge: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new compete job and its `job.created` event, or InvalidSpec."""
+    if isinstance(task, TaskSpec):
+        task = task.model_dump(mode="json")
+    task = dict(task)
+    workers = [w.strip() for w in workers if w and w.strip()]
+    slots = compete_slots(workers, attempts)
+    _, overrides, _ = split_metadata(task.get("metadata") or {})
+    if len(overrides) > len(slots):
+        raise InvalidSpec(
+            f"metadata.candidates has {len(overrides)} entries for {len(slots)} candidates."
+        )
+    _require_healthy(config, sandbox, [*slots, *([judge] if judge else [])])
+    job_id = "job-" + os.urandom(5).hex()
+    spec: dict[str, Any] = {"task": task, "workers": slots, "judge": judge}
+    # Every candidate's spec is checked as a task's would be, and the base pinned to one commit.
+    first, _ = new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, 0))
+    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    spec["task"] = task
+    for n in range(1, len(slots)):
+        new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, n))
+    if judge:
+        new_task_row(config, sandbox, scope, judge_spec(spec, job_id, "judge-1", "rank"))
+    effective = config.model_dump(mode="json")
+    row = {
+        "job_id": job_id,
+        "kind": str(JobKind.COMPETE),
+        "status": str(JobStatus.CREATED),
+        "repository": first["repository"],
+        "spec": spec,
+        "config": effective,
+        "result": {},
+    }
+    event = {
+        "kind": "compete",
+        "workers": slots,
+        "judge": judge,
+        "repository": first["repository"],
+        "base_commit": first["base_commit"],
+    }
+    return row, event
