@@ -1,4 +1,4 @@
-"""The MCP tools on jobs (compete, status, accept, cancel), mixed into bridge/mcp_tools.py's
+"""The MCP tools on jobs (compete, review, status, accept, cancel), mixed into bridge/mcp_tools.py's
 BridgeTools, whose `call` runs each blocking bridge call in a thread and turns a BridgeError
 into a tool error (`isError`) with one sentence. Their hints are in mcp_tools.TOOLS."""
 
@@ -18,7 +18,7 @@ POLL_SECONDS = 0.5
 
 
 class JobTools:
-    """worker_compete, worker_job_status, worker_job_accept and worker_job_cancel."""
+    """worker_compete, worker_review, worker_job_status, worker_job_accept, worker_job_cancel."""
 
     bridge: WorkerBridge
 
@@ -113,6 +113,62 @@ class JobTools:
             "metadata": dict(metadata or {}),
         }
         job = await self.call(self.bridge.compete, spec, workers, attempts=attempts, judge=judge)
+        if wait:
+            return await self._wait_job(job.job_id)
+        return job.document()
+
+    async def worker_review(
+        self,
+        objective: Annotated[
+            str, Field(description="What the implementer should do, self-contained.")
+        ],
+        repository: Annotated[
+            str, Field(description="Absolute path to the git repository on this machine.")
+        ],
+        worker: Annotated[str, Field(description="The worker that implements the change.")],
+        reviewer: Annotated[
+            str,
+            Field(
+                description="The worker that reviews it read-only; preferably another vendor's "
+                "CLI than the implementer (the same one only when you name it)."
+            ),
+        ],
+        verify: Annotated[
+            list[str],
+            Field(description="Checks worker-bridge runs itself after every implementer turn."),
+        ],
+        rounds: Annotated[int, Field(ge=1, le=10, description="Most reviews (default 3).")] = 3,
+        base_ref: Annotated[str, Field(description="Commit-ish to start from.")] = "HEAD",
+        wait: Annotated[
+            bool,
+            Field(
+                description="false (default): return at once; poll worker_job_status. true: "
+                "return when the job has ended (several worker turns: often minutes)."
+            ),
+        ] = False,
+        metadata: Annotated[
+            dict[str, Any] | None,
+            Field(
+                description="Task metadata; metadata.reviewer is the reviewer's (an object, or "
+                "a list with one per round)."
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Have one worker implement a change and another review it, when you want a second
+        opinion before accepting. The reviewer sees the implementer's verified snapshot
+        read-only and answers approve or changes_requested with findings; requested changes
+        go back to the implementer as a follow-up in its own session, verified again, then
+        reviewed again. Stops on approve, on a round with no new findings, or after `rounds`.
+        Returns the job; once ended, `rounds` (verdict, findings with path, line, severity,
+        text) and `stopped`. Accept the change with worker_job_accept."""
+        spec = {
+            "objective": objective,
+            "worker": worker,
+            "workspace": {"repository": repository, "base_ref": base_ref},
+            "verification": {"commands": list(verify)},
+            "metadata": dict(metadata or {}),
+        }
+        job = await self.call(self.bridge.review, spec, worker, reviewer, rounds=rounds)
         if wait:
             return await self._wait_job(job.job_id)
         return job.document()

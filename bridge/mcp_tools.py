@@ -315,6 +315,7 @@ TOOLS: dict[str, ToolAnnotations] = {
     "worker_accept": _hints("Write a verified change", destructive=True, idempotent=True),
     "worker_follow_up": _hints("Another turn on a task", open_world=True),
     "worker_compete": _hints("One task on several workers, ranked", open_world=True),
+    "worker_review": _hints("Implement, then review read-only", open_world=True),
     "worker_job_status": _hints("A job's result", read_only=True),
     "worker_job_accept": _hints("Write a job's best change", destructive=True, idempotent=True),
     "worker_job_cancel": _hints("Cancel a job and its tasks", destructive=True, idempotent=True),

@@ -316,6 +316,10 @@ class JobResult(BaseModel):
     ordering: dict[str, Any] = Field(default_factory=dict)
     winner: str | None = None
     rounds: list[dict[str, Any]] = Field(default_factory=list)
+    stopped: str | None = Field(
+        None,
+        description="Why a review ended: approved, no new findings, round limit, or a failure.",
+    )
     summary: dict[str, Any] = Field(default_factory=dict)
     error: ErrorInfo | None = None
     created_at: str

@@ -21,7 +21,8 @@ from bridge.phase.context import Context
 from bridge.phase.handle import PipelineHooks
 from bridge.pipeline.accepting import accept_task
 from bridge.pipeline.cancel import cancel_task
-from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
+from bridge.pipeline.detached import spawn_runner
+from bridge.pipeline.follow_up import queue_follow_up
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
@@ -154,39 +155,9 @@ class WorkerBridge(JobVerbs):
         if not message.strip():
             raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
         task = self._task(task_id)
-        if task.status not in (Status.SUCCEEDED, Status.FAILED):
-            raise TaskStateError(
-                f"Task {task_id} is {task.status}; only a succeeded or failed task takes a "
-                "follow-up (delegate a new task instead)."
-            )
-        if task.pruned_at or not (self.config.home / "worktrees" / task_id).is_dir():
-            raise TaskStateError(
-                f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
-            )
-        self._still_allowed(task, worker_turn=True)
-        runner_id = reserve_runner(self.store, task_id, task.runner_id, finished_ok=True)
-        follow_ups = [*task.follow_ups, message]
-        if runner_id is None or not self.store.transition(
-            task_id,
-            Status.QUEUED,
-            explicit=True,
-            expect={Status.SUCCEEDED, Status.FAILED},
-            event={"turn": len(follow_ups)},
-            turn=len(follow_ups),
-            follow_ups=follow_ups,
-            phase=None,
-            error=None,
-            verification=None,
-            finished_at=None,
-        ):
-            raise TaskStateError(f"Task {task_id} changed meanwhile; check it and try again.")
-        redactor = redactor_for(task)
-        self.store.add_event(
-            task_id,
-            "task.follow_up",
-            {"turn": len(follow_ups), "message": redactor.redact(message)},
-        )
-        launch_runner(self.config, task_id, runner_id)
+        if task.status in (Status.SUCCEEDED, Status.FAILED):
+            self._still_allowed(task, worker_turn=True)
+        queue_follow_up(self.context(), task_id, message)
         return self.get_task(task_id)
 
     def cancel_task(self, task_id: str) -> TaskResult:

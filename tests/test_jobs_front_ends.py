@@ -133,3 +133,21 @@ async def test_an_mcp_session_runs_a_compete_to_a_ranked_result_and_accepts_it(
         cancelled = await call(client, "worker_job_cancel", {"job_id": job["job_id"]})
         assert cancelled["status"] == "accepted", "an ended job is left as it is"
     assert git(repo, "status", "--porcelain").strip() == "?? a.txt"
+
+
+def test_the_cli_runs_a_review_with_its_rounds_shown(cli, repo, docker_images):
+    review = {"verdict": "approve", "findings": []}
+    metadata = {
+        "mock": {"write": {"b.txt": "b\n"}},
+        "reviewer": {"mock": {"summary": f"```worker-bridge-review\n{json.dumps(review)}\n```"}},
+    }
+    flags = task_flags(repo, "write b", verify=("true",), metadata=metadata)
+    run = cli("jobs", "review", "--reviewer", "mock", "--wait", *flags, timeout=300)
+    assert run.code == 0, run.stderr
+    assert "round 1: turn 0, verification passed, review approve" in run.stdout
+    assert "stopped: approved" in run.stdout
+    job_id = run.stdout.split()[1]
+    shown = cli("jobs", "show", job_id, "--json").json()
+    assert shown["kind"] == "review" and shown["rounds"][0]["verdict"] == "approve"
+    no_reviewer = cli("jobs", "review", *flags)
+    assert no_reviewer.code == 2 and "--reviewer" in no_reviewer.stderr

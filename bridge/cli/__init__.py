@@ -74,7 +74,7 @@ GROUPS = {
     "environments": "show and reclaim project environment caches",
     "workers": "list and link workers",
     "images": "build the worker-bridge images",
-    "jobs": "several tasks together: compete (one objective, ranked candidates)",
+    "jobs": "several tasks together: compete (ranked candidates) and review",
 }
 JOB_ID = arg("job_id")
 
@@ -201,6 +201,19 @@ COMMANDS = (
             arg("--attempts", type=int, default=1, help="candidates per worker (default 1)"),
             arg("--judge", metavar="W", help="a read-only worker that ranks eligible candidates"),
             arg("--wait", action="store_true", help="wait for the job, showing each candidate"),
+        ),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "review",
+        "an implementer, then a read-only reviewer; requested changes become follow-ups",
+        j.cmd_jobs_review,
+        (
+            *TASK_FLAGS,
+            arg("--reviewer", required=True, metavar="W", help="the worker that reviews"),
+            arg("--rounds", type=int, default=3, help="most reviews (default 3)"),
+            arg("--wait", action="store_true", help="wait for the job, showing each task"),
         ),
         acts=True,
     ),

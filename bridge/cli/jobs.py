@@ -47,6 +47,19 @@ def print_job(job: dict[str, Any]) -> None:
     if not job["candidates"]:
         for t in job["tasks"]:
             print(f"  {t['label'] or '':<8} {t['task_id']}  {t['worker']:<12} {t['status']}")
+    for r in job.get("rounds", []):
+        print(
+            f"  round {r['round']}: turn {r['implementer_turn']}, verification "
+            f"{'passed' if r['verification_ok'] else 'failed'}, review {r['verdict']} "
+            f"({len(r['findings'])} finding(s), {r['new_findings']} new)"
+        )
+        for f in r["findings"]:
+            where = f"{f['path'] or '-'}:{f['line'] or '-'}"
+            print(f"        {where} [{f['severity']}] {one_line(f['text'])}")
+        if r.get("problem"):
+            print(f"        {one_line(r['problem'])}")
+    if job.get("stopped"):
+        print(f"  stopped: {job['stopped']}")
     judge = job["summary"].get("judge")
     if judge:
         print(f"  judge: {one_line(judge)}")
@@ -86,17 +99,33 @@ def cmd_jobs_compete(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     job = bridge.compete(
         _spec_from_args(args), _workers(args), attempts=args.attempts, judge=args.judge
     )
+    return _started(bridge, job.document(), args)
+
+
+def cmd_jobs_review(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    if not args.worker:
+        raise InvalidSpec("--worker is required: the worker that implements the change.")
+    spec = _spec_from_args(args)
+    job = bridge.review(spec, args.worker, args.reviewer, rounds=args.rounds)
+    return _started(bridge, job.document(), args)
+
+
+def _started(bridge: WorkerBridge, job: dict[str, Any], args: argparse.Namespace) -> int:
+    """A new job: its id (--json: the job), or with --wait the job run to its end."""
     if not args.wait:
         if args.json:
-            out_json(job.document())
+            out_json(job)
         else:
-            print(job.job_id)
+            print(job["job_id"])
         return 0
-    ended = _wait(bridge, job.job_id, quiet=args.json)
+    ended = _wait(bridge, job["job_id"], quiet=args.json)
     _show(ended, args)
     if ended["status"] != "succeeded":
         why = (ended.get("error") or {}).get("message") or ended["summary"].get("judge") or ""
-        print(f"worker-bridge: job {job.job_id} {ended['status']}: {why}".rstrip(), file=sys.stderr)
+        print(
+            f"worker-bridge: job {job['job_id']} {ended['status']}: {why}".rstrip(),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -59,7 +59,7 @@ def run_compete(co: JobCoordinator) -> None:
     co.finish(JobStatus.SUCCEEDED, result)
 
 
-def _diff_text(path: str | None) -> tuple[str, int]:
+def read_diff(path: str | None) -> tuple[str, int]:
     """The first part of a diff file (enough for the bound) and its whole size."""
     if not path or not Path(path).is_file():
         return "", 0
@@ -74,7 +74,7 @@ def ask_judge(
     asking's answer or problem, and ``ordering``: the agreed one, or None."""
     job = co.job()
     labels = assign_labels(job.job_id, eligible)
-    texts = {label: _diff_text(diffs[task_id]) for label, task_id in labels.items()}
+    texts = {label: read_diff(diffs[task_id]) for label, task_id in labels.items()}
     shown = {label: text for label, (text, _) in texts.items()}
     totals = {label: total for label, (_, total) in texts.items()}
     order = sorted(labels)

@@ -10,26 +10,36 @@ from typing import Any
 from bridge.config import Config
 from bridge.creation import new_task_row
 from bridge.errors import InvalidSpec
-from bridge.jobs.slots import candidate_spec, judge_spec, split_metadata
+from bridge.jobs.slots import candidate_spec, implementer_spec, judge_spec, split_metadata
 from bridge.models import JobKind, JobStatus, TaskSpec
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
 from bridge.workers.info import worker_infos
 
 MAX_CANDIDATES = 8
+MAX_ROUNDS = 10
 
 
-def _require_healthy(config: Config, sandbox: Sandbox, names: list[str]) -> None:
+def _require_healthy(
+    config: Config, sandbox: Sandbox, names: list[str], read_only: tuple[str, ...] = ()
+) -> None:
     """Each named worker exists and can run here now (InvalidSpec naming the first that
-    cannot, and why)."""
+    cannot, and why); those in ``read_only`` also have a read-only mode."""
     infos = {info.name: info for info in worker_infos(config, sandbox)}
     for name in dict.fromkeys(names):
+        if not name:
+            raise InvalidSpec("A worker name is empty; name the worker (`workers list`).")
         info = infos.get(name)
         if info is None:
             known = ", ".join(sorted(infos))
             raise InvalidSpec(f"Unknown worker '{name}'; known workers: {known}.")
         if not info.healthy:
             raise InvalidSpec(f"Worker '{name}' cannot run here now: {info.reason}")
+        if name in read_only and "read_only" not in info.capabilities:
+            raise InvalidSpec(
+                f"Worker '{name}' has no read-only mode, so it cannot review; choose a worker "
+                "whose capabilities (`workers list`) include read_only."
+            )
 
 
 def compete_slots(workers: list[str], attempts: int) -> list[str]:
@@ -98,3 +108,36 @@ def new_compete_row(
         "base_commit": first["base_commit"],
     }
     return row, event
+
+
+def new_review_row(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    task: dict[str, Any] | TaskSpec,
+    worker: str,
+    reviewer: str,
+    rounds: int = 3,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new review job and its `job.created` event, or InvalidSpec."""
+    if isinstance(task, TaskSpec):
+        task = task.model_dump(mode="json")
+    task = dict(task)
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise InvalidSpec(f"--rounds must be between 1 and {MAX_ROUNDS}; it was {rounds}.")
+    _require_healthy(config, sandbox, [worker, reviewer], read_only=(reviewer,))
+    job_id = "job-" + os.urandom(5).hex()
+    spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
+    first, _ = new_task_row(config, sandbox, scope, implementer_spec(spec, job_id))
+    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    row = {
+        "job_id": job_id,
+        "kind": str(JobKind.REVIEW),
+        "status": str(JobStatus.CREATED),
+        "repository": first["repository"],
+        "spec": spec,
+        "config": config.model_dump(mode="json"),
+        "result": {},
+    }
+    event = {"kind": "review", "worker": worker, "reviewer": reviewer, "rounds": rounds}
+    return row, {**event, "repository": first["repository"], "base_commit": first["base_commit"]}

@@ -51,13 +51,15 @@ def run_coordinator(store_path: Path, job_id: str, runner_id: str) -> None:
     """The body of a coordinator process: the job's own configuration, the Docker engine."""
     from bridge.jobs.compete import run_compete
     from bridge.jobs.coordinator import JobCoordinator
+    from bridge.jobs.review import run_review
     from bridge.records import JobRecord
     from bridge.sandbox.docker import DockerSandbox
 
     store = Store(store_path)
     try:
-        config = JobRecord.model_validate(store.jobs.load(job_id)).config
-        ctx = Context(config, store, DockerSandbox())
-        JobCoordinator(ctx, job_id, Owner(id=runner_id)).run(run_compete)
+        job = JobRecord.model_validate(store.jobs.load(job_id))
+        ctx = Context(job.config, store, DockerSandbox())
+        body = {"compete": run_compete, "review": run_review}[job.kind]
+        JobCoordinator(ctx, job_id, Owner(id=runner_id)).run(body)
     finally:
         store.close()

@@ -17,6 +17,7 @@ def job_result(job: JobRecord, tasks: list[TaskRecord]) -> JobResult:
         status=job.status,
         repository=job.repository,
         objective=job.spec.get("task", {}).get("objective", ""),
+        stopped=result.get("stopped"),
         tasks=[
             JobTask(
                 task_id=t.task_id,
@@ -53,6 +54,13 @@ def chosen_candidate(job: JobRecord, task_id: str | None) -> str:
         raise TaskStateError(f"Job {job.job_id} was already accepted.")
     if job.status == JobStatus.CANCELLED:
         raise TaskStateError(f"Job {job.job_id} was cancelled; nothing of it can be accepted.")
+    if job.kind == "review":
+        implementer = job.result.get("implementer")
+        if task_id not in (None, implementer):
+            raise InvalidSpec(f"Task {task_id} is not the implementer of job {job.job_id}.")
+        if job.status != JobStatus.SUCCEEDED or implementer is None:
+            raise TaskStateError(f"Job {job.job_id} {job.status}; its change cannot be accepted.")
+        return implementer
     candidates = {c["task_id"]: c for c in job.result.get("candidates", [])}
     if not any(c.get("eligible") for c in candidates.values()):
         raise TaskStateError(

@@ -67,3 +67,43 @@ def judge_spec(job_spec: dict[str, Any], job_id: str, label: str, objective: str
         if key in task:
             spec[key] = copy.deepcopy(task[key])
     return spec
+
+
+def implementer_spec(job_spec: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """The implementer's task of a review job (the task spec without the reviewer's input)."""
+    task = copy.deepcopy(job_spec["task"])
+    metadata = {k: v for k, v in (task.get("metadata") or {}).items() if k != "reviewer"}
+    task.update(
+        worker=job_spec["worker"],
+        metadata=metadata,
+        idempotency_key=idempotency_key(job_id, "implementer"),
+    )
+    return task
+
+
+def reviewer_metadata(metadata: dict[str, Any], round_no: int) -> dict[str, Any]:
+    """`metadata.reviewer`: the reviewer's metadata, one object for every round or a list of
+    them, one per round (the last one repeating)."""
+    given = metadata.get("reviewer") or {}
+    if isinstance(given, list):
+        return dict(given[min(round_no, len(given)) - 1]) if given else {}
+    return dict(given)
+
+
+def reviewer_spec(
+    job_spec: dict[str, Any], job_id: str, round_no: int, snapshot: str, objective: str
+) -> dict[str, Any]:
+    """Round ``round_no``'s reviewer: read-only, on the implementer's verified snapshot."""
+    task = job_spec["task"]
+    spec: dict[str, Any] = {
+        "objective": objective,
+        "worker": job_spec["reviewer"],
+        "workspace": {"repository": task["workspace"]["repository"], "base_ref": snapshot},
+        "permission": "read_only",
+        "metadata": reviewer_metadata(task.get("metadata") or {}, round_no),
+        "idempotency_key": idempotency_key(job_id, f"review-{round_no}"),
+    }
+    for key in ("limits", "network", "priority"):
+        if key in task:
+            spec[key] = copy.deepcopy(task[key])
+    return spec

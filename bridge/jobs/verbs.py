@@ -8,7 +8,7 @@ from typing import Any
 
 from bridge.config import Config
 from bridge.errors import InvalidSpec, JobNotFound
-from bridge.jobs.creation import new_compete_row
+from bridge.jobs.creation import new_compete_row, new_review_row
 from bridge.jobs.detached import spawn_coordinator
 from bridge.jobs.results import chosen_candidate, job_result
 from bridge.models import JOB_TERMINAL, JobStatus, Status, TaskSpec
@@ -67,6 +67,24 @@ class JobVerbs:
         spawn_coordinator(self.config, self.store, row["job_id"], replacing=None)
         return self.job_status(row["job_id"])
 
+    def review(
+        self,
+        task: dict[str, Any] | TaskSpec,
+        worker: str,
+        reviewer: str,
+        *,
+        rounds: int = 3,
+    ) -> JobResult:
+        """An implementer task by ``worker``, then ``reviewer`` reviewing its verified snapshot
+        read-only; requested changes become follow-up turns in the implementer's own session,
+        up to ``rounds`` reviews. Returns the job at once (a detached coordinator runs it)."""
+        row, event = new_review_row(
+            self.config, self.sandbox, self.scope, task, worker, reviewer, rounds
+        )
+        self.store.jobs.insert(row, event)
+        spawn_coordinator(self.config, self.store, row["job_id"], replacing=None)
+        return self.job_status(row["job_id"])
+
     def job_status(self, job_id: str) -> JobResult:
         job = self._job(job_id)
         tasks = [self.store.load_task(t) for t in self.store.jobs.task_ids(job_id)]
@@ -103,7 +121,7 @@ class JobVerbs:
         outcome = self.accept_task(chosen, reverify=reverify)
         if not outcome.accepted:
             return outcome
-        for other in job.result.get("candidates", []):
+        for other in job.result.get("candidates", []):  # a review job has none
             if other["task_id"] != chosen:
                 self.reject_task(other["task_id"], f"job {job_id} accepted {chosen}")
         if self.store.jobs.transition(

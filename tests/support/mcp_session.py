@@ -20,6 +20,7 @@ from support.tasks import TERMINAL
 
 MCP_TOOLS = {
     "worker_compete",
+    "worker_review",
     "worker_job_status",
     "worker_job_accept",
     "worker_job_cancel",
