@@ -151,3 +151,24 @@ def test_the_cli_runs_a_review_with_its_rounds_shown(cli, repo, docker_images):
     assert shown["kind"] == "review" and shown["rounds"][0]["verdict"] == "approve"
     no_reviewer = cli("jobs", "review", *flags)
     assert no_reviewer.code == 2 and "--reviewer" in no_reviewer.stderr
+
+
+def test_the_cli_fans_out_then_integrates_and_accepts(cli, repo, docker_images):
+    metadata = {
+        "candidates": [{"mock": {"write": {"x.txt": "x\n"}}}, {"mock": {"write": {"y.txt": "y\n"}}}]
+    }
+    flags = task_flags(repo, "unused", verify=("true",), metadata=metadata)
+    flags[flags.index("--objective") + 1] = "write x"
+    run = cli("jobs", "fanout", *flags, "--objective", "write y", "--wait", "--json", timeout=300)
+    assert run.code == 0, run.stderr
+    fan = run.json()
+    assert fan["kind"] == "fanout" and [t["label"] for t in fan["tasks"]] == ["o1", "o2"]
+    ids = ",".join(t["task_id"] for t in fan["tasks"])
+    merged = cli("jobs", "integrate", fan["job_id"], "--tasks", ids, "--wait", timeout=300)
+    assert merged.code == 0, merged.stderr
+    assert "step 2: task" in merged.stdout
+    job_id = merged.stdout.split()[1]
+    assert cli("jobs", "accept", job_id).code == 0
+    assert (repo / "x.txt").read_text() == "x\n" and (repo / "y.txt").read_text() == "y\n"
+    refused = cli("jobs", "accept", fan["job_id"])
+    assert refused.code == 1 and "is a fanout" in refused.stderr

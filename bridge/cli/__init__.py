@@ -74,9 +74,16 @@ GROUPS = {
     "environments": "show and reclaim project environment caches",
     "workers": "list and link workers",
     "images": "build the worker-bridge images",
-    "jobs": "several tasks together: compete (ranked candidates) and review",
+    "jobs": "several tasks together: compete, review, fanout and integrate",
 }
 JOB_ID = arg("job_id")
+WAIT_JOB = arg("--wait", action="store_true", help="wait for the job, showing each task")
+FANOUT_FLAGS = tuple(
+    arg("--objective", action="append", metavar="TEXT", help="an objective (repeat, one per task)")
+    if a.flags == ("--objective",)
+    else a
+    for a in TASK_FLAGS
+)
 
 # Every command: adding one is an entry here and its function in commands.py.
 COMMANDS = (
@@ -214,6 +221,27 @@ COMMANDS = (
             arg("--reviewer", required=True, metavar="W", help="the worker that reviews"),
             arg("--rounds", type=int, default=3, help="most reviews (default 3)"),
             arg("--wait", action="store_true", help="wait for the job, showing each task"),
+        ),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "fanout",
+        "several objectives on one base, one task each, in parallel within the limits",
+        j.cmd_jobs_fanout,
+        (*FANOUT_FLAGS, WAIT_JOB),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "integrate",
+        "apply a job's chosen verified tasks one after another, verifying after each",
+        j.cmd_jobs_integrate,
+        (
+            JOB_ID,
+            arg("--tasks", required=True, metavar="A,B", help="tasks, in order"),
+            WAIT_JOB,
+            JSON,
         ),
         acts=True,
     ),

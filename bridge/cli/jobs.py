@@ -48,6 +48,12 @@ def print_job(job: dict[str, Any]) -> None:
         for t in job["tasks"]:
             print(f"  {t['label'] or '':<8} {t['task_id']}  {t['worker']:<12} {t['status']}")
     for r in job.get("rounds", []):
+        if "step" in r:  # an integration step
+            state = r.get("status") or "not run"
+            print(f"  step {r['step']}: task {r['task_id']}: {state}")
+            if r.get("problem"):
+                print(f"        {one_line(r['problem'])}")
+            continue
         print(
             f"  round {r['round']}: turn {r['implementer_turn']}, verification "
             f"{'passed' if r['verification_ok'] else 'failed'}, review {r['verdict']} "
@@ -107,6 +113,19 @@ def cmd_jobs_review(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         raise InvalidSpec("--worker is required: the worker that implements the change.")
     spec = _spec_from_args(args)
     job = bridge.review(spec, args.worker, args.reviewer, rounds=args.rounds)
+    return _started(bridge, job.document(), args)
+
+
+def cmd_jobs_fanout(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    objectives = list(args.objective or [])
+    args.objective = objectives[0] if objectives else None
+    job = bridge.fanout(_spec_from_args(args), objectives)
+    return _started(bridge, job.document(), args)
+
+
+def cmd_jobs_integrate(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    job = bridge.integrate(args.job_id, tasks)
     return _started(bridge, job.document(), args)
 
 

@@ -9,9 +9,16 @@ from typing import Any
 
 from bridge.config import Config
 from bridge.creation import new_task_row
-from bridge.errors import InvalidSpec
-from bridge.jobs.slots import candidate_spec, implementer_spec, judge_spec, split_metadata
-from bridge.models import JobKind, JobStatus, TaskSpec
+from bridge.errors import InvalidSpec, TaskNotFound
+from bridge.jobs.slots import (
+    candidate_spec,
+    fanout_spec,
+    implementer_spec,
+    judge_spec,
+    split_metadata,
+)
+from bridge.models import JobKind, JobStatus, Status, TaskSpec
+from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
 from bridge.workers.info import worker_infos
@@ -141,3 +148,82 @@ def new_review_row(
     }
     event = {"kind": "review", "worker": worker, "reviewer": reviewer, "rounds": rounds}
     return row, {**event, "repository": first["repository"], "base_commit": first["base_commit"]}
+
+
+def _row(job_id: str, kind: JobKind, repository: str, spec: dict, config: Config) -> dict:
+    return {
+        "job_id": job_id,
+        "kind": str(kind),
+        "status": str(JobStatus.CREATED),
+        "repository": repository,
+        "spec": spec,
+        "config": config.model_dump(mode="json"),
+        "result": {},
+    }
+
+
+def new_fanout_row(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    task: dict[str, Any] | TaskSpec,
+    objectives: list[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new fanout job (several objectives, one base) and its event."""
+    if isinstance(task, TaskSpec):
+        task = task.model_dump(mode="json")
+    task = dict(task)
+    objectives = [o for o in objectives if o and o.strip()]
+    if len(objectives) < 2:
+        raise InvalidSpec("A fanout needs at least two objectives (--objective, repeated).")
+    if len(objectives) > MAX_CANDIDATES:
+        raise InvalidSpec(f"A fanout runs at most {MAX_CANDIDATES} objectives at once.")
+    task.setdefault("objective", objectives[0])
+    _require_healthy(config, sandbox, [task.get("worker") or "mock"])
+    job_id = "job-" + os.urandom(5).hex()
+    spec: dict[str, Any] = {"task": task, "objectives": objectives}
+    first, _ = new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, 0))
+    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    row = _row(job_id, JobKind.FANOUT, first["repository"], spec, config)
+    event = {"kind": "fanout", "objectives": len(objectives), "base_commit": first["base_commit"]}
+    return row, event
+
+
+def new_integrate_row(
+    config: Config, sandbox: Sandbox, source_job: str, tasks: list[TaskRecord]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of an integrate job over ``tasks`` (checked by the facade to be in scope), or
+    InvalidSpec: each must be a verified task of ``source_job``, all on one repository and
+    one base commit."""
+    if not tasks:
+        raise InvalidSpec("--tasks names no task; give the tasks to integrate, in order.")
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise InvalidSpec("--tasks names a task twice; name each once, in the order to apply.")
+    for t in tasks:
+        if t.job_id != source_job:
+            raise TaskNotFound(f"Task {t.task_id} is not a task of job {source_job}.")
+        if t.status != Status.SUCCEEDED or not (t.verification and t.verification.ok):
+            raise InvalidSpec(
+                f"Task {t.task_id} is {t.status} and not verified; integrate only succeeded, "
+                "verified tasks."
+            )
+    if len({t.repository for t in tasks}) > 1:
+        raise InvalidSpec("The tasks are on different repositories; integrate tasks of one.")
+    if len({t.base_commit for t in tasks}) > 1:
+        raise InvalidSpec(
+            "The tasks start from different base commits; integrate tasks of one base."
+        )
+    _require_healthy(config, sandbox, ["mock"])
+    first = tasks[0]
+    spec = {
+        "task": first.spec_doc,
+        "source_job": source_job,
+        "tasks": ids,
+        "snapshots": [t.snapshot_commit for t in tasks],
+        "repository": first.repository,
+        "base_commit": first.base_commit,
+    }
+    spec["task"] = {**first.spec_doc, "objective": f"Integrate {', '.join(ids)}"}
+    row = _row("job-" + os.urandom(5).hex(), JobKind.INTEGRATE, first.repository, spec, config)
+    return row, {"kind": "integrate", "source_job": source_job, "tasks": ids}

@@ -51,6 +51,7 @@ def run_coordinator(store_path: Path, job_id: str, runner_id: str) -> None:
     """The body of a coordinator process: the job's own configuration, the Docker engine."""
     from bridge.jobs.compete import run_compete
     from bridge.jobs.coordinator import JobCoordinator
+    from bridge.jobs.parallel import run_fanout, run_integrate
     from bridge.jobs.review import run_review
     from bridge.records import JobRecord
     from bridge.sandbox.docker import DockerSandbox
@@ -59,7 +60,12 @@ def run_coordinator(store_path: Path, job_id: str, runner_id: str) -> None:
     try:
         job = JobRecord.model_validate(store.jobs.load(job_id))
         ctx = Context(job.config, store, DockerSandbox())
-        body = {"compete": run_compete, "review": run_review}[job.kind]
+        body = {
+            "compete": run_compete,
+            "review": run_review,
+            "fanout": run_fanout,
+            "integrate": run_integrate,
+        }[job.kind]
         JobCoordinator(ctx, job_id, Owner(id=runner_id)).run(body)
     finally:
         store.close()

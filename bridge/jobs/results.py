@@ -32,7 +32,7 @@ def job_result(job: JobRecord, tasks: list[TaskRecord]) -> JobResult:
         candidates=candidates,
         ordering=result.get("ordering", {}),
         winner=result.get("winner"),
-        rounds=result.get("rounds", []),
+        rounds=result.get("rounds", []) or result.get("steps", []),
         summary={
             "candidates": len(candidates),
             "eligible": sum(1 for c in candidates if c.get("eligible")),
@@ -54,6 +54,18 @@ def chosen_candidate(job: JobRecord, task_id: str | None) -> str:
         raise TaskStateError(f"Job {job.job_id} was already accepted.")
     if job.status == JobStatus.CANCELLED:
         raise TaskStateError(f"Job {job.job_id} was cancelled; nothing of it can be accepted.")
+    if job.kind in ("fanout",):
+        raise TaskStateError(
+            f"Job {job.job_id} is a fanout; accept its tasks with `tasks accept`, or integrate "
+            "them with `jobs integrate` and accept that job."
+        )
+    if job.kind == "integrate":
+        winner = job.result.get("winner")
+        if winner is None:
+            raise TaskStateError(f"Job {job.job_id} integrated nothing that passed its checks.")
+        if task_id not in (None, winner):
+            raise InvalidSpec(f"Task {task_id} is not the integration of job {job.job_id}.")
+        return winner
     if job.kind == "review":
         implementer = job.result.get("implementer")
         if task_id not in (None, implementer):

@@ -107,3 +107,37 @@ def reviewer_spec(
         if key in task:
             spec[key] = copy.deepcopy(task[key])
     return spec
+
+
+def fanout_spec(job_spec: dict[str, Any], job_id: str, n: int) -> dict[str, Any]:
+    """The task of objective ``n`` (0-based) of a fanout: the shared spec, its own objective
+    (and `metadata.candidates[n]` merged over its metadata, as for a compete)."""
+    task = copy.deepcopy(job_spec["task"])
+    shared, overrides, _ = split_metadata(task.get("metadata") or {})
+    task.update(
+        objective=job_spec["objectives"][n],
+        metadata={**shared, **(overrides[n] if n < len(overrides) else {})},
+        idempotency_key=idempotency_key(job_id, f"o{n + 1}"),
+    )
+    return task
+
+
+def integration_spec(
+    job_spec: dict[str, Any], job_id: str, n: int, write: dict[str, str], delete: list[str]
+) -> dict[str, Any]:
+    """Step ``n`` (1-based) of an integration: a task from the common base whose deterministic
+    `mock` worker writes the merged files of the first n tasks, then is verified."""
+    first = job_spec["task"]
+    ids = ", ".join(job_spec["tasks"][:n])
+    spec: dict[str, Any] = {
+        "objective": f"Integrate {ids} (step {n} of {len(job_spec['tasks'])})",
+        "worker": "mock",
+        "workspace": {"repository": job_spec["repository"], "base_ref": job_spec["base_commit"]},
+        "verification": copy.deepcopy(first.get("verification") or {}),
+        "metadata": {"mock": {"write": write, "delete": delete}},
+        "idempotency_key": idempotency_key(job_id, f"step-{n}"),
+    }
+    for key in ("limits", "environment", "priority"):
+        if first.get(key) is not None:
+            spec[key] = copy.deepcopy(first[key])
+    return spec

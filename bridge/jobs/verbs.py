@@ -8,7 +8,12 @@ from typing import Any
 
 from bridge.config import Config
 from bridge.errors import InvalidSpec, JobNotFound
-from bridge.jobs.creation import new_compete_row, new_review_row
+from bridge.jobs.creation import (
+    new_compete_row,
+    new_fanout_row,
+    new_integrate_row,
+    new_review_row,
+)
 from bridge.jobs.detached import spawn_coordinator
 from bridge.jobs.results import chosen_candidate, job_result
 from bridge.models import JOB_TERMINAL, JobStatus, Status, TaskSpec
@@ -85,6 +90,26 @@ class JobVerbs:
         spawn_coordinator(self.config, self.store, row["job_id"], replacing=None)
         return self.job_status(row["job_id"])
 
+    def fanout(self, task: dict[str, Any] | TaskSpec, objectives: list[str]) -> JobResult:
+        """Several objectives on one base, one task each, run in parallel within the limits;
+        returns the job at once. Integrate the ones you want with `integrate`."""
+        row, event = new_fanout_row(self.config, self.sandbox, self.scope, task, objectives)
+        return self._launch(row, event)
+
+    def integrate(self, job_id: str, task_ids: list[str]) -> JobResult:
+        """Apply the chosen verified tasks of a job one after another onto the common base,
+        verifying after each; stops at the first conflict or failure, naming it. The last
+        verified step is a task the caller accepts (`accept_job` on the new job)."""
+        self._job(job_id)
+        tasks = [self._task(t) for t in task_ids]
+        row, event = new_integrate_row(self.config, self.sandbox, job_id, tasks)
+        return self._launch(row, event)
+
+    def _launch(self, row: dict[str, Any], event: dict[str, Any]) -> JobResult:
+        self.store.jobs.insert(row, event)
+        spawn_coordinator(self.config, self.store, row["job_id"], replacing=None)
+        return self.job_status(row["job_id"])
+
     def job_status(self, job_id: str) -> JobResult:
         job = self._job(job_id)
         tasks = [self.store.load_task(t) for t in self.store.jobs.task_ids(job_id)]
@@ -125,7 +150,9 @@ class JobVerbs:
             if other["task_id"] != chosen:
                 self.reject_task(other["task_id"], f"job {job_id} accepted {chosen}")
         if self.store.jobs.transition(
-            job_id, JobStatus.ACCEPTED, {JobStatus.SUCCEEDED, JobStatus.UNRESOLVED}
+            job_id,
+            JobStatus.ACCEPTED,
+            {JobStatus.SUCCEEDED, JobStatus.UNRESOLVED, JobStatus.FAILED},
         ):
             self.store.add_event(job_id, "job.accepted", {"task_id": chosen})
         return outcome
