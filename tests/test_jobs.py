@@ -245,6 +245,14 @@ def test_bad_compete_input_gets_one_sentence_each(bridge, repo, docker_images):
         bridge.compete(spec, ["mock"], attempts=2, judge="nosuch")
     with pytest.raises(InvalidSpec, match="metadata.candidates has 3 entries for 2"):
         bridge.compete(compete_task(repo, [{}] * 3), ["mock"], attempts=2)
+    small = WorkerBridge(home=bridge.config.home, jobs={"max_candidates": 2})
+    try:
+        with pytest.raises(
+            InvalidSpec, match=r"at most 2 candidates \(config jobs.max_candidates\)"
+        ):
+            small.compete(compete_task(repo, []), ["mock"], attempts=3)
+    finally:
+        small.close()
     with pytest.raises(JobNotFound, match="No job 'job-nope'"):
         bridge.job_status("job-nope")
     assert bridge.list_jobs() == []

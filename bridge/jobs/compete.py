@@ -11,7 +11,7 @@ from typing import Any
 
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.figures import candidate_of
-from bridge.jobs.judge import MAX_DIFF_CHARS, assign_labels, judge_prompt, parse_ranking
+from bridge.jobs.judge import assign_labels, judge_prompt, parse_ranking
 from bridge.jobs.ranking import rank
 from bridge.jobs.slots import candidate_label, candidate_spec, judge_spec
 from bridge.models import JobStatus, Status
@@ -59,12 +59,12 @@ def run_compete(co: JobCoordinator) -> None:
     co.finish(JobStatus.SUCCEEDED, result)
 
 
-def read_diff(path: str | None) -> tuple[str, int]:
-    """The first part of a diff file (enough for the bound) and its whole size."""
+def read_diff(path: str | None, bound: int) -> tuple[str, int]:
+    """The first part of a diff file (enough for ``bound`` characters) and its whole size."""
     if not path or not Path(path).is_file():
         return "", 0
     with open(path, encoding="utf-8", errors="replace") as diff:
-        return diff.read(MAX_DIFF_CHARS + 1), Path(path).stat().st_size
+        return diff.read(bound + 1), Path(path).stat().st_size
 
 
 def ask_judge(
@@ -74,13 +74,17 @@ def ask_judge(
     asking's answer or problem, and ``ordering``: the agreed one, or None."""
     job = co.job()
     labels = assign_labels(job.job_id, eligible)
-    texts = {label: read_diff(diffs[task_id]) for label, task_id in labels.items()}
+    bounds = job.config.jobs
+    texts = {
+        label: read_diff(diffs[task_id], bounds.quoted_diff_chars)
+        for label, task_id in labels.items()
+    }
     shown = {label: text for label, (text, _) in texts.items()}
     totals = {label: total for label, (_, total) in texts.items()}
     order = sorted(labels)
     askings = []
     for n, presented in enumerate((order, order[::-1])):
-        objective = judge_prompt(job.spec["task"]["objective"], shown, presented, totals)
+        objective = judge_prompt(job.spec["task"]["objective"], shown, presented, totals, bounds)
         spec = judge_spec(job.spec, job.job_id, f"judge-{n + 1}", objective)
         askings.append(co.ensure_task(spec, "judge", f"judge-{n + 1}"))
     for task_id in askings:

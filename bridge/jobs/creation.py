@@ -23,9 +23,6 @@ from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
 from bridge.workers.info import worker_infos
 
-MAX_CANDIDATES = 8
-MAX_ROUNDS = 10
-
 
 def _require_healthy(
     config: Config, sandbox: Sandbox, names: list[str], read_only: tuple[str, ...] = ()
@@ -49,7 +46,7 @@ def _require_healthy(
             )
 
 
-def compete_slots(workers: list[str], attempts: int) -> list[str]:
+def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]:
     """The worker of each candidate: every named worker ``attempts`` times."""
     if attempts < 1:
         raise InvalidSpec("--attempts must be 1 or more.")
@@ -59,9 +56,10 @@ def compete_slots(workers: list[str], attempts: int) -> list[str]:
             "A compete needs at least two candidates: name two workers, or give one worker "
             "with --attempts 2 or more."
         )
-    if len(slots) > MAX_CANDIDATES:
+    if len(slots) > most:
         raise InvalidSpec(
-            f"A compete runs at most {MAX_CANDIDATES} candidates; this asks for {len(slots)}."
+            f"A compete runs at most {most} candidates (config jobs.max_candidates); this asks "
+            f"for {len(slots)}."
         )
     return slots
 
@@ -80,7 +78,7 @@ def new_compete_row(
         task = task.model_dump(mode="json")
     task = dict(task)
     workers = [w.strip() for w in workers if w and w.strip()]
-    slots = compete_slots(workers, attempts)
+    slots = compete_slots(workers, attempts, config.jobs.max_candidates)
     _, overrides, _ = split_metadata(task.get("metadata") or {})
     if len(overrides) > len(slots):
         raise InvalidSpec(
@@ -130,8 +128,11 @@ def new_review_row(
     if isinstance(task, TaskSpec):
         task = task.model_dump(mode="json")
     task = dict(task)
-    if not 1 <= rounds <= MAX_ROUNDS:
-        raise InvalidSpec(f"--rounds must be between 1 and {MAX_ROUNDS}; it was {rounds}.")
+    most = config.jobs.max_rounds
+    if not 1 <= rounds <= most:
+        raise InvalidSpec(
+            f"--rounds must be between 1 and {most} (config jobs.max_rounds); it was {rounds}."
+        )
     _require_healthy(config, sandbox, [worker, reviewer], read_only=(reviewer,))
     job_id = "job-" + os.urandom(5).hex()
     spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
@@ -176,8 +177,11 @@ def new_fanout_row(
     objectives = [o for o in objectives if o and o.strip()]
     if len(objectives) < 2:
         raise InvalidSpec("A fanout needs at least two objectives (--objective, repeated).")
-    if len(objectives) > MAX_CANDIDATES:
-        raise InvalidSpec(f"A fanout runs at most {MAX_CANDIDATES} objectives at once.")
+    if len(objectives) > config.jobs.max_candidates:
+        raise InvalidSpec(
+            f"A fanout runs at most {config.jobs.max_candidates} objectives at once (config "
+            "jobs.max_candidates)."
+        )
     task.setdefault("objective", objectives[0])
     _require_healthy(config, sandbox, [task.get("worker") or "mock"])
     job_id = "job-" + os.urandom(5).hex()

@@ -40,14 +40,15 @@ def run_review(co: JobCoordinator) -> None:
                 {"kind": "implementer", "message": f"The implementer's task failed: {why}"},
             )
             return
-        diff, total = read_diff(co.store.artifacts(impl).get("diff"))
-        prompt = review_prompt(job.spec["task"]["objective"], diff, total)
+        bounds = job.config.jobs
+        diff, total = read_diff(co.store.artifacts(impl).get("diff"), bounds.quoted_diff_chars)
+        prompt = review_prompt(job.spec["task"]["objective"], diff, total, bounds)
         spec = reviewer_spec(job.spec, job.job_id, round_no, record.snapshot_commit or "", prompt)
         reviewer = co.ensure_task(spec, "reviewer", f"review-{round_no}")
         co.start(reviewer)
         (review,) = co.wait_all([reviewer])
         if review.status == Status.SUCCEEDED:
-            verdict, findings, problem = parse_review(review.summary)
+            verdict, findings, problem = parse_review(review.summary, bounds)
         else:
             why = review.error.message if review.error else f"it ended {review.status}"
             verdict, findings, problem = None, [], f"the reviewer's task did not succeed: {why}"
