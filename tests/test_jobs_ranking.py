@@ -105,3 +105,43 @@ def test_an_invalid_ranking_is_refused_with_what_was_wrong():
     assert "no worker-bridge-ranking block" in parse_ranking("I like A", ["A", "B"])[2]
     assert "not JSON" in parse_ranking("```worker-bridge-ranking\n{nope\n```", ["A"])[2]
     assert parse_ranking(None, ["A"])[0] is None
+
+
+def _asking(ranking, problem=None) -> dict:
+    return {"task_id": "j", "ranking": ranking, "reasons": {}, "problem": problem}
+
+
+def test_two_askings_that_disagree_leave_no_ordering_and_say_so():
+    from bridge.jobs.compete import agreement
+
+    assert agreement([_asking(["t1", "t2"]), _asking(["t1", "t2"])]) == {
+        "ordering": ["t1", "t2"],
+        "problem": None,
+    }
+    split = agreement([_asking(["t1", "t2"]), _asking(["t2", "t1"])])
+    assert (
+        split["ordering"] is None and "differently when shown them in reverse" in split["problem"]
+    )
+    failed = agreement([_asking(["t1", "t2"]), _asking(None, "the judge named a label twice")])
+    assert failed == {"ordering": None, "problem": "the judge named a label twice"}
+
+
+def test_a_review_answer_is_checked_and_bounded():
+    from bridge.config_sections import JobsConfig
+    from bridge.jobs.review_answer import parse_review
+
+    def block(body) -> str:
+        return f"```worker-bridge-review\n{json.dumps(body)}\n```"
+
+    many = [{"path": "a.py", "line": n, "severity": "minor", "text": "x" * 5000} for n in range(9)]
+    bounds = JobsConfig(review_findings=3, finding_chars=100)
+    verdict, findings, problem = parse_review(
+        block({"verdict": "changes_requested", "findings": many}), bounds
+    )
+    assert (verdict, problem, len(findings)) == ("changes_requested", "", 3)
+    assert all(len(f["text"]) == 100 for f in findings)
+    assert parse_review(block({"verdict": "lgtm"}))[2].startswith("the reviewer's verdict is not")
+    assert parse_review(block({"verdict": "approve", "findings": "no"}))[2].endswith("not a list")
+    assert parse_review("approve")[2].endswith("no worker-bridge-review block")
+    odd = parse_review(block({"verdict": "approve", "findings": [{"text": "t", "line": True}, 7]}))
+    assert odd[1] == [{"path": None, "line": None, "severity": "info", "text": "t"}]

@@ -104,12 +104,16 @@ def ask_judge(
                 "problem": problem or None,
             }
         )
-    first, second = (a["ranking"] for a in answers)
-    agreed = first is not None and first == second
+    return {"labels": labels, "askings": answers, **agreement(answers)}
+
+
+def agreement(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """``ordering``: the judge's ordering when every asking gave a valid one and all agree,
+    else None with the ``problem`` (an asking's, or their disagreement)."""
+    rankings = [a["ranking"] for a in answers]
+    agreed = bool(rankings) and rankings[0] is not None and all(r == rankings[0] for r in rankings)
     return {
-        "labels": labels,
-        "askings": answers,
-        "ordering": first if agreed else None,
+        "ordering": rankings[0] if agreed else None,
         "problem": None if agreed else _disagreement(answers),
     }
 
