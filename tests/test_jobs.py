@@ -243,6 +243,9 @@ def test_bad_compete_input_gets_one_sentence_each(bridge, repo, docker_images):
         bridge.compete(spec, ["mock", "nosuch"])
     with pytest.raises(InvalidSpec, match="Unknown worker 'nosuch'"):
         bridge.compete(spec, ["mock"], attempts=2, judge="nosuch")
+    bridge.link_worker("absent", ["agent", "{prompt}"], image="worker-bridge-test/absent:1")
+    with pytest.raises(InvalidSpec, match="Worker 'absent' cannot run here now: Image"):
+        bridge.compete(spec, ["mock", "absent"])
     with pytest.raises(InvalidSpec, match="metadata.candidates has 3 entries for 2"):
         bridge.compete(compete_task(repo, [{}] * 3), ["mock"], attempts=2)
     small = WorkerBridge(home=bridge.config.home, jobs={"max_candidates": 2})
