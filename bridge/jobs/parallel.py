@@ -6,6 +6,7 @@ verified step is the integration the caller accepts (`jobs accept`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bridge.jobs.coordinator import JobCoordinator
@@ -37,7 +38,7 @@ def run_integrate(co: JobCoordinator) -> None:
     spec = job.spec
     snapshots = list(zip(spec["tasks"], spec["snapshots"], strict=True))
     scratch = job.config.home / "jobs" / job.job_id
-    steps = Merger(spec["repository"], spec["base_commit"], scratch).steps(snapshots)
+    steps = Merger(Path(spec["repository"]), spec["base_commit"], scratch).steps(snapshots)
     report: list[dict[str, Any]] = []
     result: dict[str, Any] = {"steps": report, "winner": None}
     for n, step in enumerate(steps, start=1):

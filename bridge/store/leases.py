@@ -63,7 +63,12 @@ TASKS = Owned(
     "queued",
     TaskNotFound,
 )
-JOBS = Owned("jobs", "job_id", frozenset(JOB_TERMINAL), ("running",), "running", JobNotFound)
+# A created job is already meant to run (its maker spawns its coordinator at once), so one whose
+# coordinator never claimed it is stranded too; the reservation's compare-and-set keeps a job
+# from getting two.
+JOBS = Owned(
+    "jobs", "job_id", frozenset(JOB_TERMINAL), ("created", "running"), "running", JobNotFound
+)
 
 
 class Runners:
