@@ -64,6 +64,15 @@ def test_integrate_applies_two_compatible_changes_and_stops_at_a_conflicting_thi
     assert (repo / "a.txt").read_text() == "from one\n"
     assert (repo / "b.txt").read_text() == "from two\n"
 
+    scratch = bridge.config.home / "jobs" / done.job_id
+    assert scratch.is_dir(), "the merges' objects were kept apart from the repository's"
+    planned = bridge.prune_workspaces()["actions"]
+    assert {"kind": "job_scratch", "target": str(scratch)} in [
+        {"kind": a["kind"], "target": a["target"]} for a in planned
+    ]
+    bridge.prune_workspaces(apply=True)
+    assert not scratch.exists()
+
 
 def test_integrate_refuses_bad_input_with_one_sentence(bridge, repo, docker_images):
     fan = _fanout(bridge, repo, [{"a.txt": "1\n"}, {"b.txt": "2\n"}], ["true"])
