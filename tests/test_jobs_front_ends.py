@@ -172,3 +172,27 @@ def test_the_cli_fans_out_then_integrates_and_accepts(cli, repo, docker_images):
     assert (repo / "x.txt").read_text() == "x\n" and (repo / "y.txt").read_text() == "y\n"
     refused = cli("jobs", "accept", fan["job_id"])
     assert refused.code == 1 and "is a fanout" in refused.stderr
+
+
+async def test_the_mcp_job_tools_treat_a_job_outside_the_scope_as_absent(
+    home: Path, workdir: Path, repo: Path, docker_images
+):
+    from bridge import WorkerBridge
+
+    unscoped = WorkerBridge(home=home)
+    spec = compete_task(repo, [{"sleep": 60}] * 2)
+    job = unscoped.compete(spec, ["mock"], attempts=2)
+    allowed = workdir / "allowed"
+    allowed.mkdir()
+    (home / "config.yaml").write_text(f"repositories:\n  - {allowed}\n")
+    try:
+        async with mcp_server(home) as client:
+            for tool in ("worker_job_status", "worker_job_accept", "worker_job_cancel"):
+                unknown = await call_error(client, tool, {"job_id": "job-0000000000"})
+                said = await call_error(client, tool, {"job_id": job.job_id})
+                assert said == unknown.replace("job-0000000000", job.job_id), tool
+                assert "No job" in said
+        assert unscoped.job_status(job.job_id).status in ("created", "running"), "left alone"
+    finally:
+        unscoped.cancel_job(job.job_id)
+        unscoped.close()
