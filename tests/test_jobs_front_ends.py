@@ -39,6 +39,8 @@ def test_the_cli_runs_a_compete_to_the_end_and_accepts_its_winner(cli, repo, doc
     assert "#1" in run.stdout and "<- winner" in run.stdout
     assert "ineligible: our verification failed" in run.stdout
     assert "candidate c3" in run.stderr and "succeeded" in run.stderr, "live progress per candidate"
+    assert "  c2: worker mock started" in run.stderr
+    assert "  c3: check `test ! -e broken.txt`: failed" in run.stderr
     job_id = run.stdout.split()[1]
     shown = cli("jobs", "show", job_id, "--json")
     assert shown.code == 0, shown.stderr

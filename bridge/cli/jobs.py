@@ -16,6 +16,7 @@ from bridge.service import WorkerBridge
 
 JOB_ENDED = {"succeeded", "unresolved", "failed", "cancelled", "accepted"}
 POLL_S = 0.5
+WIDTH = 160  # characters of one progress line
 
 
 def _workers(args: argparse.Namespace) -> list[str]:
@@ -72,26 +73,41 @@ def print_job(job: dict[str, Any]) -> None:
 
 
 def _wait(bridge: WorkerBridge, job_id: str, quiet: bool) -> dict[str, Any]:
-    """Poll the job until it ends, printing each change of its tasks on stderr; Ctrl-C
-    cancels the job rather than leaving it running unseen."""
+    """Poll the job until it ends, printing on stderr each change of its tasks' status or phase
+    and their progress (as `tasks run` shows one task's), each line under the task's label;
+    Ctrl-C cancels the job rather than leaving it running unseen."""
     seen: dict[str, tuple] = {}
+    cursors: dict[str, int] = {}
     try:
         while True:
             job = bridge.job_status(job_id)
             for t in job.tasks:
-                state = (t.status, t.phase)
-                if not quiet and seen.get(t.task_id) != state:
-                    phase = f" ({t.phase})" if t.phase else ""
-                    print(
-                        f"{t.role} {t.label} {t.task_id} [{t.worker}]: {t.status}{phase}",
-                        file=sys.stderr,
-                    )
-                seen[t.task_id] = state
+                if not quiet:
+                    _progress(bridge, t, seen, cursors)
             if job.status in JOB_ENDED:
                 return job.document()
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         return bridge.cancel_job(job_id).document()
+
+
+def _progress(
+    bridge: WorkerBridge, t: Any, seen: dict[str, tuple], cursors: dict[str, int]
+) -> None:
+    """One task's new lines: its status or phase when changed, then its new events."""
+    from bridge.cli.live import describe
+
+    state = (t.status, t.phase)
+    if seen.get(t.task_id) != state:
+        phase = f" ({t.phase})" if t.phase else ""
+        print(f"{t.role} {t.label} {t.task_id} [{t.worker}]: {t.status}{phase}", file=sys.stderr)
+        seen[t.task_id] = state
+    page = bridge.task_logs(t.task_id, after=cursors.get(t.task_id, 0), limit=200)
+    cursors[t.task_id] = page.next_after
+    for event in page.events:
+        line = describe(event)
+        if line:
+            print(f"  {t.label}: {one_line(line.strip())[:WIDTH]}", file=sys.stderr)
 
 
 def _show(job: dict[str, Any], args: argparse.Namespace) -> None:
