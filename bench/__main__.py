@@ -24,6 +24,7 @@ from bench.environments import SYNTHETIC as ENV_SYNTHETIC
 from bench.environments import bench_environments, print_environments
 from bench.environments import settings as environment_settings
 from bench.gateway import bench_gateway
+from bench.jobs import bench_jobs, print_jobs
 from bench.large_change import bench_large_change
 from bench.large_task import bench_large_task, print_large_task
 from bench.mcp import bench_mcp
@@ -40,6 +41,7 @@ TARGETS = {
     "mcp_delegate_ms": 150.0,
     "large_change_vs_floor_ratio": 1.5,
     "large_task_phase_vs_floor_ratio": 2.0,
+    "compete_vs_serial_ratio": 0.6,
 }
 
 
@@ -110,6 +112,7 @@ def main() -> int:
             root / "conc", tasks=4 if q else 8, limit=2 if q else 4, sleep=1.0 if q else 2.0
         )
         results["concurrency"] = conc
+        results["jobs"] = bench_jobs(root, sleep=1.0 if q else 2.0, pairs=1 if q else 3)
         store = bench_store(
             root,
             tasks=1000 if q else 10_000,
@@ -164,6 +167,7 @@ def main() -> int:
             "task_vs_floor_ratio": one["ratio_median"],
             "library_vs_floor_ratio": lib["ratio_median"],
             "concurrency_makespan_ratio": conc["ratio"],
+            "compete_vs_serial_ratio": results["jobs"]["ratio_median"],
             "store_read_p99_ms": store["read_p99_ms"],
             "mcp_delegate_ms": mcp["delegate_median_ms"],
             "large_change_vs_floor_ratio": results["large_change"]["ratio_largest"],
@@ -190,6 +194,12 @@ def main() -> int:
             f"{conc['makespan_s']:.2f} s",
             f"{conc['ideal_s']:.2f} s (ideal)",
             "concurrency_makespan_ratio",
+        ),
+        (
+            f"compete of {results['jobs']['candidates']}",
+            f"{results['jobs']['compete_median_s']:.2f} s",
+            f"{results['jobs']['serial_median_s']:.2f} s (serial)",
+            "compete_vs_serial_ratio",
         ),
         ("store read p99", f"{store['read_p99_ms']:.2f} ms", "-", "store_read_p99_ms"),
         ("MCP delegate median", f"{mcp['delegate_median_ms']:.1f} ms", "-", "mcp_delegate_ms"),
@@ -221,6 +231,7 @@ def main() -> int:
         f"{store['logs_page_200']['p99_ms']:.2f} ms, list all {store['list_all_median_ms']:.0f} ms"
     )
     print(f"MCP worker_status median {mcp['status_median_ms']:.1f} ms")
+    print_jobs(results["jobs"])
     print_large_task(results["large_task"])
     print_workers(results["real_workers"])
     print_environments(results["environments"])

@@ -24,7 +24,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from bridge.config_sections import GatewayConfig, HttpConfig, RouteConfig
+from bridge.config_sections import GatewayConfig, HttpConfig, JobsConfig, RouteConfig
 from bridge.errors import ConfigError
 from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
@@ -59,6 +59,7 @@ __all__ = [
     "Config",
     "GatewayConfig",
     "HttpConfig",
+    "JobsConfig",
     "LimitDefaults",
     "LinkedWorker",
     "RouteConfig",
@@ -181,6 +182,9 @@ class Config(BaseModel):
     )
     setup_timeout_s: int = Field(
         1800, ge=1, description="Deadline of an environment's setup (all its commands)."
+    )
+    jobs: JobsConfig = Field(
+        default_factory=JobsConfig, description="Bounds of jobs (candidates, rounds, quoting)."
     )
     http: HttpConfig = Field(
         default_factory=HttpConfig,

@@ -1,6 +1,6 @@
-"""The network-facing sections of the configuration: the gateway (`gateway`, its model routes
-and bounds) and the MCP server's HTTP listener (`http`). bridge/config.py loads them as part of
-`Config`; they live apart so that module stays the loader."""
+"""Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
+server's HTTP listener (`http`) and the bounds of jobs (`jobs`). bridge/config.py loads them as
+part of `Config`; they live apart so that module stays the loader."""
 
 from __future__ import annotations
 
@@ -137,3 +137,22 @@ class HttpConfig(BaseModel):
         description="An MCP session with no request in flight (and no open GET stream) for "
         "this long is closed; its id then answers 404 'Session not found'.",
     )
+
+
+class JobsConfig(BaseModel):
+    """Bounds of jobs (see docs/jobs.md): how big a job may be, and how much text written by a
+    worker is quoted to a judge or reviewer, or kept of a reviewer's answer."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_candidates: int = Field(
+        8, ge=2, le=64, description="Candidates of one compete (objectives of one fanout)."
+    )
+    max_rounds: int = Field(10, ge=1, le=100, description="Review rounds one review may ask.")
+    quoted_diff_chars: int = Field(
+        24_000, ge=1000, description="Characters of each diff shown to a judge or reviewer."
+    )
+    quoted_objective_chars: int = Field(
+        8000, ge=100, description="Characters of the objective shown to a judge or reviewer."
+    )
+    review_findings: int = Field(50, ge=1, description="Findings kept of one review.")
+    finding_chars: int = Field(2000, ge=100, description="Characters kept of one finding.")

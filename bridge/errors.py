@@ -9,6 +9,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     │   └── InvalidRepository
     ├── ConfigError                  (ValueError)    config.yaml / env is wrong         -> exit 2
     ├── TaskNotFound                 (LookupError)   no task with that id               -> exit 2
+    ├── JobNotFound                  (LookupError)   no job with that id                -> exit 2
     ├── InvalidTransition                            a status change the table forbids
     ├── TaskStateError                               the task is not in a state that allows it
     ├── DiskFull                     (OSError)       free disk below the reserve, or a limit
@@ -68,6 +69,15 @@ class TaskNotFound(BridgeError, LookupError):
         """The one answer for an unknown task id, and for a task outside `repositories`: the
         two are never told apart."""
         return cls(f"No task '{task_id}' in this store; `worker-bridge tasks list` shows the ids.")
+
+
+class JobNotFound(BridgeError, LookupError):
+    exit_code = 2
+
+    @classmethod
+    def of(cls, job_id: str) -> JobNotFound:
+        """The one answer for an unknown job id, and for a job outside `repositories`."""
+        return cls(f"No job '{job_id}' in this store; `worker-bridge jobs list` shows the ids.")
 
 
 class InvalidTransition(BridgeError):

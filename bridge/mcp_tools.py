@@ -20,6 +20,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from bridge.errors import BridgeError
+from bridge.mcp_job_tools import JobTools
 from bridge.models import TERMINAL
 from bridge.service import WorkerBridge
 
@@ -34,7 +35,7 @@ def _describe(text: str) -> Any:
     return Field(description=text)
 
 
-class BridgeTools:
+class BridgeTools(JobTools):
     """The tools, bound to one WorkerBridge (one state root)."""
 
     def __init__(self, bridge: WorkerBridge) -> None:
@@ -313,4 +314,9 @@ TOOLS: dict[str, ToolAnnotations] = {
     # writes into the user's working tree; a second call changes nothing more
     "worker_accept": _hints("Write a verified change", destructive=True, idempotent=True),
     "worker_follow_up": _hints("Another turn on a task", open_world=True),
+    "worker_compete": _hints("One task on several workers, ranked", open_world=True),
+    "worker_review": _hints("Implement, then review read-only", open_world=True),
+    "worker_job_status": _hints("A job's result", read_only=True),
+    "worker_job_accept": _hints("Write a job's best change", destructive=True, idempotent=True),
+    "worker_job_cancel": _hints("Cancel a job and its tasks", destructive=True, idempotent=True),
 }

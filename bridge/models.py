@@ -184,6 +184,39 @@ EXPLICIT_ONLY = {
     (Status.FAILED, Status.QUEUED),
 }
 
+
+class JobKind(StrEnum):
+    COMPETE = "compete"
+    REVIEW = "review"
+    FANOUT = "fanout"
+    INTEGRATE = "integrate"
+
+
+class JobStatus(StrEnum):
+    """A job's statuses: `running` while its coordinator advances it; `succeeded` when it
+    reached its end (a compete ranked with a winner), `unresolved` when the caller must choose
+    (the judge failed or disagreed with itself), `failed` (no eligible candidate, or an error),
+    `cancelled`, and `accepted` once a candidate was accepted through it."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    UNRESOLVED = "unresolved"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ACCEPTED = "accepted"
+
+
+JOB_TERMINAL = frozenset(
+    {
+        JobStatus.SUCCEEDED,
+        JobStatus.UNRESOLVED,
+        JobStatus.FAILED,
+        JobStatus.CANCELLED,
+        JobStatus.ACCEPTED,
+    }
+)
+
 ERROR_KINDS = (
     "invalid_spec",
     "worker_exit",

@@ -1,6 +1,7 @@
 """Typed records: a task as the store keeps it (`TaskRecord`), the documents stored inside it
-(error, verification, changed files, the worker's exit), and the task result the facade returns
-(`TaskResult`). Dicts appear only at the CLI, MCP and JSON edges (`TaskResult.document()`)."""
+(error, verification, changed files, the worker's exit), the task result the facade returns
+(`TaskResult`), and a job as stored and returned (`JobRecord`, `JobResult`). Dicts appear only
+at the CLI, MCP and JSON edges (`TaskResult.document()`)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ class TaskRecord(BaseModel):
     dropped: list[dict[str, str]] = Field(default_factory=list)
     usage: dict[str, Any] | None = None
     session_id: str | None = None
+    job_id: str | None = None
+    job_role: str | None = None
+    job_label: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -176,6 +180,8 @@ class TaskResult(BaseModel):
     phase: str | None = None
     created_at: str
     finished_at: str | None = None
+    job_id: str | None = Field(None, description="The job this task is part of, if any.")
+    job_role: str | None = Field(None, description="Its role there: candidate, judge...")
 
     def document(self) -> dict[str, Any]:
         """The JSON document (for the CLI, the MCP server and files)."""
@@ -249,3 +255,75 @@ class EventPage(BaseModel):
 
     def document(self) -> dict[str, Any]:
         return {"events": [e.document() for e in self.events], "next_after": self.next_after}
+
+
+class JobRecord(BaseModel):
+    """One row of the jobs table, typed: ``spec`` holds the job's arguments (`task`: the task
+    spec its tasks start from, and the kind's own keys), ``config`` the configuration recorded
+    at creation (its coordinator's), ``result`` what the coordinator found so far."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    kind: str
+    status: str
+    repository: str
+    spec: dict[str, Any]
+    config_doc: dict[str, Any] = Field(default_factory=dict, alias="config")
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: ErrorInfo | None = None
+    created_at: str
+    updated_at: str | None = None
+    finished_at: str | None = None
+    runner_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_row(cls, row: Any) -> Any:
+        if isinstance(row, dict):
+            row = {k: v for k, v in row.items() if v is not None}
+        return row
+
+    @cached_property
+    def config(self) -> Config:
+        return Config.from_record({"home": "/", **self.config_doc})
+
+
+class JobTask(BaseModel):
+    """One task of a job, as the job result lists it."""
+
+    task_id: str
+    role: str
+    label: str | None = None
+    worker: str
+    status: Status
+    phase: str | None = None
+
+
+class JobResult(BaseModel):
+    """The job result of the contract: what `jobs show --json`, `worker_job_status` and the
+    library return. For compete: the ranked ``candidates`` (each with `eligible`, `reasons[]`
+    and the figures ranked on), the ``ordering`` (deterministic, and the judge's when asked) and
+    the ``winner``; for review: the ``rounds``."""
+
+    job_id: str
+    kind: str
+    status: str
+    repository: str
+    objective: str
+    tasks: list[JobTask] = Field(default_factory=list)
+    candidates: list[dict[str, Any]] = Field(default_factory=list)
+    ordering: dict[str, Any] = Field(default_factory=dict)
+    winner: str | None = None
+    rounds: list[dict[str, Any]] = Field(default_factory=list)
+    stopped: str | None = Field(
+        None,
+        description="Why a review ended: approved, no new findings, round limit, or a failure.",
+    )
+    summary: dict[str, Any] = Field(default_factory=dict)
+    error: ErrorInfo | None = None
+    created_at: str
+    finished_at: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

@@ -14,11 +14,15 @@ from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
 from bridge.creation import new_task_row, recheck_permissions
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.gateway.policy import all_routes
-from bridge.models import TERMINAL, Status, TaskSpec
+from bridge.jobs import recover_jobs
+from bridge.jobs.verbs import JobVerbs
+from bridge.models import Status, TaskSpec
 from bridge.phase.context import Context
 from bridge.phase.handle import PipelineHooks
 from bridge.pipeline.accepting import accept_task
-from bridge.pipeline.detached import launch_runner, reserve_runner, spawn_runner
+from bridge.pipeline.cancel import cancel_task
+from bridge.pipeline.detached import spawn_runner
+from bridge.pipeline.follow_up import queue_follow_up
 from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
@@ -33,7 +37,7 @@ from bridge.workers import BUILTIN, all_workers
 from bridge.workers.info import worker_infos
 
 
-class WorkerBridge:
+class WorkerBridge(JobVerbs):
     """Create, run, inspect and accept delegated tasks.
 
     >>> bridge = WorkerBridge()                      # config from env + config.yaml
@@ -151,58 +155,16 @@ class WorkerBridge:
         if not message.strip():
             raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
         task = self._task(task_id)
-        if task.status not in (Status.SUCCEEDED, Status.FAILED):
-            raise TaskStateError(
-                f"Task {task_id} is {task.status}; only a succeeded or failed task takes a "
-                "follow-up (delegate a new task instead)."
-            )
-        if task.pruned_at or not (self.config.home / "worktrees" / task_id).is_dir():
-            raise TaskStateError(
-                f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
-            )
-        self._still_allowed(task, worker_turn=True)
-        runner_id = reserve_runner(self.store, task_id, task.runner_id, finished_ok=True)
-        follow_ups = [*task.follow_ups, message]
-        if runner_id is None or not self.store.transition(
-            task_id,
-            Status.QUEUED,
-            explicit=True,
-            expect={Status.SUCCEEDED, Status.FAILED},
-            event={"turn": len(follow_ups)},
-            turn=len(follow_ups),
-            follow_ups=follow_ups,
-            phase=None,
-            error=None,
-            verification=None,
-            finished_at=None,
-        ):
-            raise TaskStateError(f"Task {task_id} changed meanwhile; check it and try again.")
-        redactor = redactor_for(task)
-        self.store.add_event(
-            task_id,
-            "task.follow_up",
-            {"turn": len(follow_ups), "message": redactor.redact(message)},
-        )
-        launch_runner(self.config, task_id, runner_id)
+        if task.status in (Status.SUCCEEDED, Status.FAILED):
+            self._still_allowed(task, worker_turn=True)
+        queue_follow_up(self.context(), task_id, message)
         return self.get_task(task_id)
 
     def cancel_task(self, task_id: str) -> TaskResult:
         """Cancel from any process: the status becomes `cancelled` (final), then the task's
         containers are killed with everything in them. A finished task is left as it is."""
-        task = self._task(task_id)
-        if task.status not in TERMINAL:
-            if self.store.transition(
-                task_id,
-                Status.CANCELLED,
-                error={"kind": "cancelled", "message": "The task was cancelled."},
-                finished_at=now_iso(),
-                phase=None,
-            ):
-                self.store.add_event(task_id, "task.cancelled", {"phase": task.phase})
-        try:
-            self.sandbox.remove_by_labels({"io.worker-bridge.task": task_id})
-        except BridgeError:
-            pass  # no engine: nothing of this task can be running in it
+        self._task(task_id)
+        cancel_task(self.context(), task_id)
         return self.get_task(task_id)
 
     def reject_task(self, task_id: str, reason: str = "") -> TaskResult:
@@ -220,19 +182,22 @@ class WorkerBridge:
         return self.get_task(task_id)
 
     def recover(self) -> list[str]:
-        """Hand tasks whose runner died to new runners (of every repository: they were made
-        within their own scope); remove orphan containers if any. Returns the ids of those in
-        this bridge's scope."""
+        """Hand tasks whose runner died to new runners, and jobs whose coordinator died to new
+        coordinators (of every repository: they were made within their own scope); remove
+        orphan containers if any. Returns the ids of those in this bridge's scope (tasks, then
+        jobs)."""
         if self._store is None and not self.config.store_path.exists():
             return []  # no store yet: nothing to recover, and nothing to create
         recovered = recover_stranded(self.context())
+        jobs = recover_jobs(self.context())
         if recovered:
             try:
                 remove_orphan_containers(self.context())
             except BridgeError:
                 pass
         scope = self.scope
-        return [t for t in recovered if scope.allows(self.store.load_task(t).repository)]
+        tasks = [t for t in recovered if scope.allows(self.store.load_task(t).repository)]
+        return tasks + [j for j in jobs if scope.allows(self.store.jobs.load(j)["repository"])]
 
     def get_task(self, task_id: str) -> TaskResult:
         return task_result(self._task(task_id), self.store.artifacts(task_id))

@@ -138,9 +138,11 @@ LAYERS = [
     {"bridge.workers", "bridge.phase"},
     {"bridge.environments"},
     {"bridge.pipeline", "bridge.creation", "bridge.doctor"},
+    {"bridge.jobs"},  # several tasks advanced together, through the pipeline
     {"bridge.service"},
     {"bridge.smoke"},  # runs tasks through the facade
     {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
+    {"bridge.mcp_job_tools"},  # mixed into the tools
     {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http"},
     {"bridge"},  # the public API: WorkerBridge and the records
 ]

@@ -263,3 +263,23 @@ def test_a_store_from_the_hand_written_runner_moves_to_sqlite_utils_migrations(w
         assert not s.db["migrations"].exists()
     finally:
         s.close()
+
+
+def test_a_job_whose_coordinator_never_claimed_it_is_stranded_and_reserved_once(tmp_path):
+    from bridge.store.owners import Owner
+
+    store = Store(tmp_path / "s.db")
+    store.jobs.insert(
+        {"job_id": "j1", "kind": "compete", "status": "created", "repository": "/r", "spec": {}},
+        {},
+    )
+    assert [r["job_id"] for r in store.job_runners.stranded()] == ["j1"]
+    assert store.job_runners.reserve("j1", "runner-a", 30, None)
+    assert not store.job_runners.reserve("j1", "runner-b", 30, None), "one process wins"
+    assert store.job_runners.stranded() == [], "a fresh reservation is live"
+    owner = Owner(id="runner-a")
+    assert store.job_runners.claim("j1", owner, 10)
+    assert store.jobs.load("j1")["status"] == "running"
+    store.job_runners.release("j1", owner)
+    assert [r["job_id"] for r in store.job_runners.stranded()] == ["j1"]
+    store.close()

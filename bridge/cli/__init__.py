@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.cli import commands as c
+from bridge.cli import jobs as j
 from bridge.cli.render import SafeStream
 from bridge.errors import BridgeError
 from bridge.mcp_http import add_arguments as add_mcp_transport_arguments
@@ -73,7 +74,16 @@ GROUPS = {
     "environments": "show and reclaim project environment caches",
     "workers": "list and link workers",
     "images": "build the worker-bridge images",
+    "jobs": "several tasks together: compete, review, fanout and integrate",
 }
+JOB_ID = arg("job_id")
+WAIT_JOB = arg("--wait", action="store_true", help="wait for the job, showing each task")
+FANOUT_FLAGS = tuple(
+    arg("--objective", action="append", metavar="TEXT", help="an objective (repeat, one per task)")
+    if a.flags == ("--objective",)
+    else a
+    for a in TASK_FLAGS
+)
 
 # Every command: adding one is an entry here and its function in commands.py.
 COMMANDS = (
@@ -177,6 +187,82 @@ COMMANDS = (
         "hand tasks whose runner died to new runners (every command that acts does this first)",
         c.cmd_tasks_recover,
         (JSON,),
+        acts=True,
+    ),
+    Command(
+        "tasks",
+        "retry",
+        "a new task from a finished task's spec (linked to it), started in the background",
+        j.cmd_tasks_retry,
+        (TASK_ID, JSON),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "compete",
+        "one objective on several workers; candidates ranked by our verification",
+        j.cmd_jobs_compete,
+        (
+            *TASK_FLAGS,
+            arg("--workers", metavar="A,B", help="comma-separated workers, one candidate each"),
+            arg("--attempts", type=int, default=1, help="candidates per worker (default 1)"),
+            arg("--judge", metavar="W", help="a read-only worker that ranks eligible candidates"),
+            arg("--wait", action="store_true", help="wait for the job, showing each candidate"),
+        ),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "review",
+        "an implementer, then a read-only reviewer; requested changes become follow-ups",
+        j.cmd_jobs_review,
+        (
+            *TASK_FLAGS,
+            arg("--reviewer", required=True, metavar="W", help="the worker that reviews"),
+            arg("--rounds", type=int, default=3, help="most reviews (default 3)"),
+            arg("--wait", action="store_true", help="wait for the job, showing each task"),
+        ),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "fanout",
+        "several objectives on one base, one task each, in parallel within the limits",
+        j.cmd_jobs_fanout,
+        (*FANOUT_FLAGS, WAIT_JOB),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "integrate",
+        "apply a job's chosen verified tasks one after another, verifying after each",
+        j.cmd_jobs_integrate,
+        (
+            JOB_ID,
+            arg("--tasks", required=True, metavar="A,B", help="tasks, in order"),
+            WAIT_JOB,
+            JSON,
+        ),
+        acts=True,
+    ),
+    Command("jobs", "show", "show a job result", j.cmd_jobs_show, (JOB_ID, JSON)),
+    Command(
+        "jobs", "list", "list jobs, newest first", j.cmd_jobs_list, (arg("--limit", type=int), JSON)
+    ),
+    Command(
+        "jobs",
+        "cancel",
+        "cancel a job and every task of it",
+        j.cmd_jobs_cancel,
+        (JOB_ID, JSON),
+        acts=True,
+    ),
+    Command(
+        "jobs",
+        "accept",
+        "accept a job's best candidate (or --task) and reject the others",
+        j.cmd_jobs_accept,
+        (JOB_ID, arg("--task", metavar="TASK_ID", help="the candidate to accept"), JSON),
         acts=True,
     ),
     Command(
@@ -288,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     bridge = None
     try:
         bridge = WorkerBridge()
-        if args.group in ("tasks", "workspaces"):
+        if args.group in ("tasks", "workspaces", "jobs"):
             bridge.check_state_root()  # in a container: shared with the host?
         if args.acts:  # a command that acts first resolves tasks whose runner died
             args.recovered = bridge.recover()

@@ -252,8 +252,11 @@ def cmd_tasks_recover(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     if args.json:
         out_json({"recovered": recovered})
     elif recovered:
-        for task_id in recovered:
-            print(f"task {task_id}: its runner had died; a new one resumes it")
+        for found in recovered:  # task ids, then job ids (job-...)
+            if found.startswith("job-"):
+                print(f"job {found}: its coordinator had died; a new one resumes it")
+            else:
+                print(f"task {found}: its runner had died; a new one resumes it")
     else:
         print("no task had lost its runner")
     return 0

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bridge.errors import BridgeError
-from bridge.models import Status
+from bridge.models import JOB_TERMINAL, Status
 from bridge.phase.context import Context
 from bridge.pipeline.recovery import orphan_containers
 from bridge.records import TaskRecord
@@ -110,6 +110,7 @@ def plan_prune(
                 )
             )
     actions += _orphans(ctx, tasks, scope)
+    actions += _job_scratch(ctx, scope)
     left = trash.leftovers(home)  # folders already removed from every task: any scope's
     if left:
         actions.append(
@@ -169,6 +170,25 @@ def _orphans(
                         "orphan_dir", str(entry), None, f"no task '{entry.name}' in the store"
                     )
                 )
+    return found
+
+
+def _job_scratch(ctx: Context, scope: RepositoryScope) -> list[PruneAction]:
+    """What an integrate job's merges wrote (`<home>/jobs/<job>`: objects its step tasks no
+    longer need), once the job has ended, or when no job of that id is in the store."""
+    root = ctx.home / "jobs"
+    if not root.is_dir():
+        return []
+    jobs = {row["job_id"]: row for row in ctx.store.jobs.list()}
+    found = []
+    for entry in sorted(root.iterdir()):
+        row = jobs.get(entry.name)
+        if row is not None and (
+            row["status"] not in JOB_TERMINAL or not scope.allows(row["repository"])
+        ):
+            continue
+        why = f"{row['status']} job: its merges' objects" if row else "no such job in the store"
+        found.append(PruneAction("job_scratch", str(entry), None, why))
     return found
 
 
@@ -256,7 +276,7 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
         return _remove_orphan_dir(ctx, Path(action.target))
     if action.kind == "trash":
         return trash.reap(ctx.home)
-    if action.kind in ("orphan_log", "object_cache"):
+    if action.kind in ("orphan_log", "object_cache", "job_scratch"):
         return fs.remove_tree(Path(action.target))
     if action.kind == "container":
         ctx.sandbox.remove(action.target)

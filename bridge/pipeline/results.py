@@ -38,4 +38,6 @@ def task_result(
         phase=record.phase,
         created_at=record.created_at,
         finished_at=record.finished_at,
+        job_id=record.job_id,
+        job_role=record.job_role,
     )

@@ -11,7 +11,7 @@ What the model does is written into the task's own text as directives, one per l
     @repair-write PATH: CONTENT a later turn whose message says "Verification failed" writes this
                                 instead (found anywhere in the conversation: proves it was resumed)
     @follow-write PATH: CONTENT a later turn (any other follow-up) writes this
-    @say TEXT                   the final message (default "Done.")
+    @say TEXT                   the final message (default "Done."; \\n in it is a new line)
     @fail-auth                  answer 401 as the provider does for a refused key
     @hang                       never answer (the CLI waits: the task's deadline must end it)
 
@@ -101,7 +101,7 @@ def decide(conv: Conversation) -> Action:
     """What the scripted model does next."""
     everything = "\n".join(conv.user_texts)
     said = [arg for name, arg in _directives(everything) if name == "say"]
-    final = Final(said[-1] if said else "Done.")
+    final = Final(said[-1].replace("\\n", "\n") if said else "Done.")
     if not conv.has_tools:
         return Final("A scripted title")
     latest = conv.user_texts[-1] if conv.user_texts else ""

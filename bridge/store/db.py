@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
 from bridge.records import Event, TaskRecord
-from bridge.store.leases import Leases, Runners
+from bridge.store.jobs import Jobs
+from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def store_writable(path: Path) -> str | None:
 
 
 class Store:
-    """Tasks, events, leases and artifacts. Safe to share between threads of one process."""
+    """Tasks, jobs, events, leases and artifacts. Safe to share between threads of one process."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -91,6 +92,8 @@ class Store:
         self._migrate()
         self.runners = Runners(self)
         self.leases = Leases(self)
+        self.jobs = Jobs(self, now_iso, self._insert_event)
+        self.job_runners = Runners(self, JOBS)
 
     @property
     def db(self) -> sqlite_utils.Database:

@@ -1,8 +1,11 @@
-"""Runner claims and leases: who runs a task, and how many task containers may run at once.
+"""Runner claims and leases: who runs a task (or coordinates a job), and how many task
+containers may run at once.
 
 A runner claims its task (only one live runner per task) and renews that claim and its leases
-with a heartbeat. A lease row is (scope, task, owner, expires_at); acquiring takes one lease in
-every scope of the task in one BEGIN IMMEDIATE transaction, so limits hold across processes.
+with a heartbeat. The same claims serve the jobs table, whose coordinator owns a job the way a
+task runner owns a task (`Runners(store, JOBS)`). A lease row is (scope, task, owner,
+expires_at); acquiring takes one lease in every scope of the task in one BEGIN IMMEDIATE
+transaction, so limits hold across processes.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ import sqlite3
 import time
 import uuid
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bridge.errors import TaskNotFound
-from bridge.models import TERMINAL
+from bridge.errors import JobNotFound, TaskNotFound
+from bridge.models import JOB_TERMINAL, TERMINAL
 from bridge.store.owners import Owner, owner_live
 
 
@@ -37,39 +41,84 @@ def _runner_live(row: dict[str, Any]) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Owned:
+    """A table whose rows are owned by one runner at a time: its name and key column, the
+    statuses in which a row is finished (never claimed again), those in which a row whose
+    runner is gone is stranded, and the status a first claim moves a `created` row to."""
+
+    table: str
+    key: str
+    terminal: frozenset[str]
+    active: tuple[str, ...]
+    started: str
+    missing: type[Exception]
+
+
+TASKS = Owned(
+    "tasks",
+    "task_id",
+    frozenset(TERMINAL),
+    ("queued", "running", "verifying"),
+    "queued",
+    TaskNotFound,
+)
+# A created job is already meant to run (its maker spawns its coordinator at once), so one whose
+# coordinator never claimed it is stranded too; the reservation's compare-and-set keeps a job
+# from getting two.
+JOBS = Owned(
+    "jobs", "job_id", frozenset(JOB_TERMINAL), ("created", "running"), "running", JobNotFound
+)
+
+
 class Runners:
-    """The runner that owns each task."""
+    """The runner that owns each row of one table (tasks by default, or jobs)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, owned: Owned = TASKS) -> None:
         self.store = store
+        self.owned = owned
 
-    def _holder(self, conn: sqlite3.Connection, task_id: str) -> tuple[str, str | None, bool]:
-        """(status, runner id, whether that runner is live) of a task, inside a transaction."""
+    def _holder(self, conn: sqlite3.Connection, row_id: str) -> tuple[str, str | None, bool]:
+        """(status, runner id, whether that runner is live) of a row, inside a transaction."""
+        table, key = self.owned.table, self.owned.key
         row = conn.execute(
             "SELECT status, runner_id, runner_host, runner_pid, runner_pid_started,"
-            " runner_expires_at FROM tasks WHERE task_id = ?",
-            (task_id,),
+            f" runner_expires_at FROM {table} WHERE {key} = ?",
+            (row_id,),
         ).fetchone()
         if row is None:
-            raise TaskNotFound(f"No task '{task_id}' in this store.")
+            raise self.owned.missing(f"No {table[:-1]} '{row_id}' in this store.")
         status, runner_id, host, pid, started, expires = row
         return status, runner_id, runner_id is not None and owner_live(expires, host, pid, started)
 
+    def _set_runner(
+        self, conn: sqlite3.Connection, row_id: str, runner: tuple, expires: float
+    ) -> None:
+        conn.execute(
+            f"UPDATE {self.owned.table} SET runner_id = ?, runner_host = ?, runner_pid = ?,"
+            f" runner_pid_started = ?, runner_expires_at = ? WHERE {self.owned.key} = ?",
+            (*runner, expires, row_id),
+        )
+
     def claim(self, task_id: str, owner: Owner, ttl: float) -> bool:
-        """Make ``owner`` the task's only runner, unless another live runner holds it; a
-        `created` task becomes `queued` in the same transaction, so there is no moment when a
-        claimed task looks unstarted. A reservation under the same id is taken over."""
+        """Make ``owner`` the row's only runner, unless another live runner holds it; a
+        `created` row moves on (a task to `queued`, a job to `running`) in the same
+        transaction, so there is no moment when a claimed one looks unstarted. A reservation
+        under the same id is taken over."""
         with self.store.transaction() as conn:
             status, runner_id, live = self._holder(conn, task_id)
-            if status in TERMINAL or (live and runner_id != owner.id):
+            if status in self.owned.terminal or (live and runner_id != owner.id):
                 return False
-            conn.execute(
-                "UPDATE tasks SET runner_id = ?, runner_host = ?, runner_pid = ?,"
-                " runner_pid_started = ?, runner_expires_at = ? WHERE task_id = ?",
-                (owner.id, owner.host, owner.pid, owner.pid_started, time.time() + ttl, task_id),
-            )
+            runner = (owner.id, owner.host, owner.pid, owner.pid_started)
+            self._set_runner(conn, task_id, runner, time.time() + ttl)
             if status == "created":
-                self.store.set_status(conn, task_id, "created", "queued")
+                if self.owned is TASKS:
+                    self.store.set_status(conn, task_id, "created", "queued")
+                else:
+                    conn.execute(
+                        f"UPDATE {self.owned.table} SET status = ? WHERE {self.owned.key} = ?",
+                        (self.owned.started, task_id),
+                    )
         return True
 
     def reserve(
@@ -81,50 +130,52 @@ class Runners:
         *,
         finished_ok: bool = False,
     ) -> bool:
-        """Hold the task for a runner process about to start (its pid is not known yet).
+        """Hold the row for a runner process about to start (its pid is not known yet).
 
-        Refused while a live runner holds an unfinished task; otherwise a compare-and-set on the
-        runner id the caller saw (``replacing``), so of several processes recovering one task,
+        Refused while a live runner holds an unfinished row; otherwise a compare-and-set on the
+        runner id the caller saw (``replacing``), so of several processes recovering one row,
         one wins. ``finished_ok``: the task is finished and about to be queued again (follow-up);
         its last runner is done with it, even if it has not released its claim yet.
         """
         with self.store.transaction() as conn:
             status, current, live = self._holder(conn, task_id)
-            finished = status in TERMINAL
+            finished = status in self.owned.terminal
             if current != replacing or (finished and not finished_ok) or (live and not finished):
                 return False
-            conn.execute(
-                "UPDATE tasks SET runner_id = ?, runner_host = NULL, runner_pid = NULL,"
-                " runner_pid_started = NULL, runner_expires_at = ? WHERE task_id = ?",
-                (runner_id, time.time() + ttl, task_id),
-            )
+            self._set_runner(conn, task_id, (runner_id, None, None, None), time.time() + ttl)
             return True
 
     def heartbeat(self, task_id: str, owner: Owner, ttl: float) -> bool:
-        """Renew the runner's claim and its leases; False when it no longer owns the task."""
+        """Renew the runner's claim and its leases; False when it no longer owns the row."""
         until = time.time() + ttl
+        table, key = self.owned.table, self.owned.key
         with self.store.transaction() as conn:
             cur = conn.execute(
-                "UPDATE tasks SET runner_expires_at = ? WHERE task_id = ? AND runner_id = ?",
+                f"UPDATE {table} SET runner_expires_at = ? WHERE {key} = ? AND runner_id = ?",
                 (until, task_id, owner.id),
             )
             conn.execute("UPDATE leases SET expires_at = ? WHERE owner = ?", (until, owner.id))
             return cur.rowcount == 1
 
     def release(self, task_id: str, owner: Owner) -> None:
+        table, key = self.owned.table, self.owned.key
         with self.store.transaction() as conn:
             conn.execute(
-                "UPDATE tasks SET runner_expires_at = 0 WHERE task_id = ? AND runner_id = ?",
+                f"UPDATE {table} SET runner_expires_at = 0 WHERE {key} = ? AND runner_id = ?",
                 (task_id, owner.id),
             )
             conn.execute("DELETE FROM leases WHERE owner = ?", (owner.id,))
 
     def stranded(self) -> list[dict[str, Any]]:
-        """Non-terminal tasks past `created` whose runner is gone (expired, or dead here)."""
+        """Unfinished rows past `created` whose runner is gone (expired, or dead here); each
+        row's id is under the table's key (`task_id` or `job_id`)."""
+        marks = ", ".join("?" for _ in self.owned.active)
+        extra = ", phase" if self.owned is TASKS else ""
         rows = self.store.query(
-            "SELECT task_id, status, phase, runner_id, runner_host, runner_pid,"
-            " runner_pid_started, runner_expires_at FROM tasks"
-            " WHERE status IN ('queued', 'running', 'verifying')"
+            f"SELECT {self.owned.key}, status{extra}, runner_id, runner_host, runner_pid,"
+            f" runner_pid_started, runner_expires_at FROM {self.owned.table}"
+            f" WHERE status IN ({marks})",
+            self.owned.active,
         )
         return [row for row in rows if not _runner_live(row)]
 

@@ -143,6 +143,43 @@ def _idempotency_per_repository(db: sqlite_utils.Database) -> None:
 
 STEPS.append(("0007_idempotency_per_repository", _idempotency_per_repository))
 
+
+def _jobs(db: sqlite_utils.Database) -> None:
+    """Jobs (compete, review, fanout, integrate): several tasks advanced by one coordinator,
+    which owns its job the way a runner owns a task (the same runner columns). Each task of a
+    job names it, with its role (`candidate`, `judge`, `implementer`, `reviewer`...) and a
+    label (its slot). A job's events go in the events table under its id."""
+    db["jobs"].create(
+        {
+            "job_id": str,
+            "kind": str,
+            "status": str,
+            "repository": str,
+            "spec": str,  # JSON: the job's arguments and its task spec, as given
+            "config": str,  # JSON: the effective configuration at creation (its runner's)
+            "result": str,  # JSON: what the coordinator found (candidates, rounds, ...)
+            "error": str,  # JSON or null
+            "created_at": str,
+            "updated_at": str,
+            "finished_at": str,
+            "runner_id": str,
+            "runner_host": str,
+            "runner_pid": int,
+            "runner_pid_started": float,
+            "runner_expires_at": float,
+        },
+        pk="job_id",
+        not_null={"kind", "status", "repository", "spec", "created_at"},
+    )
+    db["jobs"].create_index(["created_at"])
+    db["jobs"].create_index(["status", "runner_expires_at"])
+    for column in ("job_id", "job_role", "job_label"):
+        db["tasks"].add_column(column, str)
+    db["tasks"].create_index(["job_id"])
+
+
+STEPS.append(("0008_jobs", _jobs))
+
 MIGRATION_SET = "worker-bridge"
 
 

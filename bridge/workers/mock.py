@@ -39,7 +39,7 @@ def check_mock_metadata(metadata: dict, config: Config) -> None:
 
 class MockWorker(Worker):
     name = "mock"
-    capabilities = ("write", "delete", "script", "follow_up")
+    capabilities = ("write", "delete", "script", "follow_up", "read_only")
     probe = ("python3", "--version")  # mock-worker is a python3 script
 
     def image(self, config: Config) -> str:

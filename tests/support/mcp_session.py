@@ -19,6 +19,11 @@ from support.cli import MCP_SERVER
 from support.tasks import TERMINAL
 
 MCP_TOOLS = {
+    "worker_compete",
+    "worker_review",
+    "worker_job_status",
+    "worker_job_accept",
+    "worker_job_cancel",
     "worker_delegate",
     "worker_status",
     "list_workers",

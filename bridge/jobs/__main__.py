@@ -1,0 +1,21 @@
+"""A detached job coordinator: `python -m bridge.jobs --store PATH JOB_ID RUNNER_ID` (see
+detached.py). It runs with the configuration recorded with the job."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from bridge.jobs.detached import run_coordinator
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bridge.jobs")
+    parser.add_argument("--store", required=True, type=Path, help="the SQLite store's path")
+    parser.add_argument("job_id")
+    parser.add_argument("runner_id")
+    args = parser.parse_args(argv)
+    run_coordinator(args.store, args.job_id, args.runner_id)
+    return 0
+
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,140 @@
+"""The coordinator of a job: the one process that advances it, owning the job the way a runner
+owns a task (a claim renewed by a heartbeat; `Runners(store, JOBS)`).
+
+It makes the job's tasks with idempotency keys derived from the job id and slot, so a
+coordinator resumed after a crash finds the tasks the first one made instead of making new
+ones; it starts each as an ordinary task in its own detached runner, so the host, worker and
+repository limits hold for them exactly as for any task; and it stops, cancelling every task of
+the job, once the job is cancelled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bridge.creation import new_task_row
+from bridge.models import TERMINAL, JobStatus, Status
+from bridge.phase.context import Context
+from bridge.pipeline.cancel import cancel_task
+from bridge.pipeline.detached import spawn_runner
+from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL
+from bridge.records import JobRecord, TaskRecord
+from bridge.scope import RepositoryScope
+from bridge.store.owners import Owner
+
+POLL_SECONDS = 0.2  # a store read per poll: cheap, and the job ends at most this late
+
+
+class JobStopped(Exception):
+    """The job was cancelled, or this coordinator no longer owns it: stop advancing it."""
+
+
+class JobCoordinator:
+    """Advances one job; `run()` returns when the job has ended or is no longer ours."""
+
+    def __init__(self, ctx: Context, job_id: str, owner: Owner, poll: float = POLL_SECONDS):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.job_id = job_id
+        self.owner = owner
+        self.poll = poll
+        self._beat = 0.0
+
+    def job(self) -> JobRecord:
+        return JobRecord.model_validate(self.store.jobs.load(self.job_id))
+
+    def run(self, body: Callable[[JobCoordinator], None]) -> None:
+        """Claim the job and advance it with ``body`` (its kind's steps, e.g. run_compete)."""
+        if not self.store.job_runners.claim(self.job_id, self.owner, LEASE_TTL):
+            return
+        self._beat = time.monotonic()
+        try:
+            body(self)
+        except JobStopped:
+            pass
+        except Exception as exc:  # the job must end, not stay `running` with no coordinator
+            self.finish(
+                JobStatus.FAILED,
+                self.job().result,
+                {"kind": "internal", "message": f"The job's coordinator failed: {exc!r}."},
+            )
+            raise
+        finally:
+            self.store.job_runners.release(self.job_id, self.owner)
+
+    # -- staying in charge -----------------------------------------------------------------
+
+    def alive(self) -> None:
+        """Renew the claim; JobStopped when the job was cancelled (every task of it is then
+        cancelled, including any made after the canceller listed them) or is no longer ours."""
+        if self.job().status == JobStatus.CANCELLED:
+            for task_id in self.store.jobs.task_ids(self.job_id):
+                cancel_task(self.ctx, task_id, "The task's job was cancelled.")
+            raise JobStopped
+        if time.monotonic() - self._beat >= HEARTBEAT_EVERY:
+            if not self.store.job_runners.heartbeat(self.job_id, self.owner, LEASE_TTL):
+                raise JobStopped
+            self._beat = time.monotonic()
+
+    # -- its tasks ---------------------------------------------------------------------------
+
+    def ensure_task(self, spec: dict[str, Any], role: str, label: str) -> str:
+        """The slot's task: made now, or found by its idempotency key when an earlier
+        coordinator of this job made it."""
+        job = self.job()
+        config = job.config
+        scope = RepositoryScope.of(config.repositories)
+        row, event = new_task_row(config, self.ctx.sandbox, scope, spec)
+        row.update(job_id=self.job_id, job_role=role, job_label=label)
+        task_id, created = self.store.insert_task(row, {**event, "job_id": self.job_id})
+        if created:
+            self.store.add_event(
+                self.job_id,
+                "job.candidate" if role == "candidate" else f"job.{role}",
+                {"task_id": task_id, "role": role, "label": label, "worker": spec["worker"]},
+            )
+        return task_id
+
+    def start(self, task_id: str) -> None:
+        """Start a `created` task in its own detached runner (an ordinary task: it waits for
+        its leases like any other); a started one is left to its runner."""
+        record = self.store.load_task(task_id)
+        if record.status != Status.CREATED:
+            return
+        if spawn_runner(self.job().config, self.store, task_id, replacing=record.runner_id):
+            self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
+
+    def _recover(self, task_ids: list[str]) -> None:
+        """Tasks of ours whose runner died get a new one (as `WorkerBridge.recover` would)."""
+        wanted = set(task_ids)
+        for row in self.store.runners.stranded():
+            if row["task_id"] in wanted:
+                spawn_runner(self.job().config, self.store, row["task_id"], row["runner_id"])
+
+    def wait_all(self, task_ids: list[str]) -> list[TaskRecord]:
+        """Block until every task has ended; their records in the order given."""
+        while True:
+            self.alive()
+            statuses = self.store.statuses(task_ids)
+            if all(Status(statuses[t]) in TERMINAL for t in task_ids):
+                return [self.store.load_task(t) for t in task_ids]
+            for task_id in task_ids:
+                if statuses[task_id] == Status.CREATED:
+                    self.start(task_id)
+            self._recover(task_ids)
+            time.sleep(self.poll)
+
+    # -- its end -----------------------------------------------------------------------------
+
+    def finish(
+        self, status: JobStatus, result: dict[str, Any], error: dict[str, str] | None = None
+    ) -> None:
+        if self.store.jobs.transition(
+            self.job_id, status, {JobStatus.RUNNING}, result=result, error=error
+        ):
+            self.store.add_event(
+                self.job_id,
+                "job.finished",
+                {"status": str(status), "winner": result.get("winner"), "error": error},
+            )

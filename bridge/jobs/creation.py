@@ -1,0 +1,233 @@
+"""Making a job: its arguments checked before anything is recorded (each refusal one sentence),
+the base resolved once so that every task of it starts from the same commit, and its row with
+the effective configuration its coordinator will run with."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bridge.config import Config
+from bridge.creation import new_task_row
+from bridge.errors import InvalidSpec, TaskNotFound
+from bridge.jobs.slots import (
+    candidate_spec,
+    fanout_spec,
+    implementer_spec,
+    judge_spec,
+    split_metadata,
+)
+from bridge.models import JobKind, JobStatus, Status, TaskSpec
+from bridge.records import TaskRecord
+from bridge.sandbox import Sandbox
+from bridge.scope import RepositoryScope
+from bridge.workers.info import worker_infos
+
+
+def _require_healthy(
+    config: Config, sandbox: Sandbox, names: list[str], read_only: tuple[str, ...] = ()
+) -> None:
+    """Each named worker exists and can run here now (InvalidSpec naming the first that
+    cannot, and why); those in ``read_only`` also have a read-only mode."""
+    infos = {info.name: info for info in worker_infos(config, sandbox)}
+    for name in dict.fromkeys(names):
+        if not name:
+            raise InvalidSpec("A worker name is empty; name the worker (`workers list`).")
+        info = infos.get(name)
+        if info is None:
+            known = ", ".join(sorted(infos))
+            raise InvalidSpec(f"Unknown worker '{name}'; known workers: {known}.")
+        if not info.healthy:
+            raise InvalidSpec(f"Worker '{name}' cannot run here now: {info.reason}")
+        if name in read_only and "read_only" not in info.capabilities:
+            raise InvalidSpec(
+                f"Worker '{name}' has no read-only mode, so it cannot review; choose a worker "
+                "whose capabilities (`workers list`) include read_only."
+            )
+
+
+def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]:
+    """The worker of each candidate: every named worker ``attempts`` times."""
+    if attempts < 1:
+        raise InvalidSpec("--attempts must be 1 or more.")
+    slots = [w for w in workers for _ in range(attempts)]
+    if len(slots) < 2:
+        raise InvalidSpec(
+            "A compete needs at least two candidates: name two workers, or give one worker "
+            "with --attempts 2 or more."
+        )
+    if len(slots) > most:
+        raise InvalidSpec(
+            f"A compete runs at most {most} candidates (config jobs.max_candidates); this asks "
+            f"for {len(slots)}."
+        )
+    return slots
+
+
+def new_compete_row(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    task: dict[str, Any] | TaskSpec,
+    workers: list[str],
+    attempts: int = 1,
+    judge: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new compete job and its `job.created` event, or InvalidSpec."""
+    if isinstance(task, TaskSpec):
+        task = task.model_dump(mode="json")
+    task = dict(task)
+    workers = [w.strip() for w in workers if w and w.strip()]
+    slots = compete_slots(workers, attempts, config.jobs.max_candidates)
+    _, overrides, _ = split_metadata(task.get("metadata") or {})
+    if len(overrides) > len(slots):
+        raise InvalidSpec(
+            f"metadata.candidates has {len(overrides)} entries for {len(slots)} candidates."
+        )
+    _require_healthy(config, sandbox, [*slots, *([judge] if judge else [])])
+    job_id = "job-" + os.urandom(5).hex()
+    spec: dict[str, Any] = {"task": task, "workers": slots, "judge": judge}
+    # Every candidate's spec is checked as a task's would be, and the base pinned to one commit.
+    first, _ = new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, 0))
+    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    spec["task"] = task
+    for n in range(1, len(slots)):
+        new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, n))
+    if judge:
+        new_task_row(config, sandbox, scope, judge_spec(spec, job_id, "judge-1", "rank"))
+    effective = config.model_dump(mode="json")
+    row = {
+        "job_id": job_id,
+        "kind": str(JobKind.COMPETE),
+        "status": str(JobStatus.CREATED),
+        "repository": first["repository"],
+        "spec": spec,
+        "config": effective,
+        "result": {},
+    }
+    event = {
+        "kind": "compete",
+        "workers": slots,
+        "judge": judge,
+        "repository": first["repository"],
+        "base_commit": first["base_commit"],
+    }
+    return row, event
+
+
+def new_review_row(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    task: dict[str, Any] | TaskSpec,
+    worker: str,
+    reviewer: str,
+    rounds: int = 3,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new review job and its `job.created` event, or InvalidSpec."""
+    if isinstance(task, TaskSpec):
+        task = task.model_dump(mode="json")
+    task = dict(task)
+    most = config.jobs.max_rounds
+    if not 1 <= rounds <= most:
+        raise InvalidSpec(
+            f"--rounds must be between 1 and {most} (config jobs.max_rounds); it was {rounds}."
+        )
+    _require_healthy(config, sandbox, [worker, reviewer], read_only=(reviewer,))
+    job_id = "job-" + os.urandom(5).hex()
+    spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
+    first, _ = new_task_row(config, sandbox, scope, implementer_spec(spec, job_id))
+    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    row = {
+        "job_id": job_id,
+        "kind": str(JobKind.REVIEW),
+        "status": str(JobStatus.CREATED),
+        "repository": first["repository"],
+        "spec": spec,
+        "config": config.model_dump(mode="json"),
+        "result": {},
+    }
+    event = {"kind": "review", "worker": worker, "reviewer": reviewer, "rounds": rounds}
+    return row, {**event, "repository": first["repository"], "base_commit": first["base_commit"]}
+
+
+def _row(job_id: str, kind: JobKind, repository: str, spec: dict, config: Config) -> dict:
+    return {
+        "job_id": job_id,
+        "kind": str(kind),
+        "status": str(JobStatus.CREATED),
+        "repository": repository,
+        "spec": spec,
+        "config": config.model_dump(mode="json"),
+        "result": {},
+    }
+
+
+def new_fanout_row(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    task: dict[str, Any] | TaskSpec,
+    objectives: list[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of a new fanout job (several objectives, one base) and its event."""
+    if isinstance(task, TaskSpec):
+        task = task.model_dump(mode="json")
+    task = dict(task)
+    objectives = [o for o in objectives if o and o.strip()]
+    if len(objectives) < 2:
+        raise InvalidSpec("A fanout needs at least two objectives (--objective, repeated).")
+    if len(objectives) > config.jobs.max_candidates:
+        raise InvalidSpec(
+            f"A fanout runs at most {config.jobs.max_candidates} objectives at once (config "
+            "jobs.max_candidates)."
+        )
+    task.setdefault("objective", objectives[0])
+    _require_healthy(config, sandbox, [task.get("worker") or "mock"])
+    job_id = "job-" + os.urandom(5).hex()
+    spec: dict[str, Any] = {"task": task, "objectives": objectives}
+    first, _ = new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, 0))
+    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    row = _row(job_id, JobKind.FANOUT, first["repository"], spec, config)
+    event = {"kind": "fanout", "objectives": len(objectives), "base_commit": first["base_commit"]}
+    return row, event
+
+
+def new_integrate_row(
+    config: Config, sandbox: Sandbox, source_job: str, tasks: list[TaskRecord]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of an integrate job over ``tasks`` (checked by the facade to be in scope), or
+    InvalidSpec: each must be a verified task of ``source_job``, all on one repository and
+    one base commit."""
+    if not tasks:
+        raise InvalidSpec("--tasks names no task; give the tasks to integrate, in order.")
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise InvalidSpec("--tasks names a task twice; name each once, in the order to apply.")
+    for t in tasks:
+        if t.job_id != source_job:
+            raise TaskNotFound(f"Task {t.task_id} is not a task of job {source_job}.")
+        if t.status != Status.SUCCEEDED or not (t.verification and t.verification.ok):
+            raise InvalidSpec(
+                f"Task {t.task_id} is {t.status} and not verified; integrate only succeeded, "
+                "verified tasks."
+            )
+    if len({t.repository for t in tasks}) > 1:
+        raise InvalidSpec("The tasks are on different repositories; integrate tasks of one.")
+    if len({t.base_commit for t in tasks}) > 1:
+        raise InvalidSpec(
+            "The tasks start from different base commits; integrate tasks of one base."
+        )
+    _require_healthy(config, sandbox, ["mock"])
+    first = tasks[0]
+    spec = {
+        "task": first.spec_doc,
+        "source_job": source_job,
+        "tasks": ids,
+        "snapshots": [t.snapshot_commit for t in tasks],
+        "repository": first.repository,
+        "base_commit": first.base_commit,
+    }
+    spec["task"] = {**first.spec_doc, "objective": f"Integrate {', '.join(ids)}"}
+    row = _row("job-" + os.urandom(5).hex(), JobKind.INTEGRATE, first.repository, spec, config)
+    return row, {"kind": "integrate", "source_job": source_job, "tasks": ids}

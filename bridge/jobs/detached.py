@@ -1,0 +1,71 @@
+"""Detached job coordinators (`python -m bridge.jobs --store PATH JOB_ID RUNNER_ID`), started and
+recovered like task runners (bridge/pipeline/detached.py): a reservation is a compare-and-set
+on the runner id the caller saw, so of several processes recovering one job, one wins."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bridge.config import Config
+from bridge.phase.context import Context
+from bridge.pipeline.detached import STARTUP_GRACE
+from bridge.store import Store
+from bridge.store.owners import Owner, new_runner_id
+
+
+def spawn_coordinator(config: Config, store: Store, job_id: str, replacing: str | None) -> bool:
+    """Reserve the job and launch its coordinator process; False if another process won."""
+    runner_id = new_runner_id()
+    if not store.job_runners.reserve(job_id, runner_id, STARTUP_GRACE, replacing):
+        return False
+    logs = config.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "bridge.jobs", "--store", str(config.store_path)]
+    with open(logs / f"job-{job_id}.log", "ab") as log:
+        subprocess.Popen(
+            [*argv, job_id, runner_id],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=dict(os.environ),
+            start_new_session=True,
+            close_fds=True,
+        )
+    return True
+
+
+def recover_jobs(ctx: Context) -> list[str]:
+    """A coordinator for each job whose coordinator died; their ids."""
+    recovered = []
+    for row in ctx.store.job_runners.stranded():
+        if spawn_coordinator(ctx.config, ctx.store, row["job_id"], row["runner_id"]):
+            ctx.store.add_event(row["job_id"], "job.recovering", {"status": row["status"]})
+            recovered.append(row["job_id"])
+    return recovered
+
+
+def run_coordinator(store_path: Path, job_id: str, runner_id: str) -> None:
+    """The body of a coordinator process: the job's own configuration, the Docker engine."""
+    from bridge.jobs.compete import run_compete
+    from bridge.jobs.coordinator import JobCoordinator
+    from bridge.jobs.parallel import run_fanout, run_integrate
+    from bridge.jobs.review import run_review
+    from bridge.records import JobRecord
+    from bridge.sandbox.docker import DockerSandbox
+
+    store = Store(store_path)
+    try:
+        job = JobRecord.model_validate(store.jobs.load(job_id))
+        ctx = Context(job.config, store, DockerSandbox())
+        body = {
+            "compete": run_compete,
+            "review": run_review,
+            "fanout": run_fanout,
+            "integrate": run_integrate,
+        }[job.kind]
+        JobCoordinator(ctx, job_id, Owner(id=runner_id)).run(body)
+    finally:
+        store.close()

@@ -1,0 +1,59 @@
+"""A candidate's figures, read from its finished task: status, our verification per check, the
+lines and files its diff changed, how long it ran and the tokens its model route reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bridge.jobs.ranking import Candidate
+from bridge.records import TaskRecord
+
+
+def diff_lines(path: Path | None) -> tuple[int, int]:
+    """(added, removed) lines of a unified diff file; (0, 0) when there is none."""
+    if path is None or not path.is_file():
+        return 0, 0
+    added = removed = 0
+    with path.open("rb") as diff:
+        for line in diff:
+            if line.startswith(b"+") and not line.startswith(b"+++ "):
+                added += 1
+            elif line.startswith(b"-") and not line.startswith(b"--- "):
+                removed += 1
+    return added, removed
+
+
+def _tokens(record: TaskRecord) -> int:
+    by_model = (record.usage or {}).get("tokens") or {}
+    return sum(
+        int(counts.get("input", 0)) + int(counts.get("output", 0))
+        for counts in by_model.values()
+        if isinstance(counts, dict)
+    )
+
+
+def candidate_of(record: TaskRecord, diff: str | None) -> Candidate:
+    added, removed = diff_lines(Path(diff) if diff else None)
+    verification = record.verification
+    checks = [
+        {"command": c.command, "exit_code": c.exit_code, "passed": c.passed}
+        for c in (verification.commands if verification else [])
+    ]
+    timings = record.timings
+    return Candidate(
+        task_id=record.task_id,
+        label=record.job_label or record.task_id,
+        worker=record.worker,
+        status=str(record.status),
+        verification_ok=verification.ok if verification else None,
+        error_kind=record.error.kind if record.error else None,
+        error_message=record.error.message if record.error else None,
+        changed_lines=added + removed,
+        lines_added=added,
+        lines_removed=removed,
+        files=len(record.changed_files),
+        duration_s=round(sum(v for k, v in timings.items() if k != "queued_s"), 3),
+        tokens=_tokens(record),
+        checks=checks,
+        paths=[f.path for f in record.changed_files],
+    )

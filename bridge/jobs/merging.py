@@ -1,0 +1,107 @@
+"""Integration on the host: the chosen tasks' snapshots merged one after another from their
+common base with `git merge-tree` (no worktree, no index), stopping at the first conflict, and
+each cumulative result read back as the files it changes against the base.
+
+Everything git writes here (trees, the commits each step is merged from) goes to a private
+object directory under the state root; the user's own objects are only read (as alternates),
+so the user's repository is unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.workspace.git import Git, common_git_dir
+
+SYMLINK = "120000"
+
+
+@dataclass
+class Step:
+    """One task merged onto those before it: the files of the cumulative change, or why not."""
+
+    task_id: str
+    write: dict[str, str] = field(default_factory=dict)
+    delete: list[str] = field(default_factory=list)
+    conflict: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+class Merger:
+    def __init__(self, repo: Path, base: str, scratch: Path) -> None:
+        objects = scratch / "objects"
+        objects.mkdir(parents=True, exist_ok=True)
+        self.git = Git(repo)
+        self.base = base
+        self.env = {
+            "GIT_OBJECT_DIRECTORY": str(objects),
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(common_git_dir(repo) / "objects"),
+        }
+
+    def _out(self, *args: str) -> str:
+        return self.git.run(*args, env=self.env).stdout.decode().strip()
+
+    def steps(self, snapshots: list[tuple[str, str]]) -> list[Step]:
+        """(task id, snapshot commit) in order -> a Step each, up to the first that does not
+        merge (which is the last one returned)."""
+        found: list[Step] = []
+        current: str | None = None
+        for n, (task_id, commit) in enumerate(snapshots):
+            if current is None:
+                tree = self._out("rev-parse", f"{commit}^{{tree}}")
+            else:
+                proc = self.git.run(
+                    "merge-tree",
+                    "--write-tree",
+                    "--name-only",
+                    current,
+                    commit,
+                    env=self.env,
+                    check=False,
+                )
+                lines = proc.stdout.decode(errors="replace").splitlines()
+                if proc.returncode != 0:
+                    paths = []
+                    for line in lines[1:]:
+                        if not line:
+                            break
+                        paths.append(line)
+                    found.append(
+                        Step(
+                            task_id,
+                            conflict=paths,
+                            problem=f"Task {task_id} conflicts with the changes before it on "
+                            f"{', '.join(paths) or 'its files'}.",
+                        )
+                    )
+                    return found
+                tree = lines[0]
+            current = self._out("commit-tree", tree, "-p", self.base, "-m", f"integration {n + 1}")
+            found.append(self._files(task_id, tree))
+            if found[-1].problem:
+                return found
+        return found
+
+    def _files(self, task_id: str, tree: str) -> Step:
+        """The cumulative change as files to write and delete (text files only: the change is
+        written by the mock worker in the integration task)."""
+        step = Step(task_id)
+        raw = self.git.run("diff-tree", "-r", "-z", "--no-renames", self.base, tree, env=self.env)
+        fields = raw.stdout.decode(errors="surrogateescape").split("\0")
+        for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+            if not meta:
+                continue
+            new_mode, status = meta.split()[1], meta.split()[4]
+            if status == "D":
+                step.delete.append(path)
+                continue
+            if new_mode == SYMLINK:
+                step.problem = f"{path} is a symlink; integrate cannot carry it yet."
+                return step
+            blob = self.git.run("cat-file", "blob", f"{tree}:{path}", env=self.env).stdout
+            try:
+                step.write[path] = blob.decode("utf-8")
+            except UnicodeDecodeError:
+                step.problem = f"{path} is not UTF-8 text; integrate cannot carry it yet."
+                return step
+        return step

@@ -1,0 +1,76 @@
+"""Fanout and integrate jobs. A fanout runs several objectives on one base, one task each, in
+parallel within the limits. An integrate merges chosen verified tasks one after another onto
+the common base (merging.py), each cumulative result an ordinary task verified on its own, and
+stops at the first conflict or failed verification with a report that names it; the last
+verified step is the integration the caller accepts (`jobs accept`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bridge.jobs.coordinator import JobCoordinator
+from bridge.jobs.merging import Merger
+from bridge.jobs.slots import fanout_spec, integration_spec
+from bridge.models import JobStatus, Status
+
+
+def run_fanout(co: JobCoordinator) -> None:
+    job = co.job()
+    task_ids = []
+    for n in range(len(job.spec["objectives"])):
+        co.alive()
+        task_ids.append(co.ensure_task(fanout_spec(job.spec, job.job_id, n), "part", f"o{n + 1}"))
+    for task_id in task_ids:
+        co.start(task_id)
+    records = co.wait_all(task_ids)
+    failed = [r.task_id for r in records if r.status != Status.SUCCEEDED]
+    result = {"parts": [{"task_id": r.task_id, "status": str(r.status)} for r in records]}
+    if failed:
+        message = f"{len(failed)} of {len(records)} tasks did not succeed: {', '.join(failed)}."
+        co.finish(JobStatus.FAILED, result, {"kind": "part_failed", "message": message})
+        return
+    co.finish(JobStatus.SUCCEEDED, result)
+
+
+def run_integrate(co: JobCoordinator) -> None:
+    job = co.job()
+    spec = job.spec
+    snapshots = list(zip(spec["tasks"], spec["snapshots"], strict=True))
+    scratch = job.config.home / "jobs" / job.job_id
+    steps = Merger(Path(spec["repository"]), spec["base_commit"], scratch).steps(snapshots)
+    report: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"steps": report, "winner": None}
+    for n, step in enumerate(steps, start=1):
+        entry: dict[str, Any] = {"task_id": step.task_id, "step": n, "conflict": step.conflict}
+        report.append(entry)
+        if step.problem:
+            entry["problem"] = step.problem
+            break
+        co.alive()
+        task = co.ensure_task(
+            integration_spec(spec, job.job_id, n, step.write, step.delete),
+            "integration",
+            f"step-{n}",
+        )
+        co.start(task)
+        (record,) = co.wait_all([task])
+        entry.update(
+            integration_task=task,
+            status=str(record.status),
+            verification_ok=record.verification.ok if record.verification else None,
+        )
+        co.store.jobs.update(job.job_id, result=result)
+        co.store.add_event(job.job_id, "job.round", entry)
+        if record.status != Status.SUCCEEDED:
+            why = record.error.message if record.error else f"it ended {record.status}"
+            entry["problem"] = f"After task {step.task_id} the checks failed: {why}"
+            break
+        result["winner"] = task
+    stopped = next((e for e in report if e.get("problem")), None)
+    if stopped is None:
+        co.finish(JobStatus.SUCCEEDED, result)
+        return
+    applied = len([e for e in report if e.get("status") == "succeeded"])
+    message = f"{stopped['problem']} ({applied} of {len(snapshots)} applied and verified.)"
+    co.finish(JobStatus.FAILED, result, {"kind": "integration", "message": message})

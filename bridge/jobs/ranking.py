@@ -1,0 +1,91 @@
+"""The deterministic ranking of a compete's candidates, a pure function of their figures.
+
+Eligible first: the candidate's task succeeded, our own verification (in a clean container the
+candidate never touched) ran and passed, and nothing it changed broke a protected path or a
+policy. Eligible candidates are then ordered by fewer changed lines, fewer files, a shorter run
+and fewer tokens, in that order, and each decision is recorded with the values it was made on.
+An ineligible candidate is never ranked above an eligible one, whatever any judge says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# The error kinds that mean the candidate broke a rule, not merely failed.
+POLICY_KINDS = ("protected_path", "symlink_escape", "network", "disk")
+
+TIE_BREAKS = (
+    ("changed_lines", "fewer changed lines"),
+    ("files", "fewer files"),
+    ("duration_s", "shorter run"),
+    ("tokens", "fewer tokens"),
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a candidate is ranked on (gathered from its task by figures.py)."""
+
+    task_id: str
+    label: str  # its slot in the job (c1, c2...), never shown to a judge
+    worker: str
+    status: str
+    verification_ok: bool | None
+    error_kind: str | None = None
+    error_message: str | None = None
+    changed_lines: int = 0
+    lines_added: int = 0
+    lines_removed: int = 0
+    files: int = 0
+    duration_s: float = 0.0
+    tokens: int = 0
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+
+
+def eligibility(candidate: Candidate) -> tuple[bool, list[str]]:
+    """Whether the candidate may win, with the reasons either way."""
+    reasons: list[str] = []
+    if candidate.error_kind in POLICY_KINDS:
+        reasons.append(f"ineligible: {candidate.error_kind} ({candidate.error_message})")
+    if candidate.status not in ("succeeded", "accepted", "rejected"):
+        reasons.append(f"ineligible: the task ended {candidate.status}")
+    if candidate.verification_ok is not True:
+        why = "did not run" if candidate.verification_ok is None else "failed"
+        reasons.append(f"ineligible: our verification {why}")
+    if reasons:
+        return False, reasons
+    return True, ["eligible: our verification passed and no protected path or policy was broken"]
+
+
+def _key(candidate: Candidate) -> tuple:
+    return (*(getattr(candidate, name) for name, _ in TIE_BREAKS), candidate.label)
+
+
+def _decided_by(better: Candidate, worse: Candidate) -> str:
+    """Which tie-break put ``better`` above ``worse``, with both values."""
+    for name, words in TIE_BREAKS:
+        a, b = getattr(better, name), getattr(worse, name)
+        if a != b:
+            return f"{words} than {worse.label} ({name} {a} < {b})"
+    return f"equal on every figure to {worse.label}; kept in slot order"
+
+
+def rank(candidates: list[Candidate]) -> list[dict[str, Any]]:
+    """The candidates best first: eligible ones by the tie-breaks, then the ineligible in slot
+    order. Each entry: the figures, `eligible`, `rank` (1-based; null when ineligible) and
+    `reasons[]`, which name the tie-break that placed it above the next eligible one."""
+    judged = [(c, *eligibility(c)) for c in candidates]
+    eligible = sorted((c for c, ok, _ in judged if ok), key=_key)
+    ineligible = [(c, reasons) for c, ok, reasons in judged if not ok]
+    reasons_of = {c.task_id: reasons for c, ok, reasons in judged}
+    ranked: list[dict[str, Any]] = []
+    for n, candidate in enumerate(eligible):
+        reasons = list(reasons_of[candidate.task_id])
+        if n + 1 < len(eligible):
+            reasons.append(f"ranked above {_decided_by(candidate, eligible[n + 1])}")
+        ranked.append({**asdict(candidate), "eligible": True, "rank": n + 1, "reasons": reasons})
+    for candidate, reasons in ineligible:
+        ranked.append({**asdict(candidate), "eligible": False, "rank": None, "reasons": reasons})
+    return ranked

@@ -1,0 +1,51 @@
+"""Queueing a follow-up turn on a finished task: the message recorded, the status back to
+`queued` (an explicit move out of a terminal status) and a detached runner launched, which
+resumes the worker's own session on the same worktree, then collects and verifies again. Used
+by the facade's `follow_up` and by a review job's coordinator."""
+
+from __future__ import annotations
+
+from bridge.errors import InvalidSpec, TaskStateError
+from bridge.models import Status
+from bridge.phase.context import Context
+from bridge.pipeline.detached import launch_runner, reserve_runner
+from bridge.pipeline.results import redactor_for
+
+
+def queue_follow_up(ctx: Context, task_id: str, message: str) -> None:
+    """Queue the next turn of a succeeded or failed task (TaskStateError when it is not one,
+    its worktree was reclaimed, or it changed meanwhile)."""
+    if not message.strip():
+        raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
+    task = ctx.store.load_task(task_id)
+    if task.status not in (Status.SUCCEEDED, Status.FAILED):
+        raise TaskStateError(
+            f"Task {task_id} is {task.status}; only a succeeded or failed task takes a "
+            "follow-up (delegate a new task instead)."
+        )
+    if task.pruned_at or not (ctx.config.home / "worktrees" / task_id).is_dir():
+        raise TaskStateError(
+            f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
+        )
+    runner_id = reserve_runner(ctx.store, task_id, task.runner_id, finished_ok=True)
+    follow_ups = [*task.follow_ups, message]
+    if runner_id is None or not ctx.store.transition(
+        task_id,
+        Status.QUEUED,
+        explicit=True,
+        expect={Status.SUCCEEDED, Status.FAILED},
+        event={"turn": len(follow_ups)},
+        turn=len(follow_ups),
+        follow_ups=follow_ups,
+        phase=None,
+        error=None,
+        verification=None,
+        finished_at=None,
+    ):
+        raise TaskStateError(f"Task {task_id} changed meanwhile; check it and try again.")
+    ctx.store.add_event(
+        task_id,
+        "task.follow_up",
+        {"turn": len(follow_ups), "message": redactor_for(task).redact(message)},
+    )
+    launch_runner(ctx.config, task_id, runner_id)

@@ -1,0 +1,106 @@
+"""The jobs table: a job's row (its arguments, its recorded configuration, what its coordinator
+found) and its status, written as a compare-and-set like a task's, each change with its event
+(`job.status`) in the events table under the job's id."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from bridge.errors import JobNotFound
+from bridge.models import JOB_TERMINAL, JobStatus
+
+JOB_JSON = ("spec", "config", "result", "error")
+
+
+class Store(Protocol):
+    """What the jobs table needs of the store (bridge/store/db.py's Store)."""
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]: ...
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for column in JOB_JSON:
+        if row.get(column) is not None:
+            row[column] = json.loads(row[column])
+    return row
+
+
+def _encode(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: json.dumps(v) if k in JOB_JSON and v is not None else v for k, v in fields.items()}
+
+
+class Jobs:
+    """Rows of the jobs table as dicts (bridge/records.py's JobRecord types them)."""
+
+    def __init__(self, store: Store, now: Callable[[], str], event: Callable[..., int]) -> None:
+        self.store = store
+        self._now = now
+        self._event = event  # (conn, id, kind, data) -> event id, inside a transaction
+
+    def insert(self, row: dict[str, Any], created: dict[str, Any]) -> None:
+        """A new job with its `job.created` event."""
+        row = {**row, "created_at": self._now(), "updated_at": self._now()}
+        encoded = _encode(row)
+        columns = ", ".join(encoded)
+        marks = ", ".join("?" for _ in encoded)
+        with self.store.transaction() as conn:
+            conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(encoded.values()))
+            self._event(conn, row["job_id"], "job.created", created)
+
+    def load(self, job_id: str) -> dict[str, Any]:
+        rows = self.store.query("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            raise JobNotFound.of(job_id)
+        return _decode(rows[0])
+
+    def list(self, limit: int | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC"
+        params: list[Any] = []
+        if limit:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [_decode(row) for row in self.store.query(sql, params)]
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Write non-status fields (the result so far)."""
+        encoded = _encode({**fields, "updated_at": self._now()})
+        sets = ", ".join(f"{key} = ?" for key in encoded)
+        with self.store.transaction() as conn:
+            conn.execute(f"UPDATE jobs SET {sets} WHERE job_id = ?", (*encoded.values(), job_id))
+
+    def transition(
+        self, job_id: str, target: JobStatus, expect: Iterable[JobStatus], **fields: Any
+    ) -> bool:
+        """Compare-and-set the status from one of ``expect``; False (writing nothing) when the
+        job is in none of them (cancelled meanwhile, say)."""
+        sources = [str(s) for s in expect]
+        if target in JOB_TERMINAL:
+            fields.setdefault("finished_at", self._now())
+        encoded = _encode({**fields, "status": str(target), "updated_at": self._now()})
+        sets = ", ".join(f"{key} = ?" for key in encoded)
+        marks = ", ".join("?" for _ in sources)
+        with self.store.transaction() as conn:
+            before = conn.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if before is None:
+                raise JobNotFound.of(job_id)
+            cur = conn.execute(
+                f"UPDATE jobs SET {sets} WHERE job_id = ? AND status IN ({marks})",
+                (*encoded.values(), job_id, *sources),
+            )
+            if cur.rowcount != 1:
+                return False
+            self._event(conn, job_id, "job.status", {"from": before[0], "to": str(target)})
+        return True
+
+    def task_ids(self, job_id: str) -> list[str]:
+        """The job's tasks, in the order they were made."""
+        rows = self.store.query(
+            "SELECT task_id FROM tasks WHERE job_id = ? ORDER BY created_at, rowid", (job_id,)
+        )
+        return [row["task_id"] for row in rows]

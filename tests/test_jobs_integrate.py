@@ -1,0 +1,90 @@
+"""Fanout and integrate through the real engine: several objectives on one base, one task each;
+then the chosen verified tasks applied one after another onto the common base, verified after
+each, stopping at the first conflict with a report that names the task and the path; the last
+verified step accepted like any task; the user's repository untouched until then; and bad input
+(a task twice, a task of another job, tasks on different bases) refused in one sentence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.jobs import wait_job
+from support.repos import commit_files, git
+
+from bridge import WorkerBridge
+from bridge.errors import InvalidSpec, TaskNotFound
+
+
+def _fanout(bridge: WorkerBridge, repo: Path, writes: list[dict], verify: list[str]):
+    spec = {
+        "objective": "unused",
+        "worker": "mock",
+        "workspace": {"repository": str(repo)},
+        "verification": {"commands": verify},
+        "metadata": {"candidates": [{"mock": {"write": w}} for w in writes]},
+    }
+    objectives = [f"part {n + 1}" for n in range(len(writes))]
+    done = wait_job(bridge, bridge.fanout(spec, objectives).job_id)
+    assert done.status == "succeeded", done.error
+    return done
+
+
+def test_integrate_applies_two_compatible_changes_and_stops_at_a_conflicting_third(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    verify = ["python3 -c 'import calc'", "test -f README.md"]
+    fan = _fanout(
+        bridge,
+        repo,
+        [{"a.txt": "from one\n"}, {"b.txt": "from two\n"}, {"a.txt": "three\n"}],
+        verify,
+    )
+    assert [t.role for t in fan.tasks] == ["part"] * 3
+    ids = [t.task_id for t in fan.tasks]
+    head, refs = git(repo, "rev-parse", "HEAD"), git(repo, "for-each-ref")
+
+    done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+    assert done.status == "failed"
+    steps = done.rounds
+    assert [s.get("status") for s in steps] == ["succeeded", "succeeded", None]
+    assert steps[2]["conflict"] == ["a.txt"]
+    assert f"Task {ids[2]} conflicts with the changes before it on a.txt" in done.error.message
+    assert "(2 of 3 applied and verified.)" in done.error.message
+    assert all(s.get("verification_ok") is True for s in steps[:2]), "verified after each"
+    assert git(repo, "rev-parse", "HEAD") == head and git(repo, "status", "--porcelain") == ""
+    added = set(git(repo, "for-each-ref").splitlines()) - set(refs.splitlines())
+    steps_ids = {s["integration_task"] for s in steps[:2]}
+    assert {line.rsplit("/", 1)[1] for line in added} == steps_ids, "only the steps' task branches"
+
+    integration = bridge.get_task(done.winner)
+    assert sorted(f.path for f in integration.changed_files) == ["a.txt", "b.txt"]
+    outcome = bridge.accept_job(done.job_id)
+    assert outcome.accepted, outcome.reason
+    assert (repo / "a.txt").read_text() == "from one\n"
+    assert (repo / "b.txt").read_text() == "from two\n"
+
+    scratch = bridge.config.home / "jobs" / done.job_id
+    assert scratch.is_dir(), "the merges' objects were kept apart from the repository's"
+    planned = bridge.prune_workspaces()["actions"]
+    assert {"kind": "job_scratch", "target": str(scratch)} in [
+        {"kind": a["kind"], "target": a["target"]} for a in planned
+    ]
+    bridge.prune_workspaces(apply=True)
+    assert not scratch.exists()
+
+
+def test_integrate_refuses_bad_input_with_one_sentence(bridge, repo, docker_images):
+    fan = _fanout(bridge, repo, [{"a.txt": "1\n"}, {"b.txt": "2\n"}], ["true"])
+    ids = [t.task_id for t in fan.tasks]
+    with pytest.raises(InvalidSpec, match="names a task twice"):
+        bridge.integrate(fan.job_id, [ids[0], ids[0]])
+    commit_files(repo, {"c.txt": "moved on\n"}, "move HEAD")
+    other = _fanout(bridge, repo, [{"d.txt": "1\n"}, {"e.txt": "2\n"}], ["true"])
+    with pytest.raises(TaskNotFound, match="is not a task of job"):
+        bridge.integrate(fan.job_id, [ids[0], other.tasks[0].task_id])
+    bridge.store.update_task(other.tasks[0].task_id, job_id=fan.job_id)  # as if of one job
+    with pytest.raises(InvalidSpec, match="different base commits"):
+        bridge.integrate(fan.job_id, [ids[0], other.tasks[0].task_id])
+    with pytest.raises(InvalidSpec, match="at least two objectives"):
+        bridge.fanout({"objective": "x", "workspace": {"repository": str(repo)}}, ["only one"])
