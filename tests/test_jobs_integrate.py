@@ -88,3 +88,37 @@ def test_integrate_refuses_bad_input_with_one_sentence(bridge, repo, docker_imag
         bridge.integrate(fan.job_id, [ids[0], other.tasks[0].task_id])
     with pytest.raises(InvalidSpec, match="at least two objectives"):
         bridge.fanout({"objective": "x", "workspace": {"repository": str(repo)}}, ["only one"])
+
+
+def _tree(repo: Path, commit: str) -> list[str]:
+    """Every entry of COMMIT's tree, mode, object and path (so content and mode alike)."""
+    return git(repo, "ls-tree", "-r", "--full-tree", commit).splitlines()
+
+
+def test_the_integration_is_the_merge_of_the_chosen_snapshots_mode_for_mode_and_byte_for_byte(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    # One part adds an executable script and makes the base's calc.py executable; another
+    # edits the README. An integration that dropped either bit would differ from the merge.
+    specs = [
+        {"write": {"run.sh": "#!/bin/sh\necho hi\n"}, "script": "chmod 0755 run.sh calc.py"},
+        {"write": {"README.md": "# demo, edited\n"}},
+    ]
+    spec = {
+        "objective": "unused",
+        "worker": "mock",
+        "workspace": {"repository": str(repo)},
+        "verification": {"commands": ["true"]},
+        "metadata": {"candidates": [{"mock": m} for m in specs]},
+    }
+    fan = wait_job(bridge, bridge.fanout(spec, ["part 1", "part 2"]).job_id)
+    assert fan.status == "succeeded", fan.error
+    ids = [t.task_id for t in fan.tasks]
+    snapshots = [bridge._task(t).snapshot_commit for t in ids]
+    assert "100755" in git(repo, "ls-tree", snapshots[0], "run.sh"), "the part kept its bit"
+
+    done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+    assert done.status == "succeeded", done.error
+    merged = git(repo, "merge-tree", "--write-tree", *snapshots).split()[0]
+    integration = bridge._task(done.winner).snapshot_commit
+    assert _tree(repo, integration) == _tree(repo, merged)

@@ -14,6 +14,8 @@ from pathlib import Path
 from bridge.workspace.git import Git, common_git_dir
 
 SYMLINK = "120000"
+# The file modes git records for a regular file: the integration task carries each one.
+FILE_MODES = {"100644": "0644", "100755": "0755"}
 
 
 @dataclass
@@ -22,9 +24,11 @@ class Step:
 
     task_id: str
     write: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)  # path -> "0644" | "0755", as written
     delete: list[str] = field(default_factory=list)
     conflict: list[str] = field(default_factory=list)
     problem: str | None = None
+    tree: str | None = None  # the merged tree the integration task must reproduce exactly
 
 
 class Merger:
@@ -78,13 +82,24 @@ class Merger:
                 tree = lines[0]
             current = self._out("commit-tree", tree, "-p", self.base, "-m", f"integration {n + 1}")
             found.append(self._files(task_id, tree))
+            found[-1].tree = tree
             if found[-1].problem:
                 return found
         return found
 
+    def differences(self, tree: str, commit: str) -> list[str]:
+        """The paths where ``commit``'s tree differs from ``tree`` in content or mode (none when
+        the two trees are the same object)."""
+        if self._out("rev-parse", f"{commit}^{{tree}}") == tree:
+            return []
+        args = ("diff-tree", "-r", "-z", "--name-only", tree, f"{commit}^{{tree}}")
+        raw = self.git.run(*args, env=self.env)
+        return [p for p in raw.stdout.decode(errors="replace").split("\0") if p]
+
     def _files(self, task_id: str, tree: str) -> Step:
-        """The cumulative change as files to write and delete (text files only: the change is
-        written by the mock worker in the integration task)."""
+        """The cumulative change as files to write (with their modes) and delete: regular text
+        files only, since the mock worker writes the change in the integration task; anything
+        else stops the integration, saying so, rather than producing a different change."""
         step = Step(task_id)
         raw = self.git.run("diff-tree", "-r", "-z", "--no-renames", self.base, tree, env=self.env)
         fields = raw.stdout.decode(errors="surrogateescape").split("\0")
@@ -98,9 +113,16 @@ class Merger:
             if new_mode == SYMLINK:
                 step.problem = f"{path} is a symlink; integrate cannot carry it yet."
                 return step
+            if new_mode not in FILE_MODES:
+                step.problem = (
+                    f"{path} is not a regular file (git mode {new_mode}, a submodule?); "
+                    "integrate cannot carry it."
+                )
+                return step
             blob = self.git.run("cat-file", "blob", f"{tree}:{path}", env=self.env).stdout
             try:
                 step.write[path] = blob.decode("utf-8")
+                step.modes[path] = FILE_MODES[new_mode]
             except UnicodeDecodeError:
                 step.problem = f"{path} is not UTF-8 text; integrate cannot carry it yet."
                 return step
