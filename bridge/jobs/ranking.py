@@ -42,6 +42,8 @@ class Candidate:
     tokens: int = 0
     checks: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
+    # The snapshot it was ranked on: accepting through the job takes this change or none.
+    snapshot_commit: str | None = None
 
 
 def eligibility(candidate: Candidate) -> tuple[bool, list[str]]:
