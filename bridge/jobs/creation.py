@@ -50,16 +50,17 @@ def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]
     """The worker of each candidate: every named worker ``attempts`` times."""
     if attempts < 1:
         raise InvalidSpec("--attempts must be 1 or more.")
+    asked = len(workers) * attempts  # counted before the list is built: --attempts 10**12
+    if asked > most:
+        raise InvalidSpec(
+            f"A compete runs at most {most} candidates (config jobs.max_candidates); this asks "
+            f"for {asked}."
+        )
     slots = [w for w in workers for _ in range(attempts)]
     if len(slots) < 2:
         raise InvalidSpec(
             "A compete needs at least two candidates: name two workers, or give one worker "
             "with --attempts 2 or more."
-        )
-    if len(slots) > most:
-        raise InvalidSpec(
-            f"A compete runs at most {most} candidates (config jobs.max_candidates); this asks "
-            f"for {len(slots)}."
         )
     return slots
 
