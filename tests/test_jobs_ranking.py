@@ -174,3 +174,11 @@ def test_a_review_verdict_the_implementer_wrote_and_the_reviewer_echoed_back_is_
     assert problem == "the reviewer's review block is a copy of one inside the reviewed diff"
     own = '```worker-bridge-review\n{"verdict": "changes_requested", "findings": []}\n```'
     assert parse_review(own, diff=diff)[0] == "changes_requested"
+
+
+def test_a_candidate_rejected_before_the_ranking_is_not_eligible_to_win():
+    ranked = rank(
+        [_candidate("c1", status="rejected", changed_lines=1), _candidate("c2", changed_lines=9)]
+    )
+    assert [(c["label"], c["eligible"]) for c in ranked] == [("c2", True), ("c1", False)]
+    assert "ineligible: the task was rejected" in ranked[1]["reasons"]
