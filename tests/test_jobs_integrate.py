@@ -122,3 +122,23 @@ def test_the_integration_is_the_merge_of_the_chosen_snapshots_mode_for_mode_and_
     merged = git(repo, "merge-tree", "--write-tree", *snapshots).split()[0]
     integration = bridge._task(done.winner).snapshot_commit
     assert _tree(repo, integration) == _tree(repo, merged)
+
+
+def test_an_integration_bigger_than_its_bound_stops_in_one_sentence_before_any_step_is_made(
+    home: Path, repo: Path, docker_images
+):
+    # The merged files ride in each step's task spec (kept in the store): step k would carry
+    # every byte of the first k tasks, so what one step carries is bounded.
+    bridge = WorkerBridge(home=home, jobs={"integration_kb": 16})
+    try:
+        big = "".join(f"line {n:06d} of a large generated file\n" for n in range(1000))
+        fan = _fanout(bridge, repo, [{"big.txt": big}, {"b.txt": "2\n"}], ["true"])
+        ids = [t.task_id for t in fan.tasks]
+        done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+        assert done.status == "failed"
+        assert done.error.message.startswith(
+            f"The change up to task {ids[0]} holds more than 16 KB of file contents"
+        )
+        assert [t.role for t in done.tasks] == [], "no step task was made"
+    finally:
+        bridge.close()

@@ -32,11 +32,12 @@ class Step:
 
 
 class Merger:
-    def __init__(self, repo: Path, base: str, scratch: Path) -> None:
+    def __init__(self, repo: Path, base: str, scratch: Path, most_bytes: int = 4096 << 10):
         objects = scratch / "objects"
         objects.mkdir(parents=True, exist_ok=True)
         self.git = Git(repo)
         self.base = base
+        self.most_bytes = most_bytes  # config jobs.integration_kb
         self.env = {
             "GIT_OBJECT_DIRECTORY": str(objects),
             "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(common_git_dir(repo) / "objects"),
@@ -100,7 +101,7 @@ class Merger:
         """The cumulative change as files to write (with their modes) and delete: regular text
         files only, since the mock worker writes the change in the integration task; anything
         else stops the integration, saying so, rather than producing a different change."""
-        step = Step(task_id)
+        step, carried = Step(task_id), 0
         raw = self.git.run("diff-tree", "-r", "-z", "--no-renames", self.base, tree, env=self.env)
         fields = raw.stdout.decode(errors="surrogateescape").split("\0")
         for meta, path in zip(fields[0::2], fields[1::2], strict=False):
@@ -120,6 +121,14 @@ class Merger:
                 )
                 return step
             blob = self.git.run("cat-file", "blob", f"{tree}:{path}", env=self.env).stdout
+            carried += len(blob)
+            if carried > self.most_bytes:
+                step.problem = (
+                    f"The change up to task {task_id} holds more than "
+                    f"{self.most_bytes >> 10} KB of file contents, more than one integration "
+                    "step carries (config jobs.integration_kb); integrate fewer or smaller tasks."
+                )
+                return step
             try:
                 step.write[path] = blob.decode("utf-8")
                 step.modes[path] = FILE_MODES[new_mode]

@@ -46,7 +46,8 @@ def run_integrate(co: JobCoordinator) -> None:
     spec = job.spec
     snapshots = list(zip(spec["tasks"], spec["snapshots"], strict=True))
     scratch = job.config.home / "jobs" / job.job_id
-    merger = Merger(Path(spec["repository"]), spec["base_commit"], scratch)
+    bound = job.config.jobs.integration_kb << 10
+    merger = Merger(Path(spec["repository"]), spec["base_commit"], scratch, bound)
     steps = merger.steps(snapshots)
     report: list[dict[str, Any]] = []
     result: dict[str, Any] = {"steps": report, "winner": None}
