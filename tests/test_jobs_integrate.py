@@ -142,3 +142,16 @@ def test_an_integration_bigger_than_its_bound_stops_in_one_sentence_before_any_s
         assert [t.role for t in done.tasks] == [], "no step task was made"
     finally:
         bridge.close()
+
+
+def test_a_conflict_on_many_files_is_reported_within_bounds(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    first = {f"f{n:03d}.txt": "one\n" for n in range(130)}
+    second = {f"f{n:03d}.txt": "two\n" for n in range(130)}
+    fan = _fanout(bridge, repo, [first, second], ["true"])
+    done = wait_job(bridge, bridge.integrate(fan.job_id, [t.task_id for t in fan.tasks]).job_id)
+    assert done.status == "failed"
+    assert "f019.txt and 110 more." in done.error.message
+    assert "f020.txt" not in done.error.message
+    assert len(done.rounds[1]["conflict"]) == 100

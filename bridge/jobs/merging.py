@@ -31,6 +31,23 @@ class Step:
     tree: str | None = None  # the merged tree the integration task must reproduce exactly
 
 
+NAMED_CONFLICTS = 20  # paths a conflict's sentence names; the step's report keeps 100
+
+
+def _conflict(task_id: str, paths: list[str]) -> Step:
+    """The step that does not merge: its conflicting paths, bounded (a task may change many
+    thousands of files, and the report is kept in the job's result)."""
+    named = ", ".join(paths[:NAMED_CONFLICTS]) or "its files"
+    more = len(paths) - NAMED_CONFLICTS
+    if more > 0:
+        named += f" and {more} more"
+    return Step(
+        task_id,
+        conflict=paths[:100],
+        problem=f"Task {task_id} conflicts with the changes before it on {named}.",
+    )
+
+
 class Merger:
     def __init__(self, repo: Path, base: str, scratch: Path, most_bytes: int = 4096 << 10):
         objects = scratch / "objects"
@@ -71,14 +88,7 @@ class Merger:
                         if not line:
                             break
                         paths.append(line)
-                    found.append(
-                        Step(
-                            task_id,
-                            conflict=paths,
-                            problem=f"Task {task_id} conflicts with the changes before it on "
-                            f"{', '.join(paths) or 'its files'}.",
-                        )
-                    )
+                    found.append(_conflict(task_id, paths))
                     return found
                 tree = lines[0]
             current = self._out("commit-tree", tree, "-p", self.base, "-m", f"integration {n + 1}")
