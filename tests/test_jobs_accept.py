@@ -64,3 +64,35 @@ def test_a_candidate_changed_by_a_follow_up_after_the_ranking_is_not_accepted_th
         bridge.accept_job(job_id, winner)
     assert not (repo / "a.txt").exists() and git(repo, "status", "--porcelain") == ""
     assert bridge.job_status(job_id).status == "succeeded"
+
+
+def test_a_task_made_outside_a_job_with_its_judges_key_is_not_taken_as_the_judge(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    # Anyone who can make tasks (another MCP client) learns the job id, and the judge's slot
+    # is filled only once every candidate has ended: a task made first under that slot's
+    # idempotency key must not become the judge, whose answer would then be the maker's.
+    spec = compete_task(
+        repo,
+        [{"write": {"a.txt": "one\n"}, "sleep": 4}, {"write": {"b.txt": "one\ntwo\n"}}],
+        verify=["true"],
+        judge={"summary": "no answer"},
+    )
+    job = bridge.compete(spec, ["mock"], attempts=2, judge="mock")
+    forged = {
+        "objective": "not a judge",
+        "worker": "mock",
+        "workspace": {"repository": str(repo)},
+        "permission": "read_only",
+        "metadata": {"mock": {"summary": "```worker-bridge-ranking\n{}\n```"}},
+    }
+    planted = [
+        bridge.create_task({**forged, "idempotency_key": f"{job.job_id}:judge-{n}"}).task_id
+        for n in (1, 2)
+    ]
+    done = wait_job(bridge, job.job_id)
+    assert done.status == "failed", done.error
+    assert done.error.kind == "slot_taken"
+    assert f"{job.job_id}:judge-1" in done.error.message
+    assert not set(planted) & {t.task_id for t in done.tasks}
+    assert done.winner is None
