@@ -5,6 +5,7 @@ one sentence, with nothing written to the user's working tree."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,26 @@ def test_a_task_made_outside_a_job_with_its_judges_key_is_not_taken_as_the_judge
     assert f"{job.job_id}:judge-1" in done.error.message
     assert not set(planted) & {t.task_id for t in done.tasks}
     assert done.winner is None
+
+
+def test_two_concurrent_accepts_of_one_job_write_one_change(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    job_id, winner, runner_up = _two_eligible(bridge, repo)
+    barrier, outcomes = threading.Barrier(2), {}
+
+    def accept(task_id: str) -> None:
+        barrier.wait()
+        try:
+            outcomes[task_id] = bridge.accept_job(job_id, task_id).accepted
+        except TaskStateError as refused:
+            outcomes[task_id] = str(refused)
+
+    threads = [threading.Thread(target=accept, args=(t,)) for t in (winner, runner_up)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(map(str, outcomes.values())) == [f"Job {job_id} was already accepted.", "True"]
+    written = [p for p in ("a.txt", "b.txt") if (repo / p).exists()]
+    assert len(written) == 1, f"one change reached the working tree, not {written}"
