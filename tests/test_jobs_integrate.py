@@ -137,7 +137,7 @@ def test_an_integration_bigger_than_its_bound_stops_in_one_sentence_before_any_s
         done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
         assert done.status == "failed"
         assert done.error.message.startswith(
-            f"The change up to task {ids[0]} holds more than 16 KB of file contents"
+            f"The change up to task {ids[0]} holds more than 16 KB of file contents and paths"
         )
         assert [t.role for t in done.tasks] == [], "no step task was made"
     finally:
@@ -155,3 +155,17 @@ def test_a_conflict_on_many_files_is_reported_within_bounds(
     assert "f019.txt and 110 more." in done.error.message
     assert "f020.txt" not in done.error.message
     assert len(done.rounds[1]["conflict"]) == 100
+
+
+def test_many_empty_files_count_against_the_integration_bound_too(
+    home: Path, repo: Path, docker_images
+):
+    bridge = WorkerBridge(home=home, jobs={"integration_kb": 16})
+    try:
+        empty = {f"empty/f{n:03d}.txt": "" for n in range(300)}
+        fan = _fanout(bridge, repo, [empty, {"b.txt": "2\n"}], ["true"])
+        done = wait_job(bridge, bridge.integrate(fan.job_id, [t.task_id for t in fan.tasks]).job_id)
+        assert done.status == "failed"
+        assert "holds more than 16 KB of file contents and paths" in done.error.message
+    finally:
+        bridge.close()

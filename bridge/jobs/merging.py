@@ -107,6 +107,13 @@ class Merger:
         raw = self.git.run(*args, env=self.env)
         return [p for p in raw.stdout.decode(errors="replace").split("\0") if p]
 
+    def _too_big(self, task_id: str) -> str:
+        return (
+            f"The change up to task {task_id} holds more than {self.most_bytes >> 10} KB of "
+            "file contents and paths, more than one integration step carries (config "
+            "jobs.integration_kb); integrate fewer or smaller tasks."
+        )
+
     def _files(self, task_id: str, tree: str) -> Step:
         """The cumulative change as files to write (with their modes) and delete: regular text
         files only, since the mock worker writes the change in the integration task; anything
@@ -118,6 +125,10 @@ class Merger:
             if not meta:
                 continue
             new_mode, status = meta.split()[1], meta.split()[4]
+            carried += len(path) + 64  # each path and its spec entry count, contents below
+            if carried > self.most_bytes:
+                step.problem = self._too_big(task_id)
+                return step
             if status == "D":
                 step.delete.append(path)
                 continue
@@ -133,11 +144,7 @@ class Merger:
             blob = self.git.run("cat-file", "blob", f"{tree}:{path}", env=self.env).stdout
             carried += len(blob)
             if carried > self.most_bytes:
-                step.problem = (
-                    f"The change up to task {task_id} holds more than "
-                    f"{self.most_bytes >> 10} KB of file contents, more than one integration "
-                    "step carries (config jobs.integration_kb); integrate fewer or smaller tasks."
-                )
+                step.problem = self._too_big(task_id)
                 return step
             try:
                 step.write[path] = blob.decode("utf-8")
