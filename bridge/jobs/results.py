@@ -98,12 +98,15 @@ def chosen_candidate(job: JobRecord, task_id: str | None) -> str:
     return task_id
 
 
+READ_ONLY_ROLES = ("judge", "reviewer")  # their tasks change nothing, accepted or not
+
+
 def still_as_ended(job: JobRecord, chosen: TaskRecord, others: list[TaskRecord]) -> None:
     """Refuse (one sentence) to accept ``chosen`` through ``job`` when a task of the job was
     already accepted outside it (a second change would reach the user's tree), or when
     ``chosen`` changed (a follow-up turn) after the job ranked or reviewed it."""
     for other in others:
-        if other.status == Status.ACCEPTED:
+        if other.status == Status.ACCEPTED and other.job_role not in READ_ONLY_ROLES:
             raise TaskStateError(
                 f"Task {other.task_id} of job {job.job_id} was already accepted (with `tasks "
                 "accept`); the job accepts no second change."
