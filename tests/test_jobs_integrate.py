@@ -13,7 +13,7 @@ from support.jobs import wait_job
 from support.repos import commit_files, git
 
 from bridge import WorkerBridge
-from bridge.errors import InvalidSpec, TaskNotFound
+from bridge.errors import InvalidSpec, TaskNotFound, TaskStateError
 
 
 def _fanout(bridge: WorkerBridge, repo: Path, writes: list[dict], verify: list[str]):
@@ -169,3 +169,16 @@ def test_many_empty_files_count_against_the_integration_bound_too(
         assert "holds more than 16 KB of file contents and paths" in done.error.message
     finally:
         bridge.close()
+
+
+def test_an_integration_whose_part_was_accepted_alone_is_not_accepted_on_top_of_it(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    fan = _fanout(bridge, repo, [{"a.txt": "from one\n"}, {"b.txt": "from two\n"}], ["true"])
+    ids = [t.task_id for t in fan.tasks]
+    done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+    assert done.status == "succeeded", done.error
+    assert bridge.accept_task(ids[0]).accepted, "one part accepted alone with tasks accept"
+    with pytest.raises(TaskStateError, match=f"Task {ids[0]}, integrated by job"):
+        bridge.accept_job(done.job_id)
+    assert not (repo / "b.txt").exists(), "the integration wrote nothing on top"

@@ -101,15 +101,24 @@ def chosen_candidate(job: JobRecord, task_id: str | None) -> str:
 READ_ONLY_ROLES = ("judge", "reviewer")  # their tasks change nothing, accepted or not
 
 
-def still_as_ended(job: JobRecord, chosen: TaskRecord, others: list[TaskRecord]) -> None:
-    """Refuse (one sentence) to accept ``chosen`` through ``job`` when a task of the job was
-    already accepted outside it (a second change would reach the user's tree), or when
+def still_as_ended(
+    job: JobRecord, chosen: TaskRecord, others: list[TaskRecord], sources: list[TaskRecord] = ()
+) -> None:
+    """Refuse (one sentence) to accept ``chosen`` through ``job`` when a task of the job (or
+    one of the ``sources`` an integration merged) was already accepted outside it (a second
+    change would reach the user's tree), or when
     ``chosen`` changed (a follow-up turn) after the job ranked or reviewed it."""
     for other in others:
         if other.status == Status.ACCEPTED and other.job_role not in READ_ONLY_ROLES:
             raise TaskStateError(
                 f"Task {other.task_id} of job {job.job_id} was already accepted (with `tasks "
                 "accept`); the job accepts no second change."
+            )
+    for source in sources:
+        if source.status == Status.ACCEPTED:
+            raise TaskStateError(
+                f"Task {source.task_id}, integrated by job {job.job_id}, was already accepted "
+                "alone; the integration would write its change a second time."
             )
     ranked = {c["task_id"]: c for c in job.result.get("candidates", [])}.get(chosen.task_id)
     reviewed = (job.result.get("rounds") or [{}])[-1].get("implementer_turn")

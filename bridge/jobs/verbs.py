@@ -148,7 +148,8 @@ class JobVerbs:
             chosen = chosen_candidate(job, task_id)
             tasks = [self.store.load_task(t) for t in self.store.jobs.task_ids(job_id)]
             record = next((t for t in tasks if t.task_id == chosen), None) or self._task(chosen)
-            still_as_ended(job, record, [t for t in tasks if t.task_id != chosen])
+            sources = [self.store.load_task(t) for t in job.spec.get("tasks", [])]
+            still_as_ended(job, record, [t for t in tasks if t.task_id != chosen], sources)
             outcome = self.accept_task(chosen, reverify=reverify)
             if not outcome.accepted:
                 return outcome
