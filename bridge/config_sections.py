@@ -156,3 +156,9 @@ class JobsConfig(BaseModel):
     )
     review_findings: int = Field(50, ge=1, description="Findings kept of one review.")
     finding_chars: int = Field(2000, ge=100, description="Characters kept of one finding.")
+    integration_kb: int = Field(
+        4096,
+        ge=16,
+        description="File contents one integration step may carry (they ride in its task's "
+        "spec, stored in the store, and step k carries the first k tasks' files).",
+    )

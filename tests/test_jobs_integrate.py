@@ -13,7 +13,7 @@ from support.jobs import wait_job
 from support.repos import commit_files, git
 
 from bridge import WorkerBridge
-from bridge.errors import InvalidSpec, TaskNotFound
+from bridge.errors import InvalidSpec, TaskNotFound, TaskStateError
 
 
 def _fanout(bridge: WorkerBridge, repo: Path, writes: list[dict], verify: list[str]):
@@ -88,3 +88,97 @@ def test_integrate_refuses_bad_input_with_one_sentence(bridge, repo, docker_imag
         bridge.integrate(fan.job_id, [ids[0], other.tasks[0].task_id])
     with pytest.raises(InvalidSpec, match="at least two objectives"):
         bridge.fanout({"objective": "x", "workspace": {"repository": str(repo)}}, ["only one"])
+
+
+def _tree(repo: Path, commit: str) -> list[str]:
+    """Every entry of COMMIT's tree, mode, object and path (so content and mode alike)."""
+    return git(repo, "ls-tree", "-r", "--full-tree", commit).splitlines()
+
+
+def test_the_integration_is_the_merge_of_the_chosen_snapshots_mode_for_mode_and_byte_for_byte(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    # One part adds an executable script and makes the base's calc.py executable; another
+    # edits the README. An integration that dropped either bit would differ from the merge.
+    specs = [
+        {"write": {"run.sh": "#!/bin/sh\necho hi\n"}, "script": "chmod 0755 run.sh calc.py"},
+        {"write": {"README.md": "# demo, edited\n"}},
+    ]
+    spec = {
+        "objective": "unused",
+        "worker": "mock",
+        "workspace": {"repository": str(repo)},
+        "verification": {"commands": ["true"]},
+        "metadata": {"candidates": [{"mock": m} for m in specs]},
+    }
+    fan = wait_job(bridge, bridge.fanout(spec, ["part 1", "part 2"]).job_id)
+    assert fan.status == "succeeded", fan.error
+    ids = [t.task_id for t in fan.tasks]
+    snapshots = [bridge._task(t).snapshot_commit for t in ids]
+    assert "100755" in git(repo, "ls-tree", snapshots[0], "run.sh"), "the part kept its bit"
+
+    done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+    assert done.status == "succeeded", done.error
+    merged = git(repo, "merge-tree", "--write-tree", *snapshots).split()[0]
+    integration = bridge._task(done.winner).snapshot_commit
+    assert _tree(repo, integration) == _tree(repo, merged)
+
+
+def test_an_integration_bigger_than_its_bound_stops_in_one_sentence_before_any_step_is_made(
+    home: Path, repo: Path, docker_images
+):
+    # The merged files ride in each step's task spec (kept in the store): step k would carry
+    # every byte of the first k tasks, so what one step carries is bounded.
+    bridge = WorkerBridge(home=home, jobs={"integration_kb": 16})
+    try:
+        big = "".join(f"line {n:06d} of a large generated file\n" for n in range(1000))
+        fan = _fanout(bridge, repo, [{"big.txt": big}, {"b.txt": "2\n"}], ["true"])
+        ids = [t.task_id for t in fan.tasks]
+        done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+        assert done.status == "failed"
+        assert done.error.message.startswith(
+            f"The change up to task {ids[0]} holds more than 16 KB of file contents and paths"
+        )
+        assert [t.role for t in done.tasks] == [], "no step task was made"
+    finally:
+        bridge.close()
+
+
+def test_a_conflict_on_many_files_is_reported_within_bounds(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    first = {f"f{n:03d}.txt": "one\n" for n in range(130)}
+    second = {f"f{n:03d}.txt": "two\n" for n in range(130)}
+    fan = _fanout(bridge, repo, [first, second], ["true"])
+    done = wait_job(bridge, bridge.integrate(fan.job_id, [t.task_id for t in fan.tasks]).job_id)
+    assert done.status == "failed"
+    assert "f019.txt and 110 more." in done.error.message
+    assert "f020.txt" not in done.error.message
+    assert len(done.rounds[1]["conflict"]) == 100
+
+
+def test_many_empty_files_count_against_the_integration_bound_too(
+    home: Path, repo: Path, docker_images
+):
+    bridge = WorkerBridge(home=home, jobs={"integration_kb": 16})
+    try:
+        empty = {f"empty/f{n:03d}.txt": "" for n in range(300)}
+        fan = _fanout(bridge, repo, [empty, {"b.txt": "2\n"}], ["true"])
+        done = wait_job(bridge, bridge.integrate(fan.job_id, [t.task_id for t in fan.tasks]).job_id)
+        assert done.status == "failed"
+        assert "holds more than 16 KB of file contents and paths" in done.error.message
+    finally:
+        bridge.close()
+
+
+def test_an_integration_whose_part_was_accepted_alone_is_not_accepted_on_top_of_it(
+    bridge: WorkerBridge, repo: Path, docker_images
+):
+    fan = _fanout(bridge, repo, [{"a.txt": "from one\n"}, {"b.txt": "from two\n"}], ["true"])
+    ids = [t.task_id for t in fan.tasks]
+    done = wait_job(bridge, bridge.integrate(fan.job_id, ids).job_id)
+    assert done.status == "succeeded", done.error
+    assert bridge.accept_task(ids[0]).accepted, "one part accepted alone with tasks accept"
+    with pytest.raises(TaskStateError, match=f"Task {ids[0]}, integrated by job"):
+        bridge.accept_job(done.job_id)
+    assert not (repo / "b.txt").exists(), "the integration wrote nothing on top"

@@ -95,7 +95,7 @@ def ask_judge(
             why = record.error.message if record.error else f"it ended {record.status}"
             ranking, reasons, problem = None, {}, f"the judge's task did not succeed: {why}"
         else:
-            ranking, reasons, problem = parse_ranking(record.summary, order)
+            ranking, reasons, problem = parse_ranking(record.summary, order, list(shown.values()))
         answers.append(
             {
                 "task_id": record.task_id,

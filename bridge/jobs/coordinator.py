@@ -30,6 +30,11 @@ class JobStopped(Exception):
     """The job was cancelled, or this coordinator no longer owns it: stop advancing it."""
 
 
+class SlotTaken(Exception):
+    """A task outside the job holds one of the job's idempotency keys (anyone who can make
+    tasks can learn a job id): the job must not take that task as its own."""
+
+
 class JobCoordinator:
     """Advances one job; `run()` returns when the job has ended or is no longer ours."""
 
@@ -53,6 +58,10 @@ class JobCoordinator:
             body(self)
         except JobStopped:
             pass
+        except SlotTaken as taken:
+            self.finish(
+                JobStatus.FAILED, self.job().result, {"kind": "slot_taken", "message": str(taken)}
+            )
         except Exception as exc:  # the job must end, not stay `running` with no coordinator
             self.finish(
                 JobStatus.FAILED,
@@ -88,6 +97,13 @@ class JobCoordinator:
         row, event = new_task_row(config, self.ctx.sandbox, scope, spec)
         row.update(job_id=self.job_id, job_role=role, job_label=label)
         task_id, created = self.store.insert_task(row, {**event, "job_id": self.job_id})
+        found = self.store.load_task(task_id)
+        if (found.job_id, found.job_label) != (self.job_id, label):
+            raise SlotTaken(
+                f"Task {task_id}, made outside job {self.job_id}, holds the idempotency key "
+                f"{row['idempotency_key']} of the job's slot {label}; the job stopped rather "
+                "than take it as its own."
+            )
         if created:
             self.store.add_event(
                 self.job_id,

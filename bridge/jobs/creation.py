@@ -15,6 +15,7 @@ from bridge.jobs.slots import (
     fanout_spec,
     implementer_spec,
     judge_spec,
+    reviewer_spec,
     split_metadata,
 )
 from bridge.models import JobKind, JobStatus, Status, TaskSpec
@@ -50,16 +51,17 @@ def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]
     """The worker of each candidate: every named worker ``attempts`` times."""
     if attempts < 1:
         raise InvalidSpec("--attempts must be 1 or more.")
+    asked = len(workers) * attempts  # counted before the list is built: --attempts 10**12
+    if asked > most:
+        raise InvalidSpec(
+            f"A compete runs at most {most} candidates (config jobs.max_candidates); this asks "
+            f"for {asked}."
+        )
     slots = [w for w in workers for _ in range(attempts)]
     if len(slots) < 2:
         raise InvalidSpec(
             "A compete needs at least two candidates: name two workers, or give one worker "
             "with --attempts 2 or more."
-        )
-    if len(slots) > most:
-        raise InvalidSpec(
-            f"A compete runs at most {most} candidates (config jobs.max_candidates); this asks "
-            f"for {len(slots)}."
         )
     return slots
 
@@ -138,6 +140,7 @@ def new_review_row(
     spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
     first, _ = new_task_row(config, sandbox, scope, implementer_spec(spec, job_id))
     task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    _check_reviewers(config, sandbox, scope, spec, job_id, first["base_commit"])
     row = {
         "job_id": job_id,
         "kind": str(JobKind.REVIEW),
@@ -149,6 +152,29 @@ def new_review_row(
     }
     event = {"kind": "review", "worker": worker, "reviewer": reviewer, "rounds": rounds}
     return row, {**event, "repository": first["repository"], "base_commit": first["base_commit"]}
+
+
+def _check_reviewers(
+    config: Config,
+    sandbox: Sandbox,
+    scope: RepositoryScope,
+    spec: dict[str, Any],
+    job_id: str,
+    base_commit: str,
+) -> None:
+    """Every round's reviewer spec checked as a task's would be (its `metadata.reviewer` entry
+    included), now rather than when the round comes; the base stands in for the snapshot."""
+    given = (spec["task"].get("metadata") or {}).get("reviewer")
+    entries = given if isinstance(given, list) else [given]
+    if not all(entry is None or isinstance(entry, dict) for entry in entries):
+        raise InvalidSpec(
+            "metadata.reviewer must be an object (the reviewer's metadata) or a list of "
+            "them, one per round."
+        )
+    for round_no in range(1, min(int(spec["rounds"]), max(len(entries), 1)) + 1):
+        new_task_row(
+            config, sandbox, scope, reviewer_spec(spec, job_id, round_no, base_commit, "review")
+        )
 
 
 def _row(job_id: str, kind: JobKind, repository: str, spec: dict, config: Config) -> dict:
@@ -186,8 +212,15 @@ def new_fanout_row(
     _require_healthy(config, sandbox, [task.get("worker") or "mock"])
     job_id = "job-" + os.urandom(5).hex()
     spec: dict[str, Any] = {"task": task, "objectives": objectives}
+    _, overrides, _ = split_metadata(task.get("metadata") or {})
+    if len(overrides) > len(objectives):
+        raise InvalidSpec(
+            f"metadata.candidates has {len(overrides)} entries for {len(objectives)} objectives."
+        )
     first, _ = new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, 0))
     task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    for n in range(1, len(objectives)):  # each part's own input, checked now, not mid-job
+        new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, n))
     row = _row(job_id, JobKind.FANOUT, first["repository"], spec, config)
     event = {"kind": "fanout", "objectives": len(objectives), "base_commit": first["base_commit"]}
     return row, event

@@ -56,4 +56,5 @@ def candidate_of(record: TaskRecord, diff: str | None) -> Candidate:
         tokens=_tokens(record),
         checks=checks,
         paths=[f.path for f in record.changed_files],
+        snapshot_commit=record.snapshot_commit,
     )

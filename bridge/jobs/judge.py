@@ -87,9 +87,34 @@ def judge_prompt(
 _BLOCK = re.compile(r"(?ms)^(`{3,})" + re.escape(ANSWER_INFO) + r"[ \t]*\n(.*?)\n\1[ \t]*$")
 
 
-def parse_ranking(message: str | None, labels: list[str]) -> tuple[list[str] | None, dict, str]:
+def _unprefixed(text: str) -> str:
+    """A diff's lines without their first column (`+`, `-` or a space), so a block a worker
+    wrote into a file reads as it would once quoted back without the diff's markers."""
+    return "\n".join(line[1:] for line in text.splitlines())
+
+
+def quoted_answers(block: re.Pattern[str], texts: list[str]) -> list[Any]:
+    """Every answer block (parsed JSON) that the workers' quoted ``texts`` themselves hold,
+    as written or as a diff's added lines: an answer equal to one of them is a copy of a
+    worker's text, not the asked task's own."""
+    found = []
+    for text in texts:
+        for candidate in (text, _unprefixed(text)):
+            for _, body in block.findall(candidate):
+                try:
+                    found.append(json.loads(body))
+                except ValueError:
+                    continue
+    return found
+
+
+def parse_ranking(
+    message: str | None, labels: list[str], quoted_texts: list[str] = ()
+) -> tuple[list[str] | None, dict, str]:
     """(ranking, reasons, problem) from the judge's final message: its last ranking block,
-    which must list every label exactly once and nothing else. ``problem`` is "" when valid."""
+    which must list every label exactly once and nothing else, and must not be a copy of a
+    block inside the ``quoted_texts`` the judge was shown (a candidate's forged answer echoed
+    back). ``problem`` is "" when valid."""
     blocks = _BLOCK.findall(message or "")
     if not blocks:
         return None, {}, f"the judge's final message has no {ANSWER_INFO} block"
@@ -97,6 +122,8 @@ def parse_ranking(message: str | None, labels: list[str]) -> tuple[list[str] | N
         answer: Any = json.loads(blocks[-1][1])
     except ValueError:
         return None, {}, "the judge's ranking block is not JSON"
+    if answer in quoted_answers(_BLOCK, list(quoted_texts)):
+        return None, {}, "the judge's ranking block is a copy of one inside a candidate's diff"
     ranking = answer.get("ranking") if isinstance(answer, dict) else None
     if not isinstance(ranking, list) or not all(isinstance(x, str) for x in ranking):
         return None, {}, "the judge's ranking block has no list of labels under 'ranking'"

@@ -33,12 +33,22 @@ def run_fanout(co: JobCoordinator) -> None:
     co.finish(JobStatus.SUCCEEDED, result)
 
 
+def _unfaithful(merger: Merger, tree: str | None, snapshot: str | None) -> list[str]:
+    """The paths where an integration step's snapshot differs from the merged tree it was
+    built to reproduce (content or mode): a step that differs is a wrong result, not offered."""
+    if tree is None or snapshot is None:
+        return ["its snapshot"]
+    return merger.differences(tree, snapshot)
+
+
 def run_integrate(co: JobCoordinator) -> None:
     job = co.job()
     spec = job.spec
     snapshots = list(zip(spec["tasks"], spec["snapshots"], strict=True))
     scratch = job.config.home / "jobs" / job.job_id
-    steps = Merger(Path(spec["repository"]), spec["base_commit"], scratch).steps(snapshots)
+    bound = job.config.jobs.integration_kb << 10
+    merger = Merger(Path(spec["repository"]), spec["base_commit"], scratch, bound)
+    steps = merger.steps(snapshots)
     report: list[dict[str, Any]] = []
     result: dict[str, Any] = {"steps": report, "winner": None}
     for n, step in enumerate(steps, start=1):
@@ -49,7 +59,7 @@ def run_integrate(co: JobCoordinator) -> None:
             break
         co.alive()
         task = co.ensure_task(
-            integration_spec(spec, job.job_id, n, step.write, step.delete),
+            integration_spec(spec, job.job_id, n, step.write, step.delete, step.modes),
             "integration",
             f"step-{n}",
         )
@@ -65,6 +75,13 @@ def run_integrate(co: JobCoordinator) -> None:
         if record.status != Status.SUCCEEDED:
             why = record.error.message if record.error else f"it ended {record.status}"
             entry["problem"] = f"After task {step.task_id} the checks failed: {why}"
+            break
+        differ = _unfaithful(merger, step.tree, record.snapshot_commit)
+        if differ:
+            entry["problem"] = (
+                f"Step {n}'s task {task} does not reproduce the merge of the tasks up to "
+                f"{step.task_id} (it differs on {', '.join(differ[:10])}); it is not offered."
+            )
             break
         result["winner"] = task
     stopped = next((e for e in report if e.get("problem")), None)

@@ -42,6 +42,8 @@ class Candidate:
     tokens: int = 0
     checks: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
+    # The snapshot it was ranked on: accepting through the job takes this change or none.
+    snapshot_commit: str | None = None
 
 
 def eligibility(candidate: Candidate) -> tuple[bool, list[str]]:
@@ -49,7 +51,9 @@ def eligibility(candidate: Candidate) -> tuple[bool, list[str]]:
     reasons: list[str] = []
     if candidate.error_kind in POLICY_KINDS:
         reasons.append(f"ineligible: {candidate.error_kind} ({candidate.error_message})")
-    if candidate.status not in ("succeeded", "accepted", "rejected"):
+    if candidate.status == "rejected":  # rejected while the job ran (`tasks reject`)
+        reasons.append("ineligible: the task was rejected")
+    elif candidate.status not in ("succeeded", "accepted"):
         reasons.append(f"ineligible: the task ended {candidate.status}")
     if candidate.verification_ok is not True:
         why = "did not run" if candidate.verification_ok is None else "failed"

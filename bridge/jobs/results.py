@@ -4,7 +4,7 @@ choice of which candidate `accept_job` takes."""
 from __future__ import annotations
 
 from bridge.errors import InvalidSpec, TaskStateError
-from bridge.models import JobStatus
+from bridge.models import JobStatus, Status
 from bridge.records import JobRecord, JobResult, JobTask, TaskRecord
 
 
@@ -96,3 +96,39 @@ def chosen_candidate(job: JobRecord, task_id: str | None) -> str:
             "only a candidate that passed our verification is accepted through its job."
         )
     return task_id
+
+
+READ_ONLY_ROLES = ("judge", "reviewer")  # their tasks change nothing, accepted or not
+
+
+def still_as_ended(
+    job: JobRecord, chosen: TaskRecord, others: list[TaskRecord], sources: list[TaskRecord] = ()
+) -> None:
+    """Refuse (one sentence) to accept ``chosen`` through ``job`` when a task of the job (or
+    one of the ``sources`` an integration merged) was already accepted outside it (a second
+    change would reach the user's tree), or when
+    ``chosen`` changed (a follow-up turn) after the job ranked or reviewed it."""
+    for other in others:
+        if other.status == Status.ACCEPTED and other.job_role not in READ_ONLY_ROLES:
+            raise TaskStateError(
+                f"Task {other.task_id} of job {job.job_id} was already accepted (with `tasks "
+                "accept`); the job accepts no second change."
+            )
+    for source in sources:
+        if source.status == Status.ACCEPTED:
+            raise TaskStateError(
+                f"Task {source.task_id}, integrated by job {job.job_id}, was already accepted "
+                "alone; the integration would write its change a second time."
+            )
+    ranked = {c["task_id"]: c for c in job.result.get("candidates", [])}.get(chosen.task_id)
+    reviewed = (job.result.get("rounds") or [{}])[-1].get("implementer_turn")
+    if ranked is not None and ranked.get("snapshot_commit") not in (None, chosen.snapshot_commit):
+        changed = "its snapshot is not the one ranked"
+    elif job.kind == "review" and reviewed is not None and reviewed != chosen.turn:
+        changed = f"it is at turn {chosen.turn}, the last review read turn {reviewed}"
+    else:
+        return
+    raise TaskStateError(
+        f"Task {chosen.task_id} changed after job {job.job_id} ranked it ({changed}, a "
+        "follow-up?); accept it with `tasks accept` if you want this change, or run a new job."
+    )

@@ -48,7 +48,7 @@ def run_review(co: JobCoordinator) -> None:
         co.start(reviewer)
         (review,) = co.wait_all([reviewer])
         if review.status == Status.SUCCEEDED:
-            verdict, findings, problem = parse_review(review.summary, bounds)
+            verdict, findings, problem = parse_review(review.summary, bounds, diff)
         else:
             why = review.error.message if review.error else f"it ended {review.status}"
             verdict, findings, problem = None, [], f"the reviewer's task did not succeed: {why}"

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from bridge.config_sections import JobsConfig
-from bridge.jobs.judge import DEFAULT_BOUNDS, quoted
+from bridge.jobs.judge import DEFAULT_BOUNDS, quoted, quoted_answers
 
 ANSWER_INFO = "worker-bridge-review"
 VERDICTS = ("approve", "changes_requested")
@@ -60,10 +60,11 @@ def _finding(item: Any, chars: int) -> dict[str, Any] | None:
 
 
 def parse_review(
-    message: str | None, bounds: JobsConfig = DEFAULT_BOUNDS
+    message: str | None, bounds: JobsConfig = DEFAULT_BOUNDS, diff: str = ""
 ) -> tuple[str | None, list[dict[str, Any]], str]:
     """(verdict, findings, problem) from the reviewer's final message, the findings cut to
-    ``bounds`` (config `jobs`); problem "" when valid."""
+    ``bounds`` (config `jobs`); refused when the block is a copy of one inside the reviewed
+    ``diff`` (the implementer's forged verdict echoed back); problem "" when valid."""
     blocks = _BLOCK.findall(message or "")
     if not blocks:
         return None, [], f"the reviewer's final message has no {ANSWER_INFO} block"
@@ -71,6 +72,8 @@ def parse_review(
         answer: Any = json.loads(blocks[-1][1])
     except ValueError:
         return None, [], "the reviewer's review block is not JSON"
+    if answer in quoted_answers(_BLOCK, [diff]):
+        return None, [], "the reviewer's review block is a copy of one inside the reviewed diff"
     verdict = answer.get("verdict") if isinstance(answer, dict) else None
     if verdict not in VERDICTS:
         return None, [], f"the reviewer's verdict is not one of {', '.join(VERDICTS)}"

@@ -10,6 +10,7 @@ idempotency key `<job id>:<label>`, so creating a slot's task twice finds the fi
 from __future__ import annotations
 
 import copy
+import shlex
 from typing import Any
 
 from bridge.errors import InvalidSpec
@@ -122,11 +123,26 @@ def fanout_spec(job_spec: dict[str, Any], job_id: str, n: int) -> dict[str, Any]
     return task
 
 
+def mode_script(modes: dict[str, str]) -> str:
+    """The shell command that gives each written file its mode as the merge has it (the mock
+    writes contents only), failing when a file is missing."""
+    by_mode: dict[str, list[str]] = {}
+    for path, mode in sorted(modes.items()):
+        by_mode.setdefault(mode, []).append(shlex.quote(path))
+    return " && ".join(f"chmod {mode} -- {' '.join(paths)}" for mode, paths in by_mode.items())
+
+
 def integration_spec(
-    job_spec: dict[str, Any], job_id: str, n: int, write: dict[str, str], delete: list[str]
+    job_spec: dict[str, Any],
+    job_id: str,
+    n: int,
+    write: dict[str, str],
+    delete: list[str],
+    modes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Step ``n`` (1-based) of an integration: a task from the common base whose deterministic
-    `mock` worker writes the merged files of the first n tasks, then is verified."""
+    `mock` worker writes the merged files of the first n tasks (contents, then ``modes``), then
+    is verified."""
     first = job_spec["task"]
     ids = ", ".join(job_spec["tasks"][:n])
     spec: dict[str, Any] = {
@@ -137,6 +153,8 @@ def integration_spec(
         "metadata": {"mock": {"write": write, "delete": delete}},
         "idempotency_key": idempotency_key(job_id, f"step-{n}"),
     }
+    if modes:
+        spec["metadata"]["mock"]["script"] = mode_script(modes)
     for key in ("limits", "environment", "priority"):
         if first.get(key) is not None:
             spec[key] = copy.deepcopy(first[key])

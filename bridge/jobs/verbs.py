@@ -15,7 +15,7 @@ from bridge.jobs.creation import (
     new_review_row,
 )
 from bridge.jobs.detached import spawn_coordinator
-from bridge.jobs.results import chosen_candidate, job_result
+from bridge.jobs.results import chosen_candidate, job_result, still_as_ended
 from bridge.models import JOB_TERMINAL, JobStatus, Status, TaskSpec
 from bridge.phase.context import Context
 from bridge.pipeline.cancel import cancel_task
@@ -23,6 +23,7 @@ from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord, TaskR
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
 from bridge.store import Store
+from bridge.workspace.locks import job_lock
 
 
 class JobVerbs:
@@ -141,21 +142,27 @@ class JobVerbs:
     ) -> AcceptResult:
         """Accept the job's best candidate (or the one named) through the usual accept, then
         mark the other candidates `rejected`. One sentence when there is nothing to accept."""
-        job = self._job(job_id)
-        chosen = chosen_candidate(job, task_id)
-        outcome = self.accept_task(chosen, reverify=reverify)
-        if not outcome.accepted:
+        self._job(job_id)  # absent (outside the scope) before any lock file is made
+        with job_lock(self.config.home, job_id):  # two accepts of one job: one at a time
+            job = self._job(job_id)
+            chosen = chosen_candidate(job, task_id)
+            tasks = [self.store.load_task(t) for t in self.store.jobs.task_ids(job_id)]
+            record = next((t for t in tasks if t.task_id == chosen), None) or self._task(chosen)
+            sources = [self.store.load_task(t) for t in job.spec.get("tasks", [])]
+            still_as_ended(job, record, [t for t in tasks if t.task_id != chosen], sources)
+            outcome = self.accept_task(chosen, reverify=reverify)
+            if not outcome.accepted:
+                return outcome
+            for other in job.result.get("candidates", []):  # a review job has none
+                if other["task_id"] != chosen:
+                    self.reject_task(other["task_id"], f"job {job_id} accepted {chosen}")
+            if self.store.jobs.transition(
+                job_id,
+                JobStatus.ACCEPTED,
+                {JobStatus.SUCCEEDED, JobStatus.UNRESOLVED, JobStatus.FAILED},
+            ):
+                self.store.add_event(job_id, "job.accepted", {"task_id": chosen})
             return outcome
-        for other in job.result.get("candidates", []):  # a review job has none
-            if other["task_id"] != chosen:
-                self.reject_task(other["task_id"], f"job {job_id} accepted {chosen}")
-        if self.store.jobs.transition(
-            job_id,
-            JobStatus.ACCEPTED,
-            {JobStatus.SUCCEEDED, JobStatus.UNRESOLVED, JobStatus.FAILED},
-        ):
-            self.store.add_event(job_id, "job.accepted", {"task_id": chosen})
-        return outcome
 
     def retry_task(self, task_id: str) -> TaskResult:
         """A new task from the same spec (a fresh worktree from the same base), linked to the

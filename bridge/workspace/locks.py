@@ -1,4 +1,5 @@
-"""Per-repository locks that hold across processes (flock on a file under the state root)."""
+"""Per-repository and per-job locks that hold across processes (flock on a file under the state
+root)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,24 @@ from bridge.errors import BridgeError
 @contextmanager
 def repository_lock(home: Path, repo: Path, timeout: float = 120.0) -> Iterator[None]:
     """Hold the lock of ``repo``; waits up to ``timeout`` seconds for another holder."""
-    lock_dir = home / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(str(repo).encode()).hexdigest()[:24]
-    fd = os.open(lock_dir / f"repo-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    with _flock(home / "locks" / f"repo-{digest}.lock", str(repo), timeout):
+        yield
+
+
+@contextmanager
+def job_lock(home: Path, job_id: str, timeout: float = 120.0) -> Iterator[None]:
+    """Hold the lock of job ``job_id`` (accepting through it is one at a time, across
+    processes); waits up to ``timeout`` seconds for another holder."""
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:24]
+    with _flock(home / "locks" / f"job-{digest}.lock", f"job {job_id}", timeout):
+        yield
+
+
+@contextmanager
+def _flock(path: Path, what: str, timeout: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout
         delay = 0.005
@@ -30,7 +45,7 @@ def repository_lock(home: Path, repo: Path, timeout: float = 120.0) -> Iterator[
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise BridgeError(
-                        f"Timed out after {timeout:.0f} s waiting for the lock on {repo}; "
+                        f"Timed out after {timeout:.0f} s waiting for the lock on {what}; "
                         "another worker-bridge process is holding it."
                     ) from None
                 time.sleep(delay)
