@@ -81,7 +81,18 @@ class WorkerExit(_Doc):
     failure: str | None = None  # the CLI's own account of why it failed, one sentence
 
 
-class TaskRecord(BaseModel):
+class _StoredRow(BaseModel):
+    """A record read from a store row: NULL columns are absent, so the fields' defaults apply."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_row(cls, row: Any) -> Any:
+        if isinstance(row, dict):
+            row = {k: v for k, v in row.items() if v is not None}
+        return row
+
+
+class TaskRecord(_StoredRow):
     """One row of the tasks table, typed. `spec` is exactly what runs (never redacted);
     `config` is the configuration recorded at creation, which the task's runner uses. Both
     are parsed on first use (listing many tasks needs neither)."""
@@ -125,13 +136,6 @@ class TaskRecord(BaseModel):
     job_id: str | None = None
     job_role: str | None = None
     job_label: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_row(cls, row: Any) -> Any:
-        if isinstance(row, dict):
-            row = {k: v for k, v in row.items() if v is not None}
-        return row
 
     @cached_property
     def spec(self) -> TaskSpec:
@@ -257,7 +261,7 @@ class EventPage(BaseModel):
         return {"events": [e.document() for e in self.events], "next_after": self.next_after}
 
 
-class JobRecord(BaseModel):
+class JobRecord(_StoredRow):
     """One row of the jobs table, typed: ``spec`` holds the job's arguments (`task`: the task
     spec its tasks start from, and the kind's own keys), ``config`` the configuration recorded
     at creation (its coordinator's), ``result`` what the coordinator found so far."""
@@ -276,13 +280,6 @@ class JobRecord(BaseModel):
     updated_at: str | None = None
     finished_at: str | None = None
     runner_id: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_row(cls, row: Any) -> Any:
-        if isinstance(row, dict):
-            row = {k: v for k, v in row.items() if v is not None}
-        return row
 
     @cached_property
     def config(self) -> Config:

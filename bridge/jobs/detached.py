@@ -4,14 +4,11 @@ on the runner id the caller saw, so of several processes recovering one job, one
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from bridge.config import Config
 from bridge.phase.context import Context
-from bridge.pipeline.detached import STARTUP_GRACE
+from bridge.pipeline.detached import STARTUP_GRACE, launch_detached
 from bridge.store import Store
 from bridge.store.owners import Owner, new_runner_id
 
@@ -21,19 +18,7 @@ def spawn_coordinator(config: Config, store: Store, job_id: str, replacing: str 
     runner_id = new_runner_id()
     if not store.job_runners.reserve(job_id, runner_id, STARTUP_GRACE, replacing):
         return False
-    logs = config.home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "bridge.jobs", "--store", str(config.store_path)]
-    with open(logs / f"job-{job_id}.log", "ab") as log:
-        subprocess.Popen(
-            [*argv, job_id, runner_id],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=dict(os.environ),
-            start_new_session=True,
-            close_fds=True,
-        )
+    launch_detached(config, "bridge.jobs", f"job-{job_id}.log", job_id, runner_id)
     return True
 
 

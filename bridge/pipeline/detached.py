@@ -31,14 +31,16 @@ def reserve_runner(
     return runner_id if taken else None
 
 
-def launch_runner(config: Config, task_id: str, runner_id: str) -> None:
-    """Start the detached runner process for a reservation."""
+def launch_detached(config: Config, module: str, log_name: str, *args: str) -> None:
+    """Start ``python -m MODULE --store PATH ARGS...`` in a session of its own (it outlives the
+    caller), its output appended to ``<home>/logs/LOG_NAME``: a task's runner or a job's
+    coordinator (bridge/jobs/detached.py)."""
     logs = config.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "bridge.pipeline", "--store", str(config.store_path)]
-    with open(logs / f"runner-{task_id}.log", "ab") as log:
+    argv = [sys.executable, "-m", module, "--store", str(config.store_path), *args]
+    with open(logs / log_name, "ab") as log:
         subprocess.Popen(
-            [*argv, task_id, runner_id],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -46,6 +48,11 @@ def launch_runner(config: Config, task_id: str, runner_id: str) -> None:
             start_new_session=True,
             close_fds=True,
         )
+
+
+def launch_runner(config: Config, task_id: str, runner_id: str) -> None:
+    """Start the detached runner process for a reservation."""
+    launch_detached(config, "bridge.pipeline", f"runner-{task_id}.log", task_id, runner_id)
 
 
 def spawn_runner(config: Config, store: Store, task_id: str, replacing: str | None) -> bool:
