@@ -152,6 +152,22 @@ def test_an_invalid_ranking_leaves_the_job_unresolved_for_the_caller_to_choose(l
     assert limited.get_task(chosen).status == "accepted"
 
 
+def test_a_judge_that_ranks_by_position_disagrees_with_itself_and_leaves_the_job_unresolved(
+    limited, repo
+):
+    # Each asking answers "the first shown is best": A first, then (shown B, A) B first.
+    spec = _four(repo, judge=[judge_answer(["A", "B"]), judge_answer(["B", "A"])])
+    done = wait_job(limited, limited.compete(spec, ["mock"], attempts=4, judge="mock").job_id)
+    assert done.status == "unresolved", done.summary
+    assert done.ordering["judge"] is None
+    assert "reverse order" in done.summary["judge"]
+    askings = limited.store.jobs.load(done.job_id)["result"]["judge"]["askings"]
+    orders = [a["ranking"] for a in askings]
+    assert orders[0] == orders[1][::-1], "both orderings are shown for the caller to choose"
+    with pytest.raises(TaskStateError, match="unresolved"):
+        limited.accept_job(done.job_id)
+
+
 def test_a_judge_that_fails_leaves_the_job_unresolved(limited, repo):
     spec = _four(repo, judge={"exit_code": 3})
     done = wait_job(limited, limited.compete(spec, ["mock"], attempts=4, judge="mock").job_id)

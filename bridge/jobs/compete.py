@@ -85,7 +85,7 @@ def ask_judge(
     askings = []
     for n, presented in enumerate((order, order[::-1])):
         objective = judge_prompt(job.spec["task"]["objective"], shown, presented, totals, bounds)
-        spec = judge_spec(job.spec, job.job_id, f"judge-{n + 1}", objective)
+        spec = judge_spec(job.spec, job.job_id, n + 1, objective)
         askings.append(co.ensure_task(spec, "judge", f"judge-{n + 1}"))
     for task_id in askings:
         co.start(task_id)

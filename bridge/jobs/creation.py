@@ -95,8 +95,8 @@ def new_compete_row(
     spec["task"] = task
     for n in range(1, len(slots)):
         new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, n))
-    if judge:
-        new_task_row(config, sandbox, scope, judge_spec(spec, job_id, "judge-1", "rank"))
+    for asking in (1, 2) if judge else ():  # each asking's metadata checked now, not mid-job
+        new_task_row(config, sandbox, scope, judge_spec(spec, job_id, asking, "rank"))
     effective = config.model_dump(mode="json")
     row = {
         "job_id": job_id,

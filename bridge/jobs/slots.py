@@ -3,7 +3,8 @@ alone, so a coordinator resumed in another process derives exactly the same ones
 
 Per-candidate input (what the mock worker does, say) rides in the task's metadata:
 `metadata.candidates[i]` is merged over the metadata of candidate i, and `metadata.judge`
-is the judge's metadata; neither key reaches any task. Every task of a job carries the
+is the judge's metadata (one object, or a list with one per asking, the last repeating);
+neither key reaches any task. Every task of a job carries the
 idempotency key `<job id>:<label>`, so creating a slot's task twice finds the first.
 """
 
@@ -18,7 +19,9 @@ from bridge.errors import InvalidSpec
 JOB_KEYS = ("candidates", "judge")
 
 
-def split_metadata(metadata: dict[str, Any]) -> tuple[dict[str, Any], list[dict], dict | None]:
+def split_metadata(
+    metadata: dict[str, Any],
+) -> tuple[dict[str, Any], list[dict], dict | list | None]:
     """(the metadata every task shares, the per-candidate overrides, the judge's metadata),
     checked: one sentence naming what is wrong."""
     shared = {k: v for k, v in metadata.items() if k not in JOB_KEYS}
@@ -26,9 +29,23 @@ def split_metadata(metadata: dict[str, Any]) -> tuple[dict[str, Any], list[dict]
     if not isinstance(candidates, list) or not all(isinstance(c, dict) for c in candidates):
         raise InvalidSpec("metadata.candidates must be a list of objects, one per candidate.")
     judge = metadata.get("judge")
-    if judge is not None and not isinstance(judge, dict):
-        raise InvalidSpec("metadata.judge must be an object (the judge task's metadata).")
+    if judge is not None and not (
+        isinstance(judge, dict)
+        or (isinstance(judge, list) and all(isinstance(j, dict) for j in judge))
+    ):
+        raise InvalidSpec(
+            "metadata.judge must be an object (the judge task's metadata) or a list of them, "
+            "one per asking."
+        )
     return shared, candidates, judge
+
+
+def per_turn(given: dict | list | None, number: int) -> dict[str, Any]:
+    """One object for every turn (asking, round), or a list with one per turn (1-based
+    ``number``), the last one repeating."""
+    if isinstance(given, list):
+        return dict(given[min(number, len(given)) - 1]) if given else {}
+    return dict(given or {})
 
 
 def idempotency_key(job_id: str, label: str) -> str:
@@ -52,16 +69,20 @@ def candidate_spec(job_spec: dict[str, Any], job_id: str, n: int) -> dict[str, A
     return task
 
 
-def judge_spec(job_spec: dict[str, Any], job_id: str, label: str, objective: str) -> dict[str, Any]:
-    """The task spec of one asking of the judge: read-only, on the same base, no checks."""
+def judge_spec(
+    job_spec: dict[str, Any], job_id: str, asking: int, objective: str
+) -> dict[str, Any]:
+    """The task spec of asking ``asking`` (1-based) of the judge: read-only, on the same base,
+    no checks."""
     task = job_spec["task"]
     _, _, judge_metadata = split_metadata(task.get("metadata") or {})
+    label = f"judge-{asking}"
     spec: dict[str, Any] = {
         "objective": objective,
         "worker": job_spec["judge"],
         "workspace": dict(task["workspace"]),
         "permission": "read_only",
-        "metadata": judge_metadata or {},
+        "metadata": per_turn(judge_metadata, asking),
         "idempotency_key": idempotency_key(job_id, label),
     }
     for key in ("limits", "network", "priority"):
@@ -85,10 +106,7 @@ def implementer_spec(job_spec: dict[str, Any], job_id: str) -> dict[str, Any]:
 def reviewer_metadata(metadata: dict[str, Any], round_no: int) -> dict[str, Any]:
     """`metadata.reviewer`: the reviewer's metadata, one object for every round or a list of
     them, one per round (the last one repeating)."""
-    given = metadata.get("reviewer") or {}
-    if isinstance(given, list):
-        return dict(given[min(round_no, len(given)) - 1]) if given else {}
-    return dict(given)
+    return per_turn(metadata.get("reviewer"), round_no)
 
 
 def reviewer_spec(

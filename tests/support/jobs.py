@@ -18,14 +18,16 @@ def compete_task(
     *,
     verify: list[str] | None = None,
     protected: list[str] | None = None,
-    judge: dict | None = None,
+    judge: dict | list[dict] | None = None,
     objective: str = "Make the calculator subtract",
 ) -> dict[str, Any]:
     """The task spec of a compete: CANDIDATES[i] is candidate i's metadata.mock, JUDGE (a
-    metadata.mock) the judge's."""
+    metadata.mock, or a list of them, one per asking) the judge's."""
     metadata: dict[str, Any] = {"candidates": [{"mock": c} for c in candidates]}
     if judge is not None:
-        metadata["judge"] = {"mock": judge}
+        metadata["judge"] = (
+            [{"mock": j} for j in judge] if isinstance(judge, list) else {"mock": judge}
+        )
     return {
         "objective": objective,
         "worker": "mock",
