@@ -67,7 +67,10 @@ class GatewayConfig(BaseModel):
         "managers open one per download, all at once).",
     )
     read_deadline_s: float = Field(
-        60, gt=0, description="Longest the sandbox may take to send one request (head and body)."
+        60,
+        gt=0,
+        description="Longest the gateway may wait, in all, for one request's head and body to "
+        "arrive (time it spends not reading, its upstream being slow, does not count).",
     )
     memory_budget_mb: int = Field(
         48,

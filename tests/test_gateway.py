@@ -375,6 +375,21 @@ def test_many_tiny_chunks_arrive_whole(workdir, upstream):
     assert upstream.requests[-1].body == b"x" * 20_000
 
 
+def test_a_body_the_upstream_takes_slowly_is_not_too_slow_for_the_read_deadline(workdir, upstream):
+    """The read deadline is the sandbox's: an 8 MB body sent at once, which the upstream takes
+    in about 6 s, goes through a gateway whose read deadline is 1 s."""
+    gw = gateway(workdir / "gw", upstream, Events(), read_deadline_s=1.0)
+    body = b"x" * (8 * 2**20)
+    try:
+        answer = request(
+            gw.folder / ROUTES_SOCKET, http("POST", "/test/v1/slow-discard", body), timeout=60
+        )
+    finally:
+        gw.stop()
+    assert status_of(answer) == 200, answer[:300]
+    assert upstream.discarded == len(body)
+
+
 def test_connections_past_the_cap_are_closed_and_a_slow_drip_gets_408(workdir, upstream):
     events = Events()
     gw = gateway(workdir / "gw", upstream, events, max_connections=4, read_deadline_s=1.0)

@@ -55,8 +55,10 @@ def shown(text: str, limit: int = 200) -> str:
 
 
 class Exchange:
-    """``idle_timeout`` bounds each wait to read or to write; ``read_deadline`` (seconds from
-    the first byte of a request) bounds reading its head and body together (a slow drip)."""
+    """``idle_timeout`` bounds each wait to read or to write; ``read_deadline`` bounds the time
+    spent waiting for a request's head and body to arrive, in all (a slow drip). Only waits for
+    the sandbox count: while the gateway itself is not reading (its upstream taking the body
+    slowly, the host busy), a large body arriving as fast as it is taken is not "too slow"."""
 
     def __init__(
         self,
@@ -69,7 +71,7 @@ class Exchange:
         self.budget = budget
         self.idle_timeout = idle_timeout
         self.read_deadline = read_deadline
-        self._until: float | None = None
+        self._waited = 0.0  # seconds this request has waited for the sandbox's bytes
         self._pending: Any = None
         self._held = 0
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
@@ -100,17 +102,14 @@ class Exchange:
     # -- reading ---------------------------------------------------------------------------
 
     def _wait(self) -> float:
-        loop = asyncio.get_running_loop()
-        if self._until is None:
-            self._until = loop.time() + self.read_deadline
-        left = self._until - loop.time()
+        left = self.read_deadline - self._waited
         if left <= 0:
             raise Refused(408, "the request took too long to arrive")
         return min(self.idle_timeout, left)
 
     def request_done(self) -> None:
         """The request is read: the next one gets its own deadline."""
-        self._until = None
+        self._waited = 0.0
 
     async def next(self) -> Any:
         """The next h11 event, reading as needed (each read bounded by the idle timeout and
@@ -122,11 +121,15 @@ class Exchange:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             try:
                 data = await self.sock.recv(READ, self._wait())
             except TimeoutError:
+                self._waited += loop.time() - started
                 self._wait()  # Refused(408) when it was the request's deadline that passed
                 raise
+            self._waited += loop.time() - started
             self.conn.receive_data(data)
 
     async def body_chunks(self, limit: int) -> AsyncIterator[bytes]:

@@ -2,7 +2,7 @@
 from here): it records every request with the headers it got, answers JSON with token usage and
 the model it says served (`served-<the model asked for>`, so a test can tell the two apart),
 streams server-sent events slowly, can be slow to answer, sends large bodies, and counts a body
-it discards unread (`/discard`, for floods)."""
+it discards unread (`/discard`, for floods; `/slow-discard` taking it slowly)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ class Upstream(LoopbackServer):
         app.router.add_route("*", "/{tail:.*}", self._handle)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/slow-discard"):  # a sink that takes its body slowly
+            seen = 0
+            while chunk := await request.content.read(64 * 1024):
+                seen += len(chunk)
+                await asyncio.sleep(0.05)
+            self.discarded += seen
+            return web.json_response({"received": seen})
         if request.path.endswith("/discard"):  # streamed through and dropped: a flood's sink
             seen = 0
             async for chunk in request.content.iter_any():
