@@ -11,6 +11,7 @@ from outside against the same process's resident memory before the flood."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import subprocess
 import sys
@@ -155,6 +156,7 @@ def _flood_memory(upstream_port: int, connections: int, body: int) -> dict:
         if host.stdin is not None:
             host.stdin.close()
         host.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
     if statuses != [200] * connections:
         raise RuntimeError(f"gateway flood: answers {sorted(set(statuses))}, not all 200")
     return {
@@ -223,6 +225,7 @@ def bench_gateway(samples: int) -> dict:
     finally:
         gateway.stop()
         upstream.stop()
+        shutil.rmtree(folder, ignore_errors=True)
     result = {
         "direct_p50_ms": round(median(lat_direct), 3),
         "direct_p99_ms": round(percentile(lat_direct, 99), 3),
