@@ -553,3 +553,17 @@ def test_runners_killed_at_random_instants_leave_nothing_recovery_and_prune_cann
         == 0
     )
     assert cli("workspaces", "prune", "--json").json()["actions"] == []
+
+
+@pytest.mark.parametrize("module", ["bridge.pipeline", "bridge.jobs"])
+def test_a_detached_process_whose_state_root_is_gone_makes_no_new_one(workdir: Path, module: str):
+    gone = workdir / "removed-home"
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--store", str(gone / "bridge.db"), "abc", "runner-x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to run" in proc.stderr
+    assert not gone.exists(), "no state root is made for a process that has nothing to run"

@@ -14,6 +14,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("job_id")
     parser.add_argument("runner_id")
     args = parser.parse_args(argv)
+    if not args.store.is_file():  # the state root went away before this process started
+        print(f"no store at {args.store}: nothing to run", file=sys.stderr)
+        return 0
     run_coordinator(args.store, args.job_id, args.runner_id)
     return 0
 
