@@ -218,10 +218,9 @@ def run_floor(
     return times
 
 
-def run_bridge(bridge, repo: Path, count: int, settle: float = 0.0) -> dict[str, float]:  # noqa: ANN001
-    """One task through the library; seconds per phase (the task's own timings; accept timed
-    around `accept_task`), plus `cleanup` (the wait for the background remover)."""
-    spec = {
+def task_spec(repo: Path, count: int) -> dict:
+    """The bench's task: the mock worker writes ``count`` files, one trivial check."""
+    return {
         "objective": f"write {count} files",
         "worker": "mock",
         "workspace": {"repository": str(repo)},
@@ -229,6 +228,12 @@ def run_bridge(bridge, repo: Path, count: int, settle: float = 0.0) -> dict[str,
         "limits": {"timeout_seconds": 1800},
         "metadata": {"mock": {"script": worker_script(count)}},
     }
+
+
+def run_bridge(bridge, repo: Path, count: int, settle: float = 0.0) -> dict[str, float]:  # noqa: ANN001
+    """One task through the library; seconds per phase (the task's own timings; accept timed
+    around `accept_task`), plus `cleanup` (the wait for the background remover)."""
+    spec = task_spec(repo, count)
     hooks: SyncAtPhases = bridge.hooks
     hooks.synced.clear()
     t0 = time.perf_counter()
@@ -427,15 +432,7 @@ def accept_same_state(bridge, repo: Path, count: int, pairs: int, settle: float 
     floors, ours = [], []
     for n in range(pairs):
         for side in ("git", "bridge") if n % 2 == 0 else ("bridge", "git"):
-            spec = {
-                "objective": f"write {count} files",
-                "worker": "mock",
-                "workspace": {"repository": str(repo)},
-                "verification": {"commands": ["true"]},
-                "limits": {"timeout_seconds": 1800},
-                "metadata": {"mock": {"script": worker_script(count)}},
-            }
-            task = bridge.create_task(spec)
+            task = bridge.create_task(task_spec(repo, count))
             result = bridge.run_task(task.task_id).document()
             if result["status"] != "succeeded":
                 raise RuntimeError(f"bench task {task.task_id} failed: {result['error']}")
