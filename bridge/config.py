@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -24,7 +24,13 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from bridge.config_sections import GatewayConfig, HttpConfig, JobsConfig, RouteConfig
+from bridge.config_sections import (
+    GatewayConfig,
+    HttpConfig,
+    JobsConfig,
+    RouteConfig,
+    TaskProfile,
+)
 from bridge.errors import ConfigError
 from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
@@ -63,6 +69,7 @@ __all__ = [
     "LimitDefaults",
     "LinkedWorker",
     "RouteConfig",
+    "TaskProfile",
     "WorkerSettings",
     "load_config",
 ]
@@ -191,6 +198,24 @@ class Config(BaseModel):
         description="Bounds of the MCP server's HTTP listener (deadlines, connection and "
         "session caps).",
     )
+    profiles: dict[str, TaskProfile] = Field(
+        default_factory=dict,
+        description="Task types (`metadata.type`, `--type`) added to the built-in ones "
+        "(chore, feature, hotfix, refactor), or fields of a built-in one overridden: what each "
+        "fills in when the caller left it unset (bridge/profiles.py).",
+    )
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, value: dict[str, TaskProfile]) -> dict[str, TaskProfile]:
+        import re
+
+        for name in value:
+            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+                raise ValueError(
+                    f"task type '{name}' must be a lower-case word (letters, digits, - and _)"
+                )
+        return value
 
     @property
     def store_path(self) -> Path:

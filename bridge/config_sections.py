@@ -1,6 +1,7 @@
 """Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
-server's HTTP listener (`http`) and the bounds of jobs (`jobs`). bridge/config.py loads them as
-part of `Config`; they live apart so that module stays the loader."""
+server's HTTP listener (`http`), the bounds of jobs (`jobs`) and the task types' profiles
+(`profiles`). bridge/config.py loads them as part of `Config`; they live apart so that module
+stays the loader."""
 
 from __future__ import annotations
 
@@ -164,4 +165,18 @@ class JobsConfig(BaseModel):
         ge=16,
         description="File contents one integration step may carry (they ride in its task's "
         "spec, stored in the store, and step k carries the first k tasks' files).",
+    )
+
+
+class TaskProfile(BaseModel):
+    """What a task type (`metadata.type`, `--type`) fills in when the caller left it unset;
+    a field left out here fills nothing (the spec's and config's defaults apply)."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: int | None = Field(None, ge=0, le=100, description="The task's `priority`.")
+    timeout_seconds: int | None = Field(
+        None, ge=1, description="The task's deadline, `limits.timeout_seconds`."
+    )
+    auto_repair: int | None = Field(
+        None, ge=0, description="Repair turns after failed verification, `metadata.auto_repair`."
     )

@@ -13,6 +13,7 @@ from bridge.config import Config
 from bridge.errors import InvalidSpec
 from bridge.gateway.policy import check_network
 from bridge.models import Status, TaskSpec, parse_spec
+from bridge.profiles import apply_profile
 from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
@@ -25,9 +26,11 @@ from bridge.workspace.worktree import check_disjoint
 def new_task_row(
     config: Config, sandbox: Sandbox, scope: RepositoryScope, spec: dict[str, Any] | TaskSpec
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row of a new task and its `task.created` event, or InvalidSpec."""
+    """The row of a new task and its `task.created` event, or InvalidSpec. The spec's type
+    fills what it left unset first (bridge/profiles.py); the row records what it filled."""
     if isinstance(spec, TaskSpec):
-        spec = spec.model_dump()
+        spec = spec.model_dump(exclude_unset=True)  # a field left at its default is unset
+    spec, profile = apply_profile(config, spec)
     parsed = parse_spec(spec)
     worker = get_worker(config, parsed.worker)
     worker.check_metadata(parsed.metadata, config)
@@ -42,6 +45,7 @@ def new_task_row(
     limits.update(parsed.limits.model_dump(exclude_none=True))
     effective = config.model_dump(mode="json")
     effective["effective_limits"] = limits
+    effective["task_profile"] = profile
     row = {
         "task_id": os.urandom(6).hex(),
         "status": str(Status.CREATED),
@@ -55,7 +59,10 @@ def new_task_row(
         "spec": parsed.model_dump(mode="json"),
         "config": effective,
     }
-    return row, {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit}
+    event = {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit}
+    if profile is not None:
+        event["profile"] = profile
+    return row, event
 
 
 def check_environment(

@@ -113,8 +113,13 @@ class BridgeTools(JobTools):
             ),
         ] = False,
         type: Annotated[
-            Literal["chore", "feature", "hotfix", "refactor"] | None,
-            _describe("Kind of change, recorded as metadata.type."),
+            str | None,
+            _describe(
+                "Kind of change, recorded as metadata.type: chore, feature, hotfix, refactor "
+                "(or a type the server's config adds). Its profile fills what you leave unset "
+                "(e.g. hotfix: high priority, a tight deadline, repairs on); the result's "
+                "`profile` says which fields it filled."
+            ),
         ] = None,
         metadata: Annotated[
             dict[str, Any] | None,

@@ -79,7 +79,6 @@ class Environment(_Strict):
 
 
 Permission = Literal["read_only", "workspace_write", "full_access"]
-TaskType = Literal["chore", "feature", "hotfix", "refactor"]
 
 
 class TaskSpec(_Strict):
@@ -109,9 +108,16 @@ class TaskSpec(_Strict):
     @field_validator("metadata")
     @classmethod
     def _metadata_type(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Which types exist is the configuration's (bridge/profiles.py checks it at creation);
+        # here only the shapes the runner relies on.
         kind = value.get("type")
-        if kind is not None and kind not in ("chore", "feature", "hotfix", "refactor"):
-            raise ValueError("metadata.type must be one of chore, feature, hotfix, refactor")
+        if kind is not None and (not isinstance(kind, str) or not kind):
+            raise ValueError("metadata.type must be the name of a task type")
+        repairs = value.get("auto_repair")
+        if repairs is not None and (
+            isinstance(repairs, bool) or not isinstance(repairs, int) or repairs < 0
+        ):
+            raise ValueError("metadata.auto_repair must be a whole number, 0 or more")
         return value
 
 

@@ -152,6 +152,12 @@ class TaskRecord(_StoredRow):
         return LimitDefaults.model_validate(recorded) if recorded else self.config.limits
 
     @property
+    def profile(self) -> dict[str, Any] | None:
+        """The task type's profile as applied at creation: its type and the spec fields it
+        filled (bridge/profiles.py); None for a task without a type."""
+        return self.config_doc.get("task_profile")
+
+    @property
     def follow_up_message(self) -> str | None:
         """The message of the current turn (turn N uses follow_ups[N-1]); None on turn 0."""
         n = self.turn
@@ -186,6 +192,11 @@ class TaskResult(BaseModel):
     finished_at: str | None = None
     job_id: str | None = Field(None, description="The job this task is part of, if any.")
     job_role: str | None = Field(None, description="Its role there: candidate, judge...")
+    profile: dict[str, Any] | None = Field(
+        None,
+        description="The task type's profile: {type, filled: the spec fields it filled, "
+        "because the caller left them unset}; null without a type.",
+    )
 
     def document(self) -> dict[str, Any]:
         """The JSON document (for the CLI, the MCP server and files)."""

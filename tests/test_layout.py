@@ -133,7 +133,7 @@ def test_no_package_imports_a_package_that_imports_it_back():
 # Layers, lowest first: a package may import its own layer and those below, never one above.
 LAYERS = [
     {"bridge.version", "bridge.errors", "bridge.models", "bridge.config_sections"},
-    {"bridge.config", "bridge.redact", "bridge.records"},
+    {"bridge.config", "bridge.redact", "bridge.records", "bridge.profiles"},
     {"bridge.store", "bridge.sandbox", "bridge.workspace", "bridge.scope", "bridge.gateway"},
     {"bridge.workers", "bridge.phase"},
     {"bridge.environments"},

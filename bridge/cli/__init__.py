@@ -57,7 +57,12 @@ TASK_FLAGS = (
     arg("--worker", help="worker name (`workers list`)"),
     arg("--verify", action="append", metavar="CMD", help="verify command (repeatable)"),
     arg("--protect", action="append", metavar="GLOB", help="protected path pattern (repeatable)"),
-    arg("--type", choices=["chore", "feature", "hotfix", "refactor"]),
+    arg(
+        "--type",
+        metavar="T",
+        help="task type (chore, feature, hotfix, refactor, or one config `profiles` adds): its "
+        "profile fills what the other flags and the spec leave unset",
+    ),
     arg("--spec", metavar="FILE", help="JSON task spec; flags override its fields"),
     arg("--priority", type=int),
     arg("--timeout", type=int, metavar="S", help="deadline for the whole task"),

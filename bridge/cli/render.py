@@ -54,6 +54,10 @@ def print_result(result: dict[str, Any]) -> None:
     f = one_line
     print(f"task {result['task_id']}: {result['status']}")
     print(f"  worker: {f(result['worker'])}   objective: {f(result['objective'].strip()[:200])}")
+    profile = result.get("profile")
+    if profile:
+        filled = ", ".join(profile["filled"]) or "nothing (every field was given)"
+        print(f"  type: {f(profile['type'])}   its profile filled: {f(filled)}")
     if result.get("summary"):
         print(f"  summary: {f(result['summary'].strip()[:500])}")
     if result.get("error"):

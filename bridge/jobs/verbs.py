@@ -19,6 +19,7 @@ from bridge.jobs.results import chosen_candidate, job_result, still_as_ended
 from bridge.models import JOB_TERMINAL, JobStatus, Status, TaskSpec
 from bridge.phase.context import Context
 from bridge.pipeline.cancel import cancel_task
+from bridge.profiles import without_filled
 from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord, TaskResult
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
@@ -176,7 +177,7 @@ class JobVerbs:
             Status.REJECTED,
         ):
             raise InvalidSpec(f"Task {task_id} is {record.status}; retry a task once it has ended.")
-        spec = dict(record.spec_doc)
+        spec = without_filled(record.spec_doc, record.profile)  # filled again, as it is now
         spec["idempotency_key"] = None
         spec["metadata"] = {**(spec.get("metadata") or {}), "retry_of": task_id}
         retried = self.create_task(spec)

@@ -40,4 +40,5 @@ def task_result(
         finished_at=record.finished_at,
         job_id=record.job_id,
         job_role=record.job_role,
+        profile=record.profile,
     )

@@ -378,7 +378,9 @@ class TaskRunner:
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
         metadata = self.record.spec.metadata
-        budget = metadata.get("auto_repair", self.ctx.config.auto_repair)
+        budget = metadata.get("auto_repair")
+        if budget is None:
+            budget = self.ctx.config.auto_repair
         return self.repairs < int(budget) and self.worker.can_repair(metadata)
 
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
