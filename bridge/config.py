@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from bridge.config_sections import (
+    CircuitConfig,
     GatewayConfig,
     HttpConfig,
     JobsConfig,
@@ -62,6 +63,7 @@ OTHER_VARIABLES = {
 
 
 __all__ = [
+    "CircuitConfig",
     "Config",
     "GatewayConfig",
     "HttpConfig",
@@ -197,6 +199,11 @@ class Config(BaseModel):
         default_factory=HttpConfig,
         description="Bounds of the MCP server's HTTP listener (deadlines, connection and "
         "session caps).",
+    )
+    circuit: CircuitConfig = Field(
+        default_factory=CircuitConfig,
+        description="The circuit breaker per worker: failures that open it, their window, and "
+        "the cool-down before one task is tried again.",
     )
     profiles: dict[str, TaskProfile] = Field(
         default_factory=dict,

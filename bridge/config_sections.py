@@ -1,7 +1,7 @@
 """Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
-server's HTTP listener (`http`), the bounds of jobs (`jobs`) and the task types' profiles
-(`profiles`). bridge/config.py loads them as part of `Config`; they live apart so that module
-stays the loader."""
+server's HTTP listener (`http`), the bounds of jobs (`jobs`), the workers' circuit breaker
+(`circuit`) and the task types' profiles (`profiles`). bridge/config.py loads them as part of
+`Config`; they live apart so that module stays the loader."""
 
 from __future__ import annotations
 
@@ -165,6 +165,24 @@ class JobsConfig(BaseModel):
         ge=16,
         description="File contents one integration step may carry (they ride in its task's "
         "spec, stored in the store, and step k carries the first k tasks' files).",
+    )
+
+
+class CircuitConfig(BaseModel):
+    """The circuit breaker kept per worker (docs/workers.md): after ``failures`` failures of a
+    worker within ``window_s`` that no repair fixed, new tasks for it are refused for
+    ``cooldown_s``; then one task is let through, and its outcome closes or reopens it."""
+
+    model_config = ConfigDict(extra="forbid")
+    failures: int = Field(
+        3,
+        ge=0,
+        description="Worker failures (its CLI exiting with an error, a refused key, a turn "
+        "timeout) within window_s that open the worker's circuit; 0 disables the breaker.",
+    )
+    window_s: float = Field(600, gt=0, description="How far back failures are counted.")
+    cooldown_s: float = Field(
+        300, ge=0, description="How long an open circuit refuses new tasks before one is tried."
     )
 
 

@@ -1,7 +1,8 @@
 """Creating a task: everything a spec is checked against before a row is written (the spec,
 the worker and its metadata, the network and routes, the repository, its scope and base ref,
 the images it names, its environment), and the row itself with the effective configuration.
-Nothing is allocated for a rejected spec; each refusal is one sentence naming what is wrong."""
+Nothing is allocated for a rejected spec; each refusal is one sentence naming what is wrong.
+The worker's circuit breaker has the last word, in the transaction that writes the row."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bridge.circuit import admission
 from bridge.config import Config
 from bridge.errors import InvalidSpec
 from bridge.gateway.policy import check_network
@@ -18,6 +20,7 @@ from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
 from bridge.scope import RepositoryScope, check_image
+from bridge.store import Store
 from bridge.workers import Worker, get_worker
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import check_disjoint
@@ -63,6 +66,14 @@ def new_task_row(
     if profile is not None:
         event["profile"] = profile
     return row, event
+
+
+def record_task(
+    store: Store, config: Config, row: dict[str, Any], event: dict[str, Any]
+) -> tuple[str, bool]:
+    """Write a new task's row (see Store.insert_task), admitted by its worker's circuit
+    breaker in the same transaction: CircuitOpen, and nothing written, when it refuses."""
+    return store.insert_task(row, event, admit=admission(store, config, row))
 
 
 def check_environment(

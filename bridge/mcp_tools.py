@@ -183,7 +183,10 @@ class BridgeTools(JobTools):
 
     async def list_workers(self) -> dict[str, Any]:
         """List the workers that can run tasks here, with whether their image is installed and
-        healthy, the image, and what they can do. Pick `worker` for worker_delegate from it."""
+        healthy, the image, and what they can do. Pick `worker` for worker_delegate from it.
+        Each has a `circuit`: `open` means it failed repeatedly (its key refused, its CLI
+        crashing, turns timing out) and new tasks for it are refused until `retry_at`;
+        `half_open` means one task is trying it again. Prefer another worker meanwhile."""
         return {"workers": [w.document() for w in await self.call(self.bridge.list_workers)]}
 
     async def worker_cancel(

@@ -236,6 +236,12 @@ class WorkerInfo(BaseModel):
     capabilities: list[str] = Field(default_factory=list)
     cli_version: str | None = Field(None, description="The CLI's version, from its image.")
     reason: str | None = None
+    circuit: dict[str, Any] = Field(
+        default_factory=lambda: {"state": "closed"},
+        description="Its circuit breaker (bridge/circuit.py): state (closed, open, half_open, "
+        "disabled), failures and their kinds, retry_at (when an open one is tried again) and "
+        "probe_task (the one task trying it).",
+    )
 
     @model_serializer(mode="wrap")
     def _without_empty_reason(self, handler: Any) -> dict[str, Any]:

@@ -10,8 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bridge.circuit import Reset
+from bridge.circuit import reset as reset_circuit
 from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
-from bridge.creation import new_task_row, recheck_permissions
+from bridge.creation import new_task_row, recheck_permissions, record_task
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.gateway.policy import all_routes
 from bridge.jobs import recover_jobs
@@ -33,7 +35,7 @@ from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
-from bridge.workers import BUILTIN, all_workers
+from bridge.workers import BUILTIN, all_workers, get_worker
 from bridge.workers.info import worker_infos
 
 
@@ -112,7 +114,8 @@ class WorkerBridge(JobVerbs):
         """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
         what is wrong; nothing is allocated for a rejected spec (see bridge/creation.py)."""
         row, event = new_task_row(self.config, self.sandbox, self.scope, spec)
-        task_id, _ = self.store.insert_task(row, event)  # a key is its repository's alone
+        # a key is its repository's alone; the worker's circuit breaker may refuse it
+        task_id, _ = record_task(self.store, self.config, row, event)
         return self.get_task(task_id)
 
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
@@ -269,6 +272,12 @@ class WorkerBridge(JobVerbs):
 
     def list_workers(self) -> list[WorkerInfo]:
         return worker_infos(self.config, self.sandbox)
+
+    def reset_worker(self, name: str) -> Reset:
+        """Close the worker's circuit breaker (bridge/circuit.py), so new tasks for it are
+        taken again; UnknownWorker for a name that is no worker here."""
+        get_worker(self.config, name)
+        return reset_circuit(self.store, self.config, name)
 
     def build_images(
         self,

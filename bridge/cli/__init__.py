@@ -77,7 +77,7 @@ GROUPS = {
     "tasks": "create, run and inspect tasks",
     "workspaces": "reclaim worktrees, branches and artifacts",
     "environments": "show and reclaim project environment caches",
-    "workers": "list and link workers",
+    "workers": "list, link and reset workers",
     "images": "build the worker-bridge images",
     "jobs": "several tasks together: compete, review, fanout and integrate",
 }
@@ -305,6 +305,13 @@ COMMANDS = (
         ),
     ),
     Command("workers", "list", "the workers and whether they can run", c.cmd_workers_list, (JSON,)),
+    Command(
+        "workers",
+        "reset",
+        "close a worker's circuit breaker, so new tasks for it are taken again",
+        c.cmd_workers_reset,
+        (arg("name"), JSON),
+    ),
     Command(
         "workers",
         "link",

@@ -321,6 +321,31 @@ def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         print(f"{w['name']:<14} {state:<10} {w['image']}{version}")
         if w.get("reason"):
             print(f"{'':<14} {one_line(w['reason'])}")
+        circuit = w["circuit"]
+        if circuit["state"] in ("open", "half_open"):
+            kinds = ", ".join(f"{n} {kind}" for kind, n in circuit["kinds"].items())
+            when = (
+                f"refusing new tasks until {circuit['retry_at']}"
+                if circuit["state"] == "open"
+                else f"half-open, tried again by task {circuit['probe_task'] or '(the next one)'}"
+            )
+            print(f"{'':<14} circuit {when} after {circuit['failures']} failure(s) ({kinds})")
+    return 0
+
+
+def cmd_workers_reset(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    done = bridge.reset_worker(args.name).document()
+    if args.json:
+        out_json(done)
+        return 0
+    before = done["before"]
+    if before["state"] in ("closed", "disabled"):
+        print(f"worker '{args.name}': its circuit was already closed")
+    else:
+        print(
+            f"worker '{args.name}': circuit closed (it was {before['state'].replace('_', '-')} "
+            f"after {before['failures']} failure(s)); new tasks for it are taken again"
+        )
     return 0
 
 

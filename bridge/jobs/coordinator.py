@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.creation import new_task_row
+from bridge.creation import new_task_row, record_task
 from bridge.models import TERMINAL, JobStatus, Status
 from bridge.phase.context import Context
 from bridge.pipeline.cancel import cancel_task
@@ -96,7 +96,7 @@ class JobCoordinator:
         scope = RepositoryScope.of(config.repositories)
         row, event = new_task_row(config, self.ctx.sandbox, scope, spec)
         row.update(job_id=self.job_id, job_role=role, job_label=label)
-        task_id, created = self.store.insert_task(row, {**event, "job_id": self.job_id})
+        task_id, created = record_task(self.store, config, row, {**event, "job_id": self.job_id})
         found = self.store.load_task(task_id)
         if (found.job_id, found.job_label) != (self.job_id, label):
             raise SlotTaken(

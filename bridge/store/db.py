@@ -10,7 +10,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,11 +176,18 @@ class Store:
 
     # -- tasks ------------------------------------------------------------------------------
 
-    def insert_task(self, row: dict[str, Any], event: dict[str, Any]) -> tuple[str, bool]:
+    def insert_task(
+        self,
+        row: dict[str, Any],
+        event: dict[str, Any],
+        admit: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> tuple[str, bool]:
         """Insert a new task with its `task.created` event. Returns (task_id, created).
 
         With an idempotency key already used on the same repository, returns the existing task
         instead (created=False); the unique index makes this hold across processes.
+        ``admit`` runs in the same transaction once the row is written (the worker's circuit
+        breaker, bridge/circuit.py): raising refuses the task and nothing of it is kept.
         """
         row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
         with self.transaction() as conn:
@@ -200,6 +207,8 @@ class Store:
             self._insert_event(
                 conn, row["task_id"], "task.status", {"from": None, "to": row["status"]}
             )
+            if admit is not None:
+                admit(conn)
         return row["task_id"], True
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
@@ -329,6 +338,12 @@ class Store:
         return True
 
     # -- events -----------------------------------------------------------------------------
+
+    def event_in(
+        self, conn: sqlite3.Connection, task_id: str, kind: str, data: dict[str, Any]
+    ) -> int:
+        """Store one event inside the caller's transaction (callers redact ``data`` first)."""
+        return self._insert_event(conn, task_id, kind, data)
 
     def add_event(self, task_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
         """Store one event. Callers redact ``data`` first (see bridge.redact)."""

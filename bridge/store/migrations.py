@@ -180,6 +180,36 @@ def _jobs(db: sqlite_utils.Database) -> None:
 
 STEPS.append(("0008_jobs", _jobs))
 
+
+def _circuits(db: sqlite_utils.Database) -> None:
+    """The circuit breaker per worker (bridge/circuit.py): its state (`closed` or `open`, an
+    open one half-open from `retry_at`, with the one task let through then in `probe_task`),
+    and the failures it counts, one row per task turn (so recording one twice counts once)."""
+    db["circuits"].create(
+        {
+            "worker": str,
+            "state": str,
+            "opened_at": float,
+            "retry_at": float,
+            "probe_task": str,
+            "probe_at": float,
+            "closed_at": float,  # failures up to here no longer count (a close, a reset)
+            "reason": str,  # JSON: the failures that opened it, {count, kinds}
+            "updated_at": str,
+        },
+        pk="worker",
+        not_null={"state"},
+    )
+    db.execute(
+        "CREATE TABLE circuit_failures (failure_id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " worker TEXT NOT NULL, task_id TEXT NOT NULL, turn INTEGER NOT NULL,"
+        " kind TEXT NOT NULL, at REAL NOT NULL, UNIQUE (task_id, turn))"
+    )
+    db["circuit_failures"].create_index(["worker", "at"])
+
+
+STEPS.append(("0010_circuits", _circuits))
+
 MIGRATION_SET = "worker-bridge"
 
 
