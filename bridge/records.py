@@ -335,6 +335,11 @@ class JobResult(BaseModel):
         description="Why a review ended: approved, no new findings, round limit, or a failure.",
     )
     summary: dict[str, Any] = Field(default_factory=dict)
+    skipped: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Workers the job did not use because their circuit breaker refused them: "
+        "{worker, role, reason} (and the slot's label when it was refused mid-job).",
+    )
     error: ErrorInfo | None = None
     created_at: str
     finished_at: str | None = None

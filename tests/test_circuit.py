@@ -290,3 +290,26 @@ def test_workers_reset_through_the_cli(cli, home, repo):
             "probe_task": None,
         },
     }
+
+
+# -- MCP ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_mcp_refuses_with_the_sentence_as_a_tool_error_and_lists_the_circuit(home, repo):
+    from support.mcp_session import call, call_error, mcp_server
+
+    (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 300}\n")
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    trip(bridge, repo, 1)
+    sentence = circuits_of(bridge.config, ["mock"])["mock"].refusal()
+    bridge.close()
+    async with mcp_server(home) as client:
+        args = {"objective": "x", "repository": str(repo), "worker": "mock"}
+        refused = await call_error(client, "worker_delegate", args)
+        assert refused.endswith(": " + sentence), refused  # after the SDK's "Error executing"
+        listing = await call(client, "list_workers")
+        circuits = {w["name"]: w["circuit"] for w in listing["workers"]}
+        assert circuits["mock"]["state"] == "open" and circuits["codex"]["state"] == "closed"
+        status = await call(client, "worker_status")
+        assert len(status["tasks"]) == 1, "the refused delegation made no task"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.creation import new_task_row, record_task
+from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, JobStatus, Status
 from bridge.phase.context import Context
 from bridge.pipeline.cancel import cancel_task
@@ -61,6 +62,12 @@ class JobCoordinator:
         except SlotTaken as taken:
             self.finish(
                 JobStatus.FAILED, self.job().result, {"kind": "slot_taken", "message": str(taken)}
+            )
+        except CircuitOpen as refused:  # a task the job cannot do without (an implementer...)
+            self.finish(
+                JobStatus.FAILED,
+                self.job().result,
+                {"kind": "circuit_open", "message": refused.message},
             )
         except Exception as exc:  # the job must end, not stay `running` with no coordinator
             self.finish(
@@ -111,6 +118,13 @@ class JobCoordinator:
                 {"task_id": task_id, "role": role, "label": label, "worker": spec["worker"]},
             )
         return task_id
+
+    def skip(self, label: str, worker: str, role: str, refused: CircuitOpen) -> dict[str, str]:
+        """Record that the slot's task was refused by its worker's circuit breaker (a
+        `job.skipped` event); the entry for the result's `skipped`."""
+        entry = {"label": label, "worker": worker, "role": role, "reason": refused.message}
+        self.store.add_event(self.job_id, "job.skipped", entry)
+        return entry
 
     def start(self, task_id: str) -> None:
         """Start a `created` task in its own detached runner (an ordinary task: it waits for
