@@ -311,5 +311,8 @@ async def test_mcp_refuses_with_the_sentence_as_a_tool_error_and_lists_the_circu
         listing = await call(client, "list_workers")
         circuits = {w["name"]: w["circuit"] for w in listing["workers"]}
         assert circuits["mock"]["state"] == "open" and circuits["codex"]["state"] == "closed"
+        # a task type is checked before the breaker is asked, against the server's config
+        bad_type = await call_error(client, "worker_delegate", {**args, "type": "epic"})
+        assert "known types: chore, feature, hotfix, refactor" in bad_type
         status = await call(client, "worker_status")
         assert len(status["tasks"]) == 1, "the refused delegation made no task"

@@ -71,6 +71,7 @@ def test_jobs_skip_a_worker_whose_circuit_is_open_and_say_so(home, repo):
     assert circuits_of(bridge.config, ["flaky"])["flaky"].state == "open"
 
     spec = compete_task(repo, [{"write": {"notes.txt": "one\n"}}], verify=["test -f notes.txt"])
+    spec["metadata"]["type"] = "chore"  # each candidate's own task is filled by its profile
     job = bridge.compete(spec, ["mock", "flaky"])
     [skipped] = job.skipped
     assert skipped["worker"] == "flaky" and skipped["role"] == "candidate"
@@ -78,6 +79,8 @@ def test_jobs_skip_a_worker_whose_circuit_is_open_and_say_so(home, repo):
     ended = wait_job(bridge, job.job_id)
     assert ended.status == "succeeded", ended.error
     assert [t.worker for t in ended.tasks] == ["mock"] and ended.skipped == job.skipped
+    candidate = bridge.get_task(ended.tasks[0].task_id)
+    assert candidate.profile == {"type": "chore", "filled": ["priority", "limits.timeout_seconds"]}
     created = bridge.store.events(job.job_id, kinds=("job.created",))[0]
     assert created.data["skipped"] == job.skipped
 
