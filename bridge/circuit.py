@@ -160,16 +160,6 @@ def circuits_of(config: Config, workers: Iterable[str]) -> dict[str, Circuit]:
     }
 
 
-def circuit_in(store: Store, config: Config, worker: str) -> Circuit:
-    """One worker's breaker as the store holds it now (settling an ended probe first)."""
-    settings = config.circuit
-    now = time.time()
-    with store.transaction() as conn:
-        row = _settled(store, conn, settings, table.load(conn, worker), now)
-        recent = table.failure_kinds(conn, worker, max(row.closed_at, now - settings.window_s))
-    return view(row, recent, settings, now)
-
-
 # -- changes: each inside one store transaction --------------------------------------------
 
 

@@ -6,6 +6,7 @@ test_circuit_real.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -316,3 +317,40 @@ async def test_mcp_refuses_with_the_sentence_as_a_tool_error_and_lists_the_circu
         assert "known types: chore, feature, hotfix, refactor" in bad_type
         status = await call(client, "worker_status")
         assert len(status["tasks"]) == 1, "the refused delegation made no task"
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert not any("reset" in name for name in tools), "an agent cannot reset a breaker"
+
+
+def test_creations_from_many_processes_in_half_open_let_exactly_one_through(home, repo):
+    import subprocess
+
+    from support.cli import CLI
+
+    (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 0.2}\n")
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    args = [*CLI, "tasks", "create", "--repo", str(repo), "--objective", "x", "--worker", "mock"]
+    procs = [
+        subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]
+    ended = [(p.wait(120), *p.communicate()) for p in procs]
+    made = [out.strip() for code, out, _ in ended if code == 0]
+    refused = [err for code, _, err in ended if code == 1]
+    assert len(made) == 1 and len(refused) == 5, ended
+    assert all(f"being tried again with task {made[0]}" in err for err in refused)
+    assert state(bridge)["probe_task"] == made[0]
+    bridge.close()
+
+
+def test_an_idempotency_key_already_used_returns_its_task_even_while_the_circuit_is_open(
+    fast, repo
+):
+    first = fast.create_task({**mock_task(repo, OK), "idempotency_key": "k1"})
+    trip(fast, repo)
+    again = fast.create_task({**mock_task(repo, OK), "idempotency_key": "k1"})
+    assert again.task_id == first.task_id, "an existing task is returned, not made anew"
+    with pytest.raises(CircuitOpen):
+        fast.create_task({**mock_task(repo, OK), "idempotency_key": "k2"})
