@@ -38,6 +38,7 @@ from bridge.store import circuits as table
 from bridge.store.circuits import CircuitRow
 
 WORKED = {Status.SUCCEEDED, Status.ACCEPTED, Status.REJECTED}
+FORGET_AFTER_S = 7 * 86400  # failures older than this (and than the window) are removed
 
 
 def classify(outcome: dict[str, Any]) -> tuple[str, str | None]:
@@ -181,7 +182,9 @@ def admission(store: Store, config: Config, row: dict[str, Any]) -> Callable[[An
         if circuit.state == "open" or current.probe_task or row.get("job_id"):
             raise CircuitOpen(circuit.refusal(for_job=bool(row.get("job_id"))), worker=worker)
         table.save(conn, replace(current, probe_task=task_id, probe_at=now))
-        store.event_in(conn, task_id, "circuit.probe", circuit.document())
+        store.event_in(
+            conn, task_id, "circuit.probe", {**circuit.document(), "probe_task": task_id}
+        )
 
     return admit
 
@@ -246,6 +249,8 @@ def _apply(
         conn, worker, task_id, outcome["turn"], kind or "", now
     ):
         return current  # counted already: its consequences were applied then
+    if verdict == "failure":  # what no window reaches any more is never read again
+        table.forget_failures(conn, worker, now - max(settings.window_s, FORGET_AFTER_S))
     if current.state == "open" and current.probe_task == task_id:
         if verdict == "failure":
             changed = _opened(conn, settings, current, now)

@@ -354,3 +354,16 @@ def test_an_idempotency_key_already_used_returns_its_task_even_while_the_circuit
     assert again.task_id == first.task_id, "an existing task is returned, not made anew"
     with pytest.raises(CircuitOpen):
         fast.create_task({**mock_task(repo, OK), "idempotency_key": "k2"})
+
+
+def test_failures_no_window_reaches_are_removed_when_another_is_counted(fast, repo):
+    from bridge.circuit import FORGET_AFTER_S
+    from bridge.store import circuits as table
+
+    with fast.store.transaction() as conn:
+        table.add_failure(conn, "mock", "old-task", 0, "worker_exit", 1.0)
+        assert table.failure_kinds(conn, "mock", 0.0) == {"worker_exit": 1}
+    assert FORGET_AFTER_S >= fast.config.circuit.window_s
+    assert run(fast, repo, FAIL).error.kind == "worker_exit"
+    rows = fast.store.query("SELECT task_id FROM circuit_failures WHERE worker = 'mock'")
+    assert [r["task_id"] for r in rows] != ["old-task"] and len(rows) == 1

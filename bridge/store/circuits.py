@@ -79,6 +79,11 @@ def add_failure(
     return cur.rowcount == 1
 
 
+def forget_failures(conn: sqlite3.Connection, worker: str, before: float) -> None:
+    """Remove the worker's failures recorded before ``before`` (the table stays bounded)."""
+    conn.execute("DELETE FROM circuit_failures WHERE worker = ? AND at < ?", (worker, before))
+
+
 def failure_kinds(conn: sqlite3.Connection, worker: str, after: float) -> dict[str, int]:
     """The worker's failures after ``after``, counted by kind."""
     rows = conn.execute(
