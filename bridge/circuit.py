@@ -39,6 +39,7 @@ from bridge.store.circuits import CircuitRow
 
 WORKED = {Status.SUCCEEDED, Status.ACCEPTED, Status.REJECTED}
 FORGET_AFTER_S = 7 * 86400  # failures older than this (and than the window) are removed
+UNSTARTED_PROBE_S = 60.0  # a probe still `created` this long (and a cool-down) lets go its try
 
 
 def classify(outcome: dict[str, Any]) -> tuple[str, str | None]:
@@ -233,6 +234,13 @@ def _settled(
     if probe is None:
         current = replace(current, probe_task=None, probe_at=None)
         table.save(conn, current)
+        return current
+    if probe["status"] == Status.CREATED and now - (current.probe_at or now) > max(
+        settings.cooldown_s, UNSTARTED_PROBE_S
+    ):  # made and never started (a script that died?): it no longer holds the one try
+        current = replace(current, probe_task=None, probe_at=None)
+        table.save(conn, current)
+        store.event_in(conn, probe["task_id"], "circuit.probe_released", {"unstarted": True})
         return current
     if probe["status"] not in TERMINAL:
         return current

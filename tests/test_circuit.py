@@ -367,3 +367,22 @@ def test_failures_no_window_reaches_are_removed_when_another_is_counted(fast, re
     assert run(fast, repo, FAIL).error.kind == "worker_exit"
     rows = fast.store.query("SELECT task_id FROM circuit_failures WHERE worker = 'mock'")
     assert [r["task_id"] for r in rows] != ["old-task"] and len(rows) == 1
+
+
+def test_a_probe_made_but_never_started_lets_go_of_the_one_try(home, repo):
+    from dataclasses import replace
+
+    from bridge.store import circuits as table
+
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    idle = bridge.create_task(mock_task(repo, OK))
+    with pytest.raises(CircuitOpen, match=idle.task_id):
+        bridge.create_task(mock_task(repo, OK))
+    with bridge.store.transaction() as conn:  # as if it was made an hour ago
+        table.save(conn, replace(table.load(conn, "mock"), probe_at=1.0))
+    taken = bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["probe_task"] == taken.task_id
+    assert "circuit.probe_released" in [e.kind for e in bridge.task_logs(idle.task_id).events]
+    bridge.close()
