@@ -111,8 +111,10 @@ class WorkerBridge(JobVerbs):
     # -- tasks ------------------------------------------------------------------------------
 
     def create_task(self, spec: dict[str, Any] | TaskSpec) -> TaskResult:
-        """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
-        what is wrong; nothing is allocated for a rejected spec (see bridge/creation.py)."""
+        """Validate a spec (its type's profile filling what it left unset) and record the task
+        (status `created`). Raises InvalidSpec naming what is wrong, or CircuitOpen when the
+        worker's circuit breaker refuses new tasks; nothing is allocated for a rejected spec
+        (see bridge/creation.py)."""
         row, event = new_task_row(self.config, self.sandbox, self.scope, spec)
         # a key is its repository's alone; the worker's circuit breaker may refuse it
         task_id, _ = record_task(self.store, self.config, row, event)
