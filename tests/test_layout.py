@@ -134,7 +134,14 @@ def test_no_package_imports_a_package_that_imports_it_back():
 LAYERS = [
     {"bridge.version", "bridge.errors", "bridge.models", "bridge.config_sections"},
     {"bridge.config", "bridge.redact", "bridge.records"},
-    {"bridge.store", "bridge.sandbox", "bridge.workspace", "bridge.scope", "bridge.gateway"},
+    {
+        "bridge.store",
+        "bridge.sandbox",
+        "bridge.workspace",
+        "bridge.scope",
+        "bridge.gateway",
+        "bridge.requests",  # a worker's block and prompt text: read by workers and the store
+    },
     {"bridge.workers", "bridge.phase"},
     {"bridge.environments"},
     {"bridge.pipeline", "bridge.creation", "bridge.doctor"},

@@ -47,6 +47,13 @@ def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
     )
 
 
+def asked(handle: PhaseHandle, turn: int) -> bool:
+    """Whether the task has a pending request at the end of ``turn`` (its worker's final
+    message's, recorded here, or a network name its gateway refused)."""
+    record_final_request(handle, turn)
+    return handle.ctx.store.requests.pending_count(handle.task_id) > 0
+
+
 def held(handle: PhaseHandle, outcome: Outcome) -> dict[str, Any]:
     """The outcome a turn would have ended with, as stored while the task waits (redacted,
     with the timings so far), to end it with on a denial or the input timeout."""

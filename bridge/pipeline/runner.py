@@ -20,7 +20,7 @@ from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
-from bridge.pipeline.answer import record_final_request, wait_for_input
+from bridge.pipeline.answer import asked, wait_for_input
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.outcomes import (
@@ -259,8 +259,7 @@ class TaskRunner:
             if handle.remaining() <= 0:
                 return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, phase))
             outcome, failure = self._turn(handle, ws, turn, phase, resuming)
-            record_final_request(handle, turn.number)
-            if self.store.requests.pending_count(self.task_id):
+            if asked(handle, turn.number):
                 self._waiting = outcome  # the caller answers first; a repair can wait
                 return outcome
             if failure is None or not self._may_repair():
@@ -323,14 +322,9 @@ class TaskRunner:
                 changed_files=handle.redactor.redact_data([c.result_entry() for c in changes]),
                 dropped=handle.redactor.redact_data([d.document() for d in collected.dropped]),
             )
-            verdict = judge_worker(
-                exit_info,
-                changes,
-                self.record.spec,
-                handle.limits,
-                self.task_id,
-                approved_paths=approved_paths(self.store, self.task_id),
-            )
+            allowed = approved_paths(self.store, self.task_id)  # by the caller, when asked
+            spec, limits = self.record.spec, handle.limits
+            verdict = judge_worker(exit_info, changes, spec, limits, self.task_id, allowed)
             if verdict is not None:
                 return verdict, None  # finish_task redacts the error
         else:
