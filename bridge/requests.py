@@ -62,8 +62,8 @@ def parse_request_block(message: str | None) -> dict[str, Any] | None:
 
 
 def _blocks(message: str) -> list[str]:
-    """The bodies of the message's `worker-bridge-request` fences (an unclosed one counts, so
-    it makes the message ambiguous rather than being skipped)."""
+    """The bodies of the message's `worker-bridge-request` fences (an unclosed one counts as
+    an empty body: not a block in its exact shape, and it makes the message ambiguous)."""
     bodies: list[str] = []
     fences = list(_FENCE.finditer(message))
     i = 0
@@ -71,8 +71,7 @@ def _blocks(message: str) -> list[str]:
         opening = fences[i]
         closing = fences[i + 1] if i + 1 < len(fences) else None
         if opening.group(1) == INFO_STRING:
-            end = closing.start() if closing is not None else len(message)
-            bodies.append(message[opening.end() : end].strip())
+            bodies.append(message[opening.end() : closing.start()].strip() if closing else "")
         elif INFO_STRING in opening.group(1):
             bodies.append("")  # a look-alike info string: ambiguous, so nothing is taken
         i += 2
