@@ -226,7 +226,7 @@ class TaskResult(BaseModel):
 
 class AcceptResult(BaseModel):
     """What accepting a task did: the files written, or why nothing was (``kind``: `status`,
-    `unverified`, `conflict`, `symlink_escape`, `verification_failed`)."""
+    `unverified`, `conflict`, `symlink_escape`, `verification_failed`, `protected_path`)."""
 
     accepted: bool
     task_id: str

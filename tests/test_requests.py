@@ -298,3 +298,27 @@ def test_an_approved_path_request_lets_exactly_those_protected_paths_change(
     refused = cli("tasks", "accept", allowed["task_id"], "--json")
     assert refused.code == 1 and refused.json()["kind"] == "protected_path"
     assert (repo / "checks" / "t.py").read_text() == "old\n"
+
+
+def test_a_question_and_its_answer_are_redacted_where_shown_but_reach_the_worker_whole(
+    cli, repo, workdir
+):
+    question = {"kind": "question", "text": "Use password=Sup3rS3cretValue9 for the db?"}
+    mock = {
+        "summary": block(question),
+        "on_follow_up": {"script": "cp /bridge/prompt.txt prompt-seen.txt"},
+    }
+    result = run_spec(cli, workdir, mock_task(repo, mock))
+    assert result["status"] == "waiting_input"
+    [request] = pending(result)
+    done = answer(
+        cli, result["task_id"], request["request_id"], "--text", "no: password=An0therS3cret7"
+    )
+    assert done.code == 0, done.stderr
+    ended = wait_until_done(cli, result["task_id"])
+    assert ended["status"] == "succeeded", ended["error"]
+    shown = json.dumps(ended) + json.dumps(task_events(cli, result["task_id"]))
+    shown += cli("tasks", "show", result["task_id"]).stdout
+    assert "Sup3rS3cretValue9" not in shown and "An0therS3cret7" not in shown
+    # What is executed is never redacted: the worker got the answer as given.
+    assert "password=An0therS3cret7" in git(repo, "show", f"{ended['branch']}:prompt-seen.txt")
