@@ -139,3 +139,23 @@ def test_the_resume_message_says_what_each_answer_was():
     assert "network access to pypi.org:443: approved" in text
     assert "changing protected paths tests/**: denied" in text
     assert 'your question "Which?": answered: sqlite' in text
+
+
+def test_the_live_view_shows_a_request_with_the_command_that_answers_it():
+    from bridge.cli.live import describe
+    from bridge.records import Event
+
+    raised = Event(
+        event_id=1,
+        task_id="t1",
+        kind="task.request",
+        at="now",
+        data={"request_id": "r1", "kind": "network", "detail": {"host": "pypi.org", "port": 443}},
+    )
+    line = describe(raised)
+    assert line is not None and "reach pypi.org:443" in line
+    assert "worker-bridge tasks answer t1 r1 (--approve | --deny | --text TEXT)" in line
+    waiting = Event(
+        event_id=2, task_id="t1", kind="task.status", at="now", data={"to": "waiting_input"}
+    )
+    assert "waiting for input" in (describe(waiting) or "")
