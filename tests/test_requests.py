@@ -187,6 +187,7 @@ def test_a_worker_asking_for_many_names_raises_only_as_many_requests_as_config_a
     assert "refused" in git(repo, "show", f"{result['branch']}:b")
     cancelled = cli("tasks", "cancel", result["task_id"], "--json")
     assert cancelled.code == 0 and cancelled.json()["status"] == "cancelled"
+    assert [r["status"] for r in cancelled.json()["requests"]] == ["denied"]  # nothing waits
 
 
 # -- questions and paths -----------------------------------------------------------------------

@@ -219,6 +219,26 @@ class Requests:
                 )
         return sorted({task_id for _, task_id in due})
 
+    def close_pending(self, task_id: str, why: str) -> None:
+        """The task ended (a cancel): its pending requests are denied, saying ``why``."""
+        with self.store.transaction() as conn:
+            due = conn.execute(
+                "SELECT request_id FROM requests WHERE task_id = ? AND status = 'pending'",
+                (task_id,),
+            ).fetchall()
+            for (request_id,) in due:
+                conn.execute(
+                    "UPDATE requests SET status = 'denied', answer = ?, updated_at = ?"
+                    " WHERE request_id = ?",
+                    (json.dumps({"reason": why}), self._now(), request_id),
+                )
+                self._event(
+                    conn,
+                    task_id,
+                    "task.answer",
+                    {"request_id": request_id, "status": "denied", "reason": why},
+                )
+
     def restart_clocks(self, task_id: str, expires_at: float) -> None:
         """The task starts waiting: its pending requests wait ``expires_at`` at least."""
         with self.store.transaction() as conn:
