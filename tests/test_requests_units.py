@@ -159,3 +159,29 @@ def test_the_live_view_shows_a_request_with_the_command_that_answers_it():
         event_id=2, task_id="t1", kind="task.status", at="now", data={"to": "waiting_input"}
     )
     assert "waiting for input" in (describe(waiting) or "")
+
+
+def test_a_waiting_task_left_with_nothing_pending_is_moved_on_by_the_sweep(tmp_path):
+    from bridge.config import load_config
+    from bridge.phase.context import Context
+    from bridge.pipeline.answer import expire_due
+    from bridge.sandbox.fake import FakeSandbox
+    from bridge.store import Store
+
+    config = load_config({"WORKER_BRIDGE_HOME": str(tmp_path)})
+    store = Store(tmp_path / "bridge.db")
+    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
+    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
+    with store.transaction() as conn:
+        store.set_status(conn, "t1", "created", "queued")
+        store.set_status(conn, "t1", "queued", "running")
+    held = {"status": "failed", "error": {"kind": "worker_exit", "message": "It failed."}}
+    assert store.transition("t1", Status.WAITING_INPUT, held_outcome={**held, "fields": {}})
+    rid = store.requests.add("t1", "question", {"text": "?"}, turn=0, expires_at=2e9)
+    assert rid and store.requests.resolve("t1", rid, "denied", {"decision": "deny"}, {})
+    # The runner died before moving it on: the next sweep ends it with its held outcome.
+    ctx = Context(config=config, store=store, sandbox=FakeSandbox())
+    expire_due(ctx)
+    record = store.load_task("t1")
+    assert record.status == "failed" and record.error is not None
+    assert record.error.message == "It failed." and record.held_outcome is None

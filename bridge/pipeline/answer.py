@@ -222,8 +222,9 @@ def _check_answer(
 
 def expire_due(ctx: Context, now: float | None = None) -> list[str]:
     """Requests past the input timeout count as denied; waiting tasks left with nothing
-    pending move on. Returns the tasks whose requests expired."""
+    pending move on (also one whose runner died between waiting and moving it on). Returns
+    the tasks whose requests expired."""
     tasks = ctx.store.requests.expire_due(now)
-    for task_id in tasks:
+    for task_id in sorted(set(tasks) | set(ctx.store.requests.unsettled())):
         settle(ctx, task_id)
     return tasks

@@ -248,6 +248,15 @@ class Requests:
                 (expires_at, task_id),
             )
 
+    def unsettled(self) -> list[str]:
+        """Tasks waiting for input with nothing pending (their last answer came while their
+        runner was ending, and it died before moving them on)."""
+        rows = self.store.query(
+            "SELECT task_id FROM tasks t WHERE status = 'waiting_input' AND NOT EXISTS"
+            " (SELECT 1 FROM requests r WHERE r.task_id = t.task_id AND r.status = 'pending')"
+        )
+        return [row["task_id"] for row in rows]
+
     def undelivered(self, task_id: str) -> list[RequestRecord]:
         """Requests answered (or expired) whose answer no turn has carried to the worker yet."""
         marks = ", ".join("?" for _ in RESOLVED)
