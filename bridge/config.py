@@ -108,6 +108,12 @@ class LimitDefaults(BaseModel):
     secrets: int = Field(
         1000, ge=10, description="Secret values learned from output and remembered per task."
     )
+    input_timeout_seconds: int = Field(
+        3600,
+        ge=1,
+        description="How long a worker's request or question waits for an answer; unanswered "
+        "past it, it counts as denied.",
+    )
 
 
 class LinkedWorker(BaseModel):

@@ -5,6 +5,8 @@ server's HTTP listener (`http`), the bounds of jobs (`jobs`), the workers' circu
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -60,6 +62,18 @@ class GatewayConfig(BaseModel):
     total_timeout_s: float = Field(1800, gt=0, description="Longest one request may take.")
     connect_timeout_s: float = Field(15, gt=0, description="Connecting to an upstream.")
     max_events: int = Field(2000, ge=10, description="network.* events stored per task.")
+    on_refused: Literal["refuse", "ask"] = Field(
+        "refuse",
+        description="Default of a task's network.on_refused: `ask` turns a refused name (never "
+        "a private, loopback or metadata address) into a request the caller may approve.",
+    )
+    max_requests: int = Field(
+        16,
+        ge=1,
+        le=1000,
+        description="Network requests one task may raise (pending or answered); past it, a "
+        "refused name is just refused.",
+    )
     max_connections: int = Field(64, ge=1, description="Connections open at once per gateway.")
     setup_max_connections: int = Field(
         1024,

@@ -35,7 +35,9 @@ changes in the repository until you call worker_accept.
 Typical flow: worker_delegate (returns a task_id at once) -> keep working -> poll worker_status
 with the task_id until status is succeeded/failed/... -> read changed_files and
 artifacts.diff -> worker_accept to write the verified change into the working tree, or
-worker_follow_up to ask for more changes on the same worktree.
+worker_follow_up to ask for more changes on the same worktree. A task in status waiting_input
+has a pending entry in `requests` (a network name, protected paths or a question of its worker):
+answer it with worker_answer, and the worker carries on in its own session.
 """
 
 

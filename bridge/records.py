@@ -81,6 +81,23 @@ class WorkerExit(_Doc):
     failure: str | None = None  # the CLI's own account of why it failed, one sentence
 
 
+class RequestRecord(_Doc):
+    """One request of a task (a row of the requests table): a network name the gateway
+    refused, or the protected paths or question of the worker's final message."""
+
+    request_id: str
+    task_id: str
+    kind: str  # network | paths | question
+    detail: dict[str, Any] = Field(default_factory=dict)
+    status: str  # pending | approved | denied | answered | expired
+    at: str
+    attempts: int = 1
+    turn: int = 0
+    expires_at: float | None = None
+    answer: dict[str, Any] | None = None  # as given (never shown unredacted)
+    delivered_turn: int | None = None
+
+
 class _StoredRow(BaseModel):
     """A record read from a store row: NULL columns are absent, so the fields' defaults apply."""
 
@@ -136,6 +153,7 @@ class TaskRecord(_StoredRow):
     job_id: str | None = None
     job_role: str | None = None
     job_label: str | None = None
+    held_outcome: dict[str, Any] | None = None
 
     @cached_property
     def spec(self) -> TaskSpec:
@@ -197,6 +215,20 @@ class TaskResult(BaseModel):
         description="The task type's profile: {type, filled: the spec fields it filled, "
         "because the caller left them unset}; null without a type.",
     )
+    requests: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="What the worker asked for: request_id, kind (network, paths, question), "
+        "detail, status (pending, approved, denied, answered, expired), at; answer with "
+        "`worker-bridge tasks answer` / worker_answer while the status is pending.",
+    )
+    allowlist: list[str] = Field(
+        default_factory=list,
+        description="Names the task's proxy lets through: network.domains and approved names.",
+    )
+    approved_paths: list[str] = Field(
+        default_factory=list,
+        description="Protected paths this task was allowed to change (approved path requests).",
+    )
 
     def document(self) -> dict[str, Any]:
         """The JSON document (for the CLI, the MCP server and files)."""
@@ -205,7 +237,7 @@ class TaskResult(BaseModel):
 
 class AcceptResult(BaseModel):
     """What accepting a task did: the files written, or why nothing was (``kind``: `status`,
-    `unverified`, `conflict`, `symlink_escape`, `verification_failed`)."""
+    `unverified`, `conflict`, `symlink_escape`, `verification_failed`, `protected_path`)."""
 
     accepted: bool
     task_id: str

@@ -22,6 +22,7 @@ from bridge.models import Status, TaskSpec
 from bridge.phase.context import Context
 from bridge.phase.handle import PipelineHooks
 from bridge.pipeline.accepting import accept_task
+from bridge.pipeline.answer import answer_request
 from bridge.pipeline.cancel import cancel_task
 from bridge.pipeline.detached import spawn_runner
 from bridge.pipeline.follow_up import queue_follow_up
@@ -205,7 +206,28 @@ class WorkerBridge(JobVerbs):
         return tasks + [j for j in jobs if scope.allows(self.store.jobs.load(j)["repository"])]
 
     def get_task(self, task_id: str) -> TaskResult:
-        return task_result(self._task(task_id), self.store.artifacts(task_id))
+        record = self._task(task_id)
+        requests = self.store.requests.for_task(task_id)
+        return task_result(record, self.store.artifacts(task_id), requests=requests)
+
+    def answer(
+        self,
+        task_id: str,
+        request_id: str,
+        *,
+        decision: str | None = None,
+        text: str | None = None,
+    ) -> TaskResult:
+        """Answer a pending request of the task: ``decision`` `approve` or `deny` (a network
+        name, protected paths; `deny` also declines a question), or ``text`` (a question's
+        answer, one of its choices or free text). Once nothing is pending, the task resumes
+        the worker's session with the answers, or finishes as it would have without them
+        (only denials). Returns the task result."""
+        record = self._task(task_id)
+        if text is not None or decision == "approve":
+            self._still_allowed(record, worker_turn=True)
+        answer_request(self.context(), task_id, request_id, decision=decision, text=text)
+        return self.get_task(task_id)
 
     def task_status(self, task_id: str) -> str:
         """Just the status, for polling loops (TaskNotFound as for every verb)."""
@@ -223,8 +245,13 @@ class WorkerBridge(JobVerbs):
             for r in self.store.list_tasks(status=status, limit=limit, under=under)
             if scope.allows(r.repository)
         ]
-        artifacts = self.store.artifacts_of([r.task_id for r in records]) if records else {}
-        return [task_result(r, artifacts.get(r.task_id, {})) for r in records]
+        ids = [r.task_id for r in records]
+        artifacts = self.store.artifacts_of(ids) if records else {}
+        requests = self.store.requests.of(ids)
+        return [
+            task_result(r, artifacts.get(r.task_id, {}), requests=requests.get(r.task_id))
+            for r in records
+        ]
 
     def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> EventPage:
         self._task(task_id)  # TaskNotFound for an unknown id, or one outside the scope

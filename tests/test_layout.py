@@ -141,6 +141,7 @@ LAYERS = [
         "bridge.scope",
         "bridge.gateway",
         "bridge.circuit",  # the breaker per worker, kept in the store
+        "bridge.requests",  # a worker's block and prompt text: read by workers and the store
     },
     {"bridge.workers", "bridge.phase"},
     {"bridge.environments"},

@@ -172,6 +172,21 @@ COMMANDS = (
     ),
     Command(
         "tasks",
+        "answer",
+        "answer a request of a task waiting for input (or of a running one's network)",
+        c.cmd_tasks_answer,
+        (
+            TASK_ID,
+            arg("request_id", help="the request's id (tasks show lists them)"),
+            arg("--approve", action="store_true", help="allow the name or the paths asked for"),
+            arg("--deny", action="store_true", help="refuse it (a question: decline to answer)"),
+            arg("--text", default=None, help="a question's answer (one of its choices, or text)"),
+            JSON,
+        ),
+        acts=True,
+    ),
+    Command(
+        "tasks",
         "reject",
         "reject a succeeded task's change",
         c.cmd_tasks_reject,

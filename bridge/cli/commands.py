@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.cli.render import one_line, out_json, print_event, print_result
 from bridge.errors import InvalidSpec
-from bridge.models import TERMINAL
+from bridge.models import SETTLED, TERMINAL, Status
 from bridge.service import WorkerBridge
 
 
@@ -81,6 +81,18 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
         out_json(result)
     else:
         print_result(result)
+    if result["status"] == Status.WAITING_INPUT:
+        pending = [
+            r["request_id"] for r in result.get("requests") or [] if r["status"] == "pending"
+        ]
+        print(
+            f"worker-bridge: task {result['task_id']} is waiting for input; answer "
+            + ", ".join(pending)
+            + f" with `worker-bridge tasks answer {result['task_id']} REQUEST_ID "
+            "(--approve | --deny | --text TEXT)`",
+            file=sys.stderr,
+        )
+        return 1
     if result["status"] != "succeeded":
         reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
         print(
@@ -144,10 +156,25 @@ def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         out_json({"tasks": tasks})
         return 0
     for task in tasks:
+        pending = sum(1 for r in task.get("requests") or [] if r["status"] == "pending")
+        asks = f"{pending} ask" if pending else "-"
         print(
-            f"{task['task_id']}  {task['status']:<10} {task['worker']:<10} "
-            f"{task['created_at']}  {task['objective'].strip()[:60]}"
+            f"{task['task_id']}  {task['status']:<13} {task['worker']:<10} {asks:<6} "
+            f"{task['created_at']}  {one_line(task['objective'].strip()[:60])}"
         )
+    return 0
+
+
+def cmd_tasks_answer(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    chosen = [flag for flag in ("approve", "deny") if getattr(args, flag)]
+    if len(chosen) + (args.text is not None) != 1:
+        raise InvalidSpec("Answer with exactly one of --approve, --deny or --text TEXT.")
+    decision = chosen[0] if chosen else None
+    result = bridge.answer(args.task_id, args.request_id, decision=decision, text=args.text)
+    if args.json:
+        out_json(result.document())
+    else:
+        print(f"task {result.task_id}: {result.status} (request {args.request_id} answered)")
     return 0
 
 
@@ -207,7 +234,7 @@ def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     result = bridge.follow_up(args.task_id, args.message)
     if args.wait:
         with _live(bridge, args.task_id, args):
-            while bridge.task_status(args.task_id) not in TERMINAL:
+            while bridge.task_status(args.task_id) not in SETTLED:
                 time.sleep(0.25)
         return _finish(bridge.get_task(args.task_id).document(), args)
     if args.json:

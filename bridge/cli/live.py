@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TextIO
 
-from bridge.cli.render import one_line, terminal_safe
+from bridge.cli.render import describe_request, one_line, terminal_safe
 from bridge.records import Event
 from bridge.service import WorkerBridge
 
@@ -55,6 +55,17 @@ def describe(event: Event) -> str | None:
         return f"environment cache not trusted ({data.get('reason', '')}): setting up again"
     if kind == "environment.build":
         return f"building the environment image from {data.get('dockerfile', '')}"
+    if kind == "task.request":
+        request = {"kind": data.get("kind", ""), "detail": data.get("detail") or {}}
+        return (
+            f"request {data.get('request_id', '')} ({request['kind']}): "
+            f"{describe_request(request)}; answer with `worker-bridge tasks answer "
+            f"{event.task_id} {data.get('request_id', '')} (--approve | --deny | --text TEXT)`"
+        )
+    if kind == "task.answer":
+        return f"request {data.get('request_id', '')}: {data.get('status', '')}"
+    if kind == "task.status" and data.get("to") == "waiting_input":
+        return "waiting for input (the task resumes once its requests are answered)"
     if kind == "network.refused":
         return f"  network refused: {data.get('host', '')} ({data.get('reason', '')})"
     # Status changes are not lines of their own: the terminal's status line shows them, the

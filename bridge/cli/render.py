@@ -87,8 +87,35 @@ def print_result(result: dict[str, Any]) -> None:
             f"  network: {usage['requests']} request(s), {usage['bytes_up']} B up, "
             f"{usage['bytes_down']} B down" + (f"; tokens: {tokens}" if tokens else "")
         )
+    if result.get("allowlist"):
+        print(f"  allowlist: {f(', '.join(result['allowlist']))}")
+    if result.get("approved_paths"):
+        print(f"  approved protected paths: {f(', '.join(result['approved_paths']))}")
+    for request in result.get("requests") or []:
+        print(
+            f"  request {request['request_id']} ({request['kind']}, {request['status']}): "
+            f"{f(describe_request(request))}"
+        )
+    pending = [r for r in result.get("requests") or [] if r["status"] == "pending"]
+    if pending:
+        print(
+            f"  answer: worker-bridge tasks answer {result['task_id']} "
+            f"{pending[0]['request_id']} (--approve | --deny | --text TEXT)"
+        )
     for name, path in result.get("artifacts", {}).items():
         print(f"  {name}: {path}")
+
+
+def describe_request(request: dict[str, Any]) -> str:
+    """What a request asks for, in a few words (tasks show, the live view)."""
+    detail = request.get("detail") or {}
+    if request["kind"] == "network":
+        attempts = request.get("attempts", 1)
+        return f"reach {detail.get('host')}:{detail.get('port')} ({attempts} attempt(s))"
+    if request["kind"] == "paths":
+        return f"change {', '.join(detail.get('paths') or [])}: {detail.get('reason', '')}"
+    choices = detail.get("choices")
+    return str(detail.get("text", "")) + (f" [{' | '.join(choices)}]" if choices else "")
 
 
 def _mark(cmd: dict[str, Any]) -> str:

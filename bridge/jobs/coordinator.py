@@ -17,6 +17,7 @@ from bridge.creation import new_task_row, record_task
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, JobStatus, Status
 from bridge.phase.context import Context
+from bridge.pipeline.answer import expire_due
 from bridge.pipeline.cancel import cancel_task
 from bridge.pipeline.detached import spawn_runner
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL
@@ -138,6 +139,7 @@ class JobCoordinator:
     def _recover(self, task_ids: list[str]) -> None:
         """Tasks of ours whose runner died get a new one (as `WorkerBridge.recover` would)."""
         wanted = set(task_ids)
+        expire_due(self.ctx)  # a task of ours waiting for input past its timeout ends
         for row in self.store.runners.stranded():
             if row["task_id"] in wanted:
                 spawn_runner(self.job().config, self.store, row["task_id"], row["runner_id"])

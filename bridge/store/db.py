@@ -22,6 +22,7 @@ from bridge.records import Event, TaskRecord
 from bridge.store.jobs import Jobs
 from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
+from bridge.store.requests import Requests
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -37,6 +38,7 @@ JSON_COLUMNS = (
     "follow_ups",
     "dropped",
     "usage",
+    "held_outcome",
 )
 
 
@@ -94,6 +96,7 @@ class Store:
         self.leases = Leases(self)
         self.jobs = Jobs(self, now_iso, self._insert_event)
         self.job_runners = Runners(self, JOBS)
+        self.requests = Requests(self, now_iso, self._insert_event)
 
     @property
     def db(self) -> sqlite_utils.Database:
