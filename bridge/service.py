@@ -152,17 +152,21 @@ class WorkerBridge(JobVerbs):
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
         return self.get_task(task_id)
 
-    def follow_up(self, task_id: str, message: str) -> TaskResult:
+    def follow_up(self, task_id: str, message: str, *, wait: bool = False) -> TaskResult:
         """Queue another worker turn on the task's worktree (earlier changes kept), then collect
-        and verify again, in a detached runner. Returns the task result (status `queued`)."""
+        and verify again, in a detached runner; returns the task result (status `queued`).
+        ``wait``: run that turn here instead, until the task ends (no second process, as for
+        `run_task`), and return the final result."""
+        from bridge.pipeline.follow_up import queue_follow_up
+
         if not message.strip():
             raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
         task = self._task(task_id)
         if task.status in (Status.SUCCEEDED, Status.FAILED):
             self._still_allowed(task, worker_turn=True)
-        from bridge.pipeline.follow_up import queue_follow_up
-
-        queue_follow_up(self.context(), task_id, message)
+        runner_id = queue_follow_up(self.context(), task_id, message, launch=not wait)
+        if wait:  # the reservation is ours: a crash here leaves it for recovery, as a runner's
+            return self.run_task(task_id, runner_id=runner_id)
         return self.get_task(task_id)
 
     def cancel_task(self, task_id: str) -> TaskResult:

@@ -123,3 +123,20 @@ def test_the_guard_sees_a_heavy_import(home, workdir):
 def test_every_command_names_a_function_that_exists():
     for command in COMMANDS:
         assert callable(command.function()), command.run
+
+
+def test_a_follow_up_the_caller_waits_for_runs_in_the_callers_process(home, repo):
+    from bridge import WorkerBridge
+    from bridge.sandbox.fake import FakeSandbox
+
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    try:
+        mock = {"write": {"a.txt": "1\n"}, "on_follow_up": {"write": {"b.txt": "2\n"}}}
+        task_id = bridge.create_task(mock_task(repo, mock, verify=["true"])).task_id
+        assert bridge.run_task(task_id).status == "succeeded"
+        result = bridge.follow_up(task_id, "also b", wait=True)
+    finally:
+        bridge.close()
+    assert result.status == "succeeded"
+    assert {c.path for c in result.changed_files} == {"a.txt", "b.txt"}
+    assert not list((home / "logs").glob("runner-*.log"))  # no detached runner was started

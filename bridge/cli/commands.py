@@ -204,12 +204,14 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    if args.wait:  # the turn runs in this process: Ctrl-C cancels it, as for `tasks run`
+        try:
+            with _live(bridge, args.task_id, args):
+                result = bridge.follow_up(args.task_id, args.message, wait=True)
+        except KeyboardInterrupt:
+            result = bridge.cancel_task(args.task_id)
+        return _finish(result.document(), args)
     result = bridge.follow_up(args.task_id, args.message)
-    if args.wait:
-        with _live(bridge, args.task_id, args):
-            while bridge.task_status(args.task_id) not in TERMINAL:
-                time.sleep(0.25)
-        return _finish(bridge.get_task(args.task_id).document(), args)
     if args.json:
         out_json(result.document())
     else:
