@@ -1,6 +1,7 @@
 """Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
 server's HTTP listener (`http`), the bounds of jobs (`jobs`), the workers' circuit breaker
-(`circuit`) and the task types' profiles (`profiles`). bridge/config.py loads them as part of
+(`circuit`), the task types' profiles (`profiles`), the default limits (`limits`) and the
+workers' own settings (`workers`, `linked_workers`). bridge/config.py loads them as part of
 `Config`; they live apart so that module stays the loader."""
 
 from __future__ import annotations
@@ -212,3 +213,61 @@ class TaskProfile(BaseModel):
     auto_repair: int | None = Field(
         None, ge=0, description="Repair turns after failed verification, `metadata.auto_repair`."
     )
+
+
+class LimitDefaults(BaseModel):
+    """Limits applied when a task's spec leaves them out."""
+
+    model_config = ConfigDict(extra="forbid")
+    timeout_seconds: int = Field(1800, ge=1, description="Deadline for the whole task.")
+    memory_mb: int = Field(2048, ge=16, description="Memory limit of each task container.")
+    cpus: float = Field(1.0, gt=0, description="CPU quota of each task container.")
+    pids: int = Field(512, ge=16, description="Process limit of each task container.")
+    disk_mb: int = Field(
+        8192,
+        ge=1,
+        description="Disk the worktree and verification checkout may use, enforced "
+        "while containers run (error kind `disk`).",
+    )
+    file_mb: int = Field(
+        100,
+        ge=1,
+        description="Largest file a change may hold (`disk`, before anything is "
+        "written into the repository's object store).",
+    )
+    change_mb: int = Field(
+        1024, ge=1, description="Largest whole change, all its files together (`disk`)."
+    )
+    files: int = Field(
+        500_000, ge=100, description="Files (and links) a worktree may hold when collected."
+    )
+    log_mb: int = Field(16, ge=1, description="What the engine keeps of one container's output.")
+    line_kb: int = Field(64, ge=1, description="Longest output line read; the rest is cut.")
+    secrets: int = Field(
+        1000, ge=10, description="Secret values learned from output and remembered per task."
+    )
+    input_timeout_seconds: int = Field(
+        3600,
+        ge=1,
+        description="How long a worker's request or question waits for an answer; unanswered "
+        "past it, it counts as denied.",
+    )
+
+
+class LinkedWorker(BaseModel):
+    """A command-line agent registered with `worker-bridge workers link`."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1, description="argv; '{prompt}' is replaced.")
+    image: str | None = Field(None, description="Image to run it in; default the base image.")
+    routes: list[str] = Field(default_factory=list, description="Gateway model routes it uses.")
+
+
+class WorkerSettings(BaseModel):
+    """Settings of a built-in worker (codex, claude-code, opencode, zcode-glm)."""
+
+    model_config = ConfigDict(extra="forbid")
+    route: str | None = Field(
+        None, description="Gateway model route it uses; default the worker's own (see workers.md)."
+    )
+    model: str | None = Field(None, description="Model the CLI asks for; default the CLI's own.")

@@ -16,7 +16,7 @@ import threading
 
 from mcp.server.mcpserver import MCPServer
 
-from bridge import mcp_http
+from bridge import mcp_flags, mcp_http
 from bridge.errors import BridgeError
 from bridge.mcp_tools import TOOLS, BridgeTools
 from bridge.service import WorkerBridge
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="worker-bridge-mcp",
         description="Serve worker-bridge's MCP tools on stdio, or streamable HTTP with --http.",
     )
-    mcp_http.add_arguments(parser)
+    mcp_flags.add_arguments(parser)
     return run(parser.parse_args(argv))
 
 

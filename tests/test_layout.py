@@ -151,6 +151,7 @@ LAYERS = [
     {"bridge.smoke"},  # runs tasks through the facade
     {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
     {"bridge.mcp_job_tools"},  # mixed into the tools
+    {"bridge.mcp_flags"},  # the transport flags, for both front ends' parsers
     {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http"},
     {"bridge"},  # the public API: WorkerBridge and the records
 ]

@@ -1,11 +1,10 @@
 """Runs one task from claim to terminal status, or resumes one whose runner died.
 
 Every phase is persisted before it starts (`phase`: allocating, environment, worker, collecting,
-verifying), so a new runner can pick up where a dead one stopped; every way out of `run` ends
-the task in a terminal status, unless a compare-and-set shows someone else did (a cancel). The
-runner runs with the configuration recorded for the task, whichever process it is in. Each phase
-has its own module and the same `PhaseHandle`; a failed verification with budget left becomes a
-repair turn of the loop in `_turns`."""
+verifying), so a new runner can pick up where a dead one stopped; every way out of `run` ends the
+task in a terminal status (or `waiting_input`), unless a compare-and-set shows someone else did.
+It runs with the task's recorded configuration; each phase has its own module and the same
+`PhaseHandle`; a failed verification with budget left becomes a repair turn in `_turns`."""
 
 from __future__ import annotations
 
@@ -387,8 +386,7 @@ class TaskRunner:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
         metadata = self.record.spec.metadata
         budget = metadata.get("auto_repair")
-        if budget is None:
-            budget = self.ctx.config.auto_repair
+        budget = self.ctx.config.auto_repair if budget is None else budget
         return self.repairs < int(budget) and self.worker.can_repair(metadata)
 
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:

@@ -94,9 +94,9 @@ class Store:
         self._migrate()
         self.runners = Runners(self)
         self.leases = Leases(self)
-        self.jobs = Jobs(self, now_iso, self._insert_event)
+        self.jobs = Jobs(self, now_iso, self.event_in)
         self.job_runners = Runners(self, JOBS)
-        self.requests = Requests(self, now_iso, self._insert_event)
+        self.requests = Requests(self, now_iso, self.event_in)
 
     @property
     def db(self) -> sqlite_utils.Database:
@@ -168,9 +168,10 @@ class Store:
             for key, value in fields.items()
         }
 
-    def _insert_event(
+    def event_in(
         self, conn: sqlite3.Connection, task_id: str, kind: str, data: dict[str, Any]
     ) -> int:
+        """Store one event inside the caller's transaction (callers redact ``data`` first)."""
         cur = conn.execute(
             "INSERT INTO events (task_id, kind, at, data) VALUES (?, ?, ?, ?)",
             (task_id, kind, now_iso(), json.dumps(data)),
@@ -206,10 +207,8 @@ class Store:
             columns = ", ".join(encoded)
             marks = ", ".join("?" for _ in encoded)
             conn.execute(f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(encoded.values()))
-            self._insert_event(conn, row["task_id"], "task.created", event)
-            self._insert_event(
-                conn, row["task_id"], "task.status", {"from": None, "to": row["status"]}
-            )
+            self.event_in(conn, row["task_id"], "task.created", event)
+            self.event_in(conn, row["task_id"], "task.status", {"from": None, "to": row["status"]})
             if admit is not None:
                 admit(conn)
         return row["task_id"], True
@@ -298,7 +297,7 @@ class Store:
             "UPDATE tasks SET status = ?, updated_at = ? WHERE task_id = ? AND status = ?",
             (after, now_iso(), task_id, before),
         )
-        self._insert_event(conn, task_id, "task.status", {"from": before, "to": after})
+        self.event_in(conn, task_id, "task.status", {"from": before, "to": after})
 
     def transition(
         self,
@@ -332,7 +331,7 @@ class Store:
             )
             if cur.rowcount != 1:
                 return False
-            self._insert_event(
+            self.event_in(
                 conn,
                 task_id,
                 "task.status",
@@ -342,16 +341,10 @@ class Store:
 
     # -- events -----------------------------------------------------------------------------
 
-    def event_in(
-        self, conn: sqlite3.Connection, task_id: str, kind: str, data: dict[str, Any]
-    ) -> int:
-        """Store one event inside the caller's transaction (callers redact ``data`` first)."""
-        return self._insert_event(conn, task_id, kind, data)
-
     def add_event(self, task_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
         """Store one event. Callers redact ``data`` first (see bridge.redact)."""
         with self.transaction() as conn:
-            return self._insert_event(conn, task_id, kind, data or {})
+            return self.event_in(conn, task_id, kind, data or {})
 
     def events(
         self, task_id: str, after: int = 0, limit: int = 200, kinds: tuple[str, ...] = ()
