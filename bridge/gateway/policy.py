@@ -60,6 +60,10 @@ _LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
 # An exact name (one label is fine: `localhost`, a mirror's short name), or `*.` and a name of
 # at least two labels (`*.com` would allow too much).
 _NAME = re.compile(rf"^(?:\*\.{_LABEL}(?:\.{_LABEL})+|{_LABEL}(?:\.{_LABEL})*)$")
+_EXACT = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")  # a name, never a pattern
+# A last label a resolver reads as a number (decimal, octal or hex: `134744072`, `0x08080808`,
+# `10.0x1`): the whole is an address in disguise, not a name.
+_NUMERIC = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # Addresses that are never an egress target unless trusted: the cloud metadata services too.
 _METADATA = [ipaddress.ip_network(n) for n in ("169.254.169.254/32", "fd00:ec2::254/128")]
@@ -157,14 +161,27 @@ def check_domains(domains: list[str]) -> list[str]:
     out = []
     for raw in domains:
         pattern = raw.strip().lower().rstrip(".")
-        numeric_end = pattern.rsplit(".", 1)[-1].isdigit()  # an address, not a name
-        if not _NAME.match(pattern) or numeric_end:
+        if not _NAME.match(pattern) or _numeric_end(pattern) or len(pattern) > 253:
             raise InvalidSpec(
                 f"Invalid domain '{raw}' in network.domains; give a host name such as "
                 "example.com or *.example.com (no scheme, port, path or address)."
             )
         out.append(pattern)
     return out
+
+
+def _numeric_end(name: str) -> bool:
+    return bool(_NUMERIC.match(name.rsplit(".", 1)[-1]))
+
+
+def request_name(host: str) -> str | None:
+    """``host`` normalised if a refusal of it may become a request: an exact name by
+    check_domains' rules (no `*`, no numeric last label, no address literal of any form, at
+    most 253 characters); None otherwise (a plain refusal). Nothing is resolved here."""
+    name = host.strip().lower().rstrip(".")
+    if len(name) > 253 or not _EXACT.match(name) or _numeric_end(name):
+        return None
+    return name
 
 
 def check_ranges(ranges: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

@@ -7,7 +7,6 @@ either direction, takes a share of the gateway's byte budget until it is passed 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -20,22 +19,15 @@ from bridge.gateway.accounting import Accounting
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn, connect_tcp
 from bridge.gateway.exchange import HOP_BY_HOP, READ, Exchange, Refused, content_length, shown
-from bridge.gateway.policy import address_refusal, name_allowed, resolve
+from bridge.gateway.policy import address_refusal, name_allowed, request_name, resolve
 from bridge.gateway.upstream import Outgoing, stream
 
 _HOP = HOP_BY_HOP | {b"proxy-authorization"}
 
-# Asked on the refusal of a name not on the list, with (host, port): the status of the task's
-# request for it (`approved` lets it through) and the request's id (see phase/network.py).
+# Asked on the refusal of a name not on the list, with (name, port), before anything is resolved:
+# the status of the task's request for it (`approved` lets it through) and the request's id
+# (None: no request was raised; the status says why). See phase/network.py.
 Asker = Callable[[str, int], tuple[str, str | None]]
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 class Proxy:
@@ -48,8 +40,10 @@ class Proxy:
         budget: ByteBudget,
         asker: Asker | None = None,
     ) -> None:
-        self.allowlist = allowlist
+        self.allowlist = allowlist  # network.domains: names and `*.` patterns
         self.asker = asker
+        # (name, port) -> request id: approvals, exact pairs, kept apart from the patterns
+        self.approved: dict[tuple[str, int], str] = {}
         self.trusted = trusted
         self.config = config
         self.accounts = accounts
@@ -57,43 +51,49 @@ class Proxy:
 
     async def check(self, host: str, port: int, ports: list[int], which: str) -> str:
         """The address to connect to, or Refused with the reason (recorded). ``ports``: those
-        this kind of request may reach (``which`` names the setting)."""
+        this kind of request may reach (``which`` names the setting). A name off the list is
+        never resolved before its request is approved: the host's DNS is not the worker's
+        channel out (a refusal looks nothing up)."""
         refuse = self.accounts.refused
-        host = shown(host)
+        raw, host = host, shown(host)
         if self.allowlist is None:
             refuse("host", host, "general egress is closed (network.mode none)", port=port)
             raise Refused(403, f"{host} is not reachable: this task's network.mode is none")
         if port not in ports:
             refuse("host", host, f"port {port} is not allowed", port=port)
             raise Refused(403, f"port {port} is not allowed (gateway.{which})")
-        listed = name_allowed(host, self.allowlist)
-        if not listed and (self.asker is None or _is_address(host)):
-            refuse("host", host, "not in network.domains", port=port)
-            raise Refused(403, f"{host} is not in this task's network.domains")
+        approved = None
+        if not name_allowed(host, self.allowlist):
+            name = request_name(raw) if self.asker is not None else None
+            if name is None:  # no asking, or not a name a request may be for: no lookup
+                refuse("host", host, "not in network.domains", port=port)
+                raise Refused(403, f"{host} is not in this task's network.domains")
+            approved = await self._ask(name, port)
         addresses = await resolve(host, port, self.config.connect_timeout_s)
+        but = f"approved as request {approved}, but " if approved else ""
         if not addresses:
-            refuse("host", host, "does not resolve", port=port)
-            raise Refused(502, f"{host} does not resolve")
+            refuse("host", host, f"{but}does not resolve", port=port)
+            raise Refused(502, f"{host} {but}does not resolve")
         for address in addresses:  # every answer checked: no address of a split answer slips by
             why = address_refusal(address, self.trusted)
             if why is not None:
-                refuse("host", host, f"resolves to {why} ({address})", port=port)
-                raise Refused(403, f"{host} resolves to {why} ({address}); refused")
-        if not listed:  # a public name off the list: the task's request for it decides
-            await self._ask(host, port)
+                refuse("host", host, f"{but}resolves to {why} ({address})", port=port)
+                raise Refused(403, f"{host} {but}resolves to {why} ({address}); refused")
         return addresses[0]
 
-    async def _ask(self, host: str, port: int) -> None:
-        """Let ``host`` through if the task's request for it is approved (it joins the live
-        allowlist); otherwise refuse, naming the request the caller may answer."""
-        assert self.asker is not None and self.allowlist is not None
+    async def _ask(self, host: str, port: int) -> str:
+        """The id of the task's approved request for ``host:port`` (an approval is for that
+        port alone); otherwise Refused, naming the request the caller may answer."""
+        assert self.asker is not None
+        if (host, port) in self.approved:
+            return self.approved[(host, port)]
         loop = asyncio.get_running_loop()
         status, request_id = await loop.run_in_executor(None, self.asker, host, port)
-        if status == "approved":
-            self.allowlist.append(host.lower().rstrip("."))
-            return
-        if request_id is None:
-            why = "not in network.domains (and the task has raised its most requests)"
+        if status == "approved" and request_id is not None:
+            self.approved[(host, port)] = request_id
+            return request_id
+        if request_id is None:  # over max_requests, a name redaction would change, task ended
+            why = f"not in network.domains (no request raised: {status})"
             self.accounts.refused("host", host, why, port=port)
             raise Refused(403, f"{host} is not in this task's network.domains")
         self.accounts.refused(
@@ -101,7 +101,7 @@ class Proxy:
         )
         raise Refused(
             403,
-            f"{host} is not in this task's network.domains; asked for it as request "
+            f"{host}:{port} is not in this task's network.domains; asked for it as request "
             f"{request_id} ({status}): try again once it is approved",
         )
 

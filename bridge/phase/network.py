@@ -6,6 +6,7 @@ Verification containers never get one. The gateway module (and aiohttp) load onl
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from bridge.gateway.policy import resolve_routes
 from bridge.phase.handle import PhaseHandle
+from bridge.requests import listed_domains
 from bridge.sandbox import ContainerSpec, Mount
 
 if TYPE_CHECKING:
@@ -37,49 +39,82 @@ def needs_gateway(handle: PhaseHandle, routes: list[str]) -> bool:
 
 
 def task_allowlist(handle: PhaseHandle) -> list[str] | None:
-    """The names the worker's proxy lets through: network.domains (with `allowlist`) and the
-    names approved for this task; None: it refuses everything."""
-    network = handle.spec.network
-    listed = [d.lower().rstrip(".") for d in network.domains] if network.mode == "allowlist" else []
-    if not asks(handle):
-        return listed if network.mode == "allowlist" else None
-    approved = handle.ctx.store.requests.approved(handle.task_id, "network")
-    return listed + [str(r.detail.get("host", "")) for r in approved if r.detail.get("host")]
+    """The patterns the worker's proxy lets through: network.domains (with `allowlist`); None:
+    it refuses everything (`none`, not asking). Approved names are not patterns: the proxy
+    learns each approved (name, port) from its asker (see NetworkAsker)."""
+    return listed_domains(handle.spec, asking=asks(handle))
 
 
-def network_asker(handle: PhaseHandle) -> Asker:
+# How long the gateway trusts what it last read of a pending request before asking the store
+# again: an approval given by another process is seen within this (docs/asking.md).
+PENDING_TTL_S = 1.0
+
+
+class NetworkAsker:
     """What the proxy asks on refusing a public name off the list: the store's request for it
-    (raised on the first attempt, an attempt counted on each later one). The store is the
-    truth, so an approval given by any process lets the next attempt through."""
-    store, task_id = handle.ctx.store, handle.task_id
-    turn = handle.record.turn
-    timeout = handle.limits.input_timeout_seconds
-    most = handle.ctx.config.gateway.max_requests
+    (raised on the first attempt, later attempts counted). The store is the truth, so an
+    approval given by any process lets an attempt through within PENDING_TTL_S; a settled
+    answer (approved, denied, expired, none raised) is final and kept here, and a pending one
+    for PENDING_TTL_S, with the attempts made meanwhile written in one go. A name redaction
+    would change (a secret in it) raises no request: it is a plain refusal."""
 
-    def ask(host: str, port: int) -> tuple[str, str | None]:
-        return store.requests.network_attempt(
-            task_id,
-            host.lower().rstrip("."),
+    def __init__(self, handle: PhaseHandle, turn: int) -> None:
+        self.handle = handle
+        self.turn = turn
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, int], tuple[str, str | None, float]] = {}
+        self._uncounted: dict[tuple[str, int], int] = {}
+
+    def __call__(self, host: str, port: int) -> tuple[str, str | None]:
+        key = (host, port)
+        with self._lock:
+            known = self._known.get(key)
+            now = time.monotonic()
+            if known is not None and (known[0] != "pending" or now - known[2] < PENDING_TTL_S):
+                if known[0] == "pending":
+                    self._uncounted[key] = self._uncounted.get(key, 0) + 1
+                return known[0], known[1]
+            if self.handle.redactor.redact(host) != host:
+                found: tuple[str, str | None] = ("withheld: it looks like a secret", None)
+            else:
+                found = self._attempt(host, port, 1 + self._uncounted.pop(key, 0))
+            self._known[key] = (*found, now)
+            return found
+
+    def _attempt(self, host: str, port: int, attempts: int) -> tuple[str, str | None]:
+        handle = self.handle
+        return handle.ctx.store.requests.network_attempt(
+            handle.task_id,
+            host,
             port,
-            turn=turn,
-            expires_at=time.time() + timeout,
-            max_requests=most,
+            turn=self.turn,
+            max_requests=handle.ctx.config.gateway.max_requests,
+            attempts=attempts,
         )
 
-    return ask
+    def flush(self) -> None:
+        """Write the attempts counted here but not yet in the store (the gateway stopped)."""
+        with self._lock:
+            uncounted, self._uncounted = self._uncounted, {}
+        for (host, port), n in uncounted.items():
+            self.handle.ctx.store.requests.count_attempts(self.handle.task_id, host, port, n)
 
 
 @contextmanager
-def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | None]:
-    """The worker's gateway while the block runs (None when the task needs none); its usage is
-    added to the task's when it stops."""
+def task_gateway(handle: PhaseHandle, routes: list[str], turn: int) -> Iterator[Gateway | None]:
+    """The worker's gateway for ``turn`` while the block runs (None when the task needs none);
+    its usage is added to the task's when it stops."""
     if not needs_gateway(handle, routes):
         yield None
         return
     allowlist = task_allowlist(handle)
-    asker = network_asker(handle) if asks(handle) else None
-    with open_gateway(handle, routes, allowlist, handle.task_id, asker=asker) as gateway:
-        yield gateway
+    asker = NetworkAsker(handle, turn) if asks(handle) else None
+    try:
+        with open_gateway(handle, routes, allowlist, handle.task_id, asker=asker) as gateway:
+            yield gateway
+    finally:
+        if asker is not None:
+            asker.flush()
 
 
 @contextmanager

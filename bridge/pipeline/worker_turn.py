@@ -103,7 +103,8 @@ def run_worker_turn(
         )
         result.append(done)
 
-    with task_gateway(handle, worker.routes(turn.metadata, handle.ctx.config)) as gateway:
+    routes = worker.routes(turn.metadata, handle.ctx.config)
+    with task_gateway(handle, routes, turn.number) as gateway:
         run_container(
             handle,
             with_gateway(spec, handle, gateway),
