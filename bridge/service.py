@@ -23,7 +23,7 @@ from bridge.pipeline.accepting import accept_task
 from bridge.pipeline.cancel import cancel_task
 from bridge.pipeline.detached import spawn_runner
 from bridge.pipeline.follow_up import queue_follow_up
-from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
+from bridge.pipeline.recovery import reclaim_mounts, recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.pipeline.runner import TaskRunner
 from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, WorkerInfo
@@ -189,6 +189,7 @@ class WorkerBridge(JobVerbs):
         if self._store is None and not self.config.store_path.exists():
             return []  # no store yet: nothing to recover, and nothing to create
         recovered = recover_stranded(self.context())
+        reclaim_mounts(self.context())
         jobs = recover_jobs(self.context())
         if recovered:
             try:

@@ -19,12 +19,21 @@ def prepare_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, sweep: bool) ->
         remove_workspace(ctx.home, ws, delete_branch=True)
     handle.update(worktree=str(ws.worktree), branch=ws.branch)
     _, owner = ctx.sandbox_identity()
-    create_workspace(
+    layered = create_workspace(
         ctx.home,
         ws,
         handle.record.base_commit or "",
         owner,
         timeout=ctx.config.allocation_timeout_s,
+        layered=ctx.config.layered_checkouts,
     )
     handle.timed("prepare_s", t0)
-    handle.emit("workspace.ready", {"worktree": str(ws.worktree), "branch": ws.branch})
+    handle.emit(
+        "workspace.ready",
+        {
+            "worktree": str(ws.worktree),
+            "branch": ws.branch,
+            # which way it was made: an overlay over the base's cached tree, or a full checkout
+            "checkout": "layered" if layered else "full",
+        },
+    )

@@ -45,7 +45,7 @@ from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker, get_worker
 from bridge.workspace.baseline import Stat, record_files
 from bridge.workspace.changes import Change, list_changes
-from bridge.workspace.worktree import TaskWorkspace
+from bridge.workspace.worktree import TaskWorkspace, ensure_mounted
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
 
@@ -273,11 +273,16 @@ class TaskRunner:
         if phase == "allocating":
             prepare_workspace(handle, ws, sweep=resuming is not None)
             phase = "worker" if self.env.definition is None else "environment"
+        else:  # a layered worktree whose mount is gone (a reboot, a reclaim) is mounted again
+            ensure_mounted(
+                self.ctx.home, ws, self.record.base_commit or "", self.ctx.sandbox_identity()[1]
+            )
         if phase == "environment":
             self.env.enter(ws)
             phase = "worker"
-        if phase == "worker" and resuming != "worker":
-            # A worker about to start in this process: what it touches is told by stat.
+        if phase == "worker" and resuming != "worker" and ws.upper is None:
+            # A worker about to start in this process: what it touches is told by stat (a
+            # layered worktree's upper dir tells it without a record).
             baseline = record_files(ws.worktree, limit=handle.limits.files)
         base = self.record.base_commit or ""
         if self.record.spec.verification.commands:

@@ -26,7 +26,11 @@ from bridge.phase.watch import DiskWatch
 from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
+from bridge.workspace import overlay
+from bridge.workspace.bases import base_tree
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
+from bridge.workspace.fs import remove_tree
+from bridge.workspace.overlay import mount_point, overlay_usable
 from bridge.workspace.trash import discard
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
@@ -91,6 +95,10 @@ class VerifyCheckout:
         self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
+        # Layered: an overlay over the base's cached tree, mounted outside the task folder,
+        # its upper dir in the scratch folder (what the disk watchdog measures).
+        self.mount = mount_point(self.home, ws.task_id, f"verify-{turn}")
+        self.layered = handle.ctx.config.layered_checkouts and overlay_usable(self.home)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -106,12 +114,35 @@ class VerifyCheckout:
 
     def _prepare(self) -> None:
         try:
-            discard(self.home, self.scratch)  # what a killed runner left
+            self._unmount()  # what a killed runner left
+            discard(self.home, self.scratch)
             self.scratch.mkdir(parents=True)
+            if self.layered and self._mount():
+                return
+            self.path = self.scratch / "checkout"
             export_snapshot(self.home, self.ws.repository, self.base, self.path, self.scratch)
             self._chown()
         except BaseException as exc:  # finish() falls back to a fresh checkout
             self._error = exc
+
+    def _mount(self) -> bool:
+        """The base as an overlay (already the sandbox user's); False where it cannot be."""
+        _, owner = self.handle.ctx.sandbox_identity()
+        folder = base_tree(self.home, self.ws.repository, self.base, owner)
+        try:
+            layers = overlay.Layers((folder / "tree",), self.scratch / "layers", self.mount)
+            overlay.mount(layers, owner)  # the merged root (the upper dir) is the sandbox's
+        except OSError:
+            self._unmount()
+            return False
+        self.path = self.mount
+        self.handle.emit("verification.checkout", {"checkout": "layered"})
+        return True
+
+    def _unmount(self) -> None:
+        overlay.unmount(self.mount)
+        if not overlay.mounted(self.mount):
+            remove_tree(self.mount)
 
     def start(self) -> VerifyCheckout:
         self._thread = threading.Thread(target=self._prepare, name="verify-checkout", daemon=True)
@@ -123,8 +154,10 @@ class VerifyCheckout:
         if self._thread is not None:
             self._thread.join()
         if self._thread is None or self._error is not None:
+            self._unmount()
             discard(self.home, self.scratch)
             self.scratch.mkdir(parents=True)
+            self.path = self.scratch / "checkout"
             export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
             self._chown()
         else:  # the prepared base is already the sandbox user's: only new files need it
@@ -140,6 +173,7 @@ class VerifyCheckout:
         moved into the trash at once, removed there in the background (`workspace.trash`)."""
         if self._thread is not None:
             self._thread.join()
+        self._unmount()
         discard(self.home, self.scratch)
 
 
