@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,35 +42,62 @@ def _checkout_kind(bridge, task_id: str) -> str:  # noqa: ANN001
     return "unknown"
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its waited-for children (git, the docker CLI; not the
+    engine's daemon, for either side)."""
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _with_cpu(fn):  # noqa: ANN001, ANN202
+    before = _cpu()
+    out = fn()
+    return out, _cpu() - before
+
+
 def bench_size(files: int, pairs: int, image: str, root: Path) -> dict[str, Any]:
     repo = make_repo(root / f"repo-{files}", files, total_mb=files / 100)
     bridges = {mode: _bridge(root / f"home-{mode}-{files}", mode) for mode in MODES}
     scratch = root / f"floor-{files}"
     scratch.mkdir()
     samples: dict[str, list[float]] = {"floor": [], **{m: [] for m in MODES}}
+    cpu: dict[str, list[float]] = {"floor": [], **{m: [] for m in MODES}}
     phases: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     kinds: dict[str, set[str]] = {m: set() for m in MODES}
     try:
         for n in range(pairs + 1):  # the first round warms up (and caches the base tree)
-            floor_s = run_floor(repo, scratch, image, VERIFY)
-            results = {mode: run_library_task(bridges[mode], repo) for mode in MODES}
+            floor_s, floor_cpu = _with_cpu(lambda: run_floor(repo, scratch, image, VERIFY))
+            results = {
+                mode: _with_cpu(lambda mode=mode: run_library_task(bridges[mode], repo))
+                for mode in MODES
+            }
             if n == 0:
                 continue
             samples["floor"].append(floor_s)
-            for mode, (seconds, result) in results.items():
+            cpu["floor"].append(floor_cpu)
+            for mode, ((seconds, result), used) in results.items():
                 samples[mode].append(seconds)
+                cpu[mode].append(used)
                 phases[mode].append(result.get("timings", {}))
                 kinds[mode].add(_checkout_kind(bridges[mode], result["task_id"]))
     finally:
         for bridge in bridges.values():
             bridge.close()
-    out: dict[str, Any] = {"files": files, "floor_s": median(samples["floor"])}
+    out: dict[str, Any] = {
+        "files": files,
+        "floor_s": median(samples["floor"]),
+        "floor_cpu_s": median(cpu["floor"]),
+    }
     for mode in MODES:
         ratios = [s / f for s, f in zip(samples[mode], samples["floor"], strict=True)]
         keys = sorted({k for p in phases[mode] for k in p})
         out[mode] = {
             "task_s": median(samples[mode]),
             "vs_floor_ratio": median(ratios),
+            "cpu_s": median(cpu[mode]),
             "checkout": sorted(kinds[mode]),
             "phases_s": {k: median([p[k] for p in phases[mode] if k in p]) for k in keys},
             "samples_s": samples[mode],
@@ -80,13 +109,15 @@ def bench_size(files: int, pairs: int, image: str, root: Path) -> dict[str, Any]
 def bench_layers(
     sizes: tuple[int, ...] = (5000, 50000), pairs: int = 4, image: str | None = None
 ) -> dict[str, Any]:
-    """Keys: ``layers_<files>`` per size, each with ``floor_s``, and per mode (``layered``,
-    ``full``) ``task_s``, ``vs_floor_ratio``, ``checkout`` (what the tasks' events say ran),
-    ``phases_s`` (median of each timing) and the samples; then
-    ``layered_growth_ratio`` and ``full_growth_ratio`` (the task at the largest size over the
-    task at the smallest, the issue's "≤ 1.2× its own 5,000-file time"),
-    ``layered_vs_floor_ratio`` (at the smallest size) and ``layered_vs_full_ratio`` (the same
-    task, layered over full, at the largest size)."""
+    """Keys: ``layers_<files>`` per size, each with ``floor_s`` and ``floor_cpu_s``, and per
+    mode (``layered``, ``full``): ``task_s``, ``vs_floor_ratio``, ``cpu_s`` (this process and
+    its waited-for children; the engine's daemon is in neither figure, nor the trash's
+    background remover), ``checkout`` (what the tasks' events say ran), ``phases_s`` (the
+    median of each timing) and the samples. Then ``layered_growth_ratio`` and
+    ``full_growth_ratio`` (the task at the largest size over the task at the smallest: the
+    issue's "≤ 1.2× its own 5,000-file time"), ``layered_vs_floor_ratio`` (at the smallest
+    size), ``layered_vs_full_ratio`` (at the largest), and ``containers`` (see
+    `container_costs`)."""
     if image is None:
         from bridge.config import load_config
 
@@ -106,7 +137,46 @@ def bench_layers(
         figures[f"{mode}_growth_ratio"] = large[mode]["task_s"] / small[mode]["task_s"]
     figures["layered_vs_floor_ratio"] = small["layered"]["vs_floor_ratio"]
     figures["layered_vs_full_ratio"] = large["layered"]["task_s"] / large["full"]["task_s"]
+    figures["containers"] = container_costs(image)
     return figures
+
+
+def container_costs(image: str, samples: int = 8) -> dict[str, float]:
+    """What a pool of containers could take off a task's path, on this engine: the medians of
+    ``create_ms`` (what a pool of created containers saves), ``start_ms`` (the engine's start
+    of a created one: what only a pool of started containers saves) and ``exec_ms`` (a command
+    run in an already started one, the round trip such a pool would pay instead)."""
+    import docker
+
+    client = docker.from_env()
+    labels = {"io.worker-bridge.bench": "1"}
+    created, started, execs = [], [], []
+    host = client.api.create_host_config(network_mode="none", cap_drop=["ALL"], read_only=True)
+    try:
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            cid = client.api.create_container(image, ["true"], labels=labels, host_config=host)
+            t1 = time.perf_counter()
+            client.api.start(cid["Id"])
+            t2 = time.perf_counter()
+            client.api.wait(cid["Id"])
+            client.api.remove_container(cid["Id"], force=True)
+            created.append((t1 - t0) * 1000)
+            started.append((t2 - t1) * 1000)
+        idle = client.api.create_container(image, ["sleep", "300"], labels=labels, host_config=host)
+        client.api.start(idle["Id"])
+        try:
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                run = client.api.exec_create(idle["Id"], ["true"])
+                client.api.exec_start(run["Id"])
+                client.api.exec_inspect(run["Id"])
+                execs.append((time.perf_counter() - t0) * 1000)
+        finally:
+            client.api.remove_container(idle["Id"], force=True)
+    finally:
+        client.close()
+    return {"create_ms": median(created), "start_ms": median(started), "exec_ms": median(execs)}
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.environments.task import materialize
+from bridge.environments.task import materialize, shared_view
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.specs import task_container
@@ -161,12 +161,30 @@ class VerifyCheckout:
             export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
             self._chown()
         else:  # the prepared base is already the sandbox user's: only new files need it
+            outputs = self.outputs is not None and self.path == self.mount
+            if outputs:  # layered: the cached files under the base, in one step
+                self._layer_outputs()
             written = update_checkout(
                 self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
             )
             self._chown(written)
+            if outputs:
+                return
         if self.outputs is not None:  # after the chown: the cache's files stay the host's
             materialize(self.outputs, self.path, self.handle.ctx.sandbox_identity()[1])
+
+    def _layer_outputs(self) -> None:
+        """Mount the (still untouched) layered checkout again over the base's tree and the
+        environment's shared view of its cached files."""
+        assert self.outputs is not None
+        _, owner = self.handle.ctx.sandbox_identity()
+        folder = base_tree(self.home, self.ws.repository, self.base, owner)
+        view = shared_view(self.home, self.outputs, owner)
+        overlay.unmount(self.mount)
+        upper_root = self.scratch / "layers"
+        remove_tree(upper_root)  # nothing was written into it yet
+        layers = overlay.Layers((folder / "tree", view), upper_root, self.mount)
+        overlay.mount(layers, owner)
 
     def discard(self) -> None:
         """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees):

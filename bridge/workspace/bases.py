@@ -21,7 +21,7 @@ from bridge.workspace.locks import repository_lock
 from bridge.workspace.rawgit import raw_checkout, repo_id
 
 _READY = "ready"
-BASE_FILE = "base"  # in a layered worktree's layers folder: the base folder it is over
+LOWERS_FILE = "lowers"  # in a layered worktree's layers folder: its lower dirs, one a line
 IDLE_S = 3600  # a base tree unused for this long may be pruned
 
 
@@ -43,14 +43,12 @@ def base_tree(home: Path, repo: Path, commit: str, owner: tuple[int, int] | None
     with repository_lock(home, repo):
         if (folder / _READY).is_file():
             return folder
-        from bridge.workspace.worktree import chown_tree  # worktree.py uses this module
-
         tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
         try:
             (tmp / "tree").mkdir(parents=True)
             raw_checkout(home, repo, commit, tmp / "tree", tmp / "index", keep_index=True)
             if owner is not None:
-                chown_tree(tmp / "tree", *owner)
+                fs.chown_tree(tmp / "tree", *owner)
             (tmp / _READY).write_text(commit + "\n")
             if folder.exists():
                 fs.remove_tree(folder)  # a half-made one (a crash)
@@ -68,17 +66,18 @@ def copy_index(folder: Path, dest: Path) -> None:
 
 
 def unused_bases(home: Path, leaving: set[str] = frozenset()) -> list[Path]:
-    """Base folders no layered worktree is over (its layers folder names it, mounted or not:
+    """Base folders (and environment views, `bases/env/`) no layered worktree is over (its
+    layers folder names it, mounted or not:
     a worktree unmounted by a reboot is mounted again over it), no mount uses, and nobody
     asked for within IDLE_S; ``leaving``: layers folders about to be removed."""
     root = bases_root(home)
     if not root.is_dir():
         return []
     used: set[str] = set()
-    for named in (home / "layers").glob(f"*/{BASE_FILE}"):
+    for named in (home / "layers").glob(f"*/{LOWERS_FILE}"):
         if str(named.parent) not in leaving:
             try:
-                used.add(named.read_text().strip())
+                used.update(named.read_text().splitlines())
             except OSError:
                 continue
     try:
@@ -89,7 +88,7 @@ def unused_bases(home: Path, leaving: set[str] = frozenset()) -> list[Path]:
     found = []
     for folder in sorted(root.glob("*/*")):
         ready = folder / _READY
-        if str(folder) in used or f"{folder}/tree" in mountinfo:
+        if f"{folder}/tree" in used or f"{folder}/tree" in mountinfo:
             continue
         try:
             if now - ready.stat().st_mtime < IDLE_S:

@@ -24,9 +24,14 @@ from pathlib import Path
 
 from bridge.errors import DiskFull, GitError
 from bridge.workspace import fs
-from bridge.workspace.baseline import Stat, record_files, touched_paths
+from bridge.workspace.baseline import (
+    Stat,
+    TreeEntry,
+    layered_candidates,
+    tree_entries,
+    walked_candidates,
+)
 from bridge.workspace.git import Git, nul_join
-from bridge.workspace.overlay import changed_candidates
 from bridge.workspace.rawgit import object_format
 from bridge.workspace.worktree import TaskWorkspace, clear_stale_locks
 
@@ -56,13 +61,6 @@ class Snapshot:
     dropped: list[Dropped] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class _Entry:
-    mode: str  # 100644 | 100755 | 120000 | 160000 | 040000
-    sha: str
-    size: int
-
-
 def snapshot_worktree(
     ws: TaskWorkspace,
     base: str,
@@ -80,10 +78,10 @@ def snapshot_worktree(
     deadline); nothing is committed then."""
     upper = ws.upper
     if upper is not None:  # a layered worktree: its upper dir is the change set
-        tracked = _tree(ws.repository, start, sizes=False)
-        candidates, current = _layered_candidates(ws, upper, base, start, tracked, limits)
+        tracked = tree_entries(ws.repository, start, sizes=False)
+        candidates, current = layered_candidates(ws, upper, base, start, tracked, limits.entries)
     else:
-        candidates, current, tracked = _walked_candidates(ws, start, limits, baseline)
+        candidates, current, tracked = walked_candidates(ws, start, limits.entries, baseline)
     with fs.OpenDirs(ws.worktree) as dirs:
         plan = _Plan(ws, tracked, current, limits, dirs)
         plan.timeout = timeout
@@ -98,72 +96,13 @@ def snapshot_worktree(
     return Snapshot(commit, plan.dropped)
 
 
-def _walked_candidates(
-    ws: TaskWorkspace, start: str, limits: SnapshotLimits, baseline: dict[str, Stat] | None
-) -> tuple[set[str], dict[str, Stat], dict[str, _Entry]]:
-    """A full worktree: every file's stat, and the paths touched since ``baseline`` (all of
-    them without one)."""
-    try:
-        current = record_files(ws.worktree, limit=limits.entries)
-    except fs.TreeTooDeep as exc:
-        raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
-    tracked = _tree(ws.repository, start, sizes=baseline is None)
-    if baseline is not None:
-        candidates = set(touched_paths(baseline, current))
-        if any(p.rsplit("/", 1)[-1] == ".gitignore" for p in candidates):
-            candidates |= current.keys() - tracked.keys()  # what is ignored may have changed
-    else:
-        candidates = current.keys() | {p for p, e in tracked.items() if e.mode != "160000"}
-    return candidates, current, tracked
-
-
-def _layered_candidates(
-    ws: TaskWorkspace,
-    upper: Path,
-    base: str,
-    start: str,
-    tracked: dict[str, _Entry],
-    limits: SnapshotLimits,
-) -> tuple[set[str], dict[str, Stat]]:
-    """A layered worktree (its lower dir the base's tree): the candidates are what the upper
-    dir holds or hides, and, on a later turn, what the start differs from the base in (a file
-    an earlier turn added and this one removed leaves nothing in the upper dir). Each is then
-    looked at in the merged view, never through a link; only those are stat'ed."""
-    lower = tracked.keys()
-    candidates: set[str] = set()
-    if start != base:
-        lower = _tree(ws.repository, base, sizes=False).keys()
-        out = Git(ws.repository).run("diff", "--name-only", "--no-renames", "-z", base, start)
-        candidates |= {fs.decode(p) for p in out.stdout.split(b"\0") if p}
-    try:
-        candidates |= changed_candidates(upper, lower | tracked.keys())
-    except fs.TreeTooDeep as exc:
-        raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
-    if len(candidates) > limits.entries:
-        raise DiskFull(
-            f"{ws.worktree} holds more than {limits.entries} changed files (limits.files); "
-            "raise the limit or narrow the task."
-        )
-    current: dict[str, Stat] = {}
-    with fs.OpenDirs(ws.worktree) as dirs:
-        for path in candidates:
-            try:
-                parent, name = dirs.parent(path)
-                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except OSError:
-                continue  # gone, or under a link or a file: absent, as a walk would find it
-            if not stat.S_ISDIR(st.st_mode):
-                current[path] = (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
-    return candidates, current
-
-
 class _Plan:
     """What the snapshot changes relative to the start tree, and what it leaves out."""
 
     def __init__(
         self,
         ws: TaskWorkspace,
-        tracked: dict[str, _Entry],
+        tracked: dict[str, TreeEntry],
         current: dict[str, Stat],
         limits: SnapshotLimits,
         dirs: fs.OpenDirs,
@@ -223,7 +162,7 @@ class _Plan:
             return
         self.writes[path] = mode
 
-    def _same(self, path: str, known: _Entry) -> bool:
+    def _same(self, path: str, known: TreeEntry) -> bool:
         """Whether the file still holds the tracked blob (only asked when there is no stat
         baseline to tell; reads the file)."""
         try:
@@ -315,22 +254,6 @@ def is_git_dir_name(part: str) -> bool:
         if name == ".git" or name.startswith(".git:") or name == "git~1":
             return True
     return False
-
-
-def _tree(repo: Path, commit: str, sizes: bool) -> dict[str, _Entry]:
-    """Every entry of ``commit``'s tree; blob sizes (which cost a lookup each) only when
-    asked, for comparing files without a stat baseline."""
-    args = ["ls-tree", "-r", "-z", "--full-tree", *(["-l"] if sizes else []), commit]
-    out = Git(repo).run(*args).stdout
-    entries = {}
-    for item in out.split(b"\0"):
-        if not item:
-            continue
-        meta, _, path = item.partition(b"\t")
-        mode, _kind, sha, *size = meta.split()
-        length = int(size[0]) if size and size[0].isdigit() else -1
-        entries[fs.decode(path)] = _Entry(mode.decode(), sha.decode(), length)
-    return entries
 
 
 def _blob_hasher(repo: Path):  # noqa: ANN202

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import ConfigError, InvalidSpec
 from bridge.workspace import bases, fs, overlay, trash
+from bridge.workspace.fs import chown_tree
 from bridge.workspace.git import Git, common_git_dir, validate_branch_name
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.objects import base_stores, container_alternates
@@ -145,8 +145,7 @@ def _mount_layers(
         # The worktree's own `.git` (the host's gitfile) stays visible in the merged view.
         (ws.layers / "upper").mkdir(parents=True)
         shutil.copy2(ws.worktree / ".git", ws.layers / "upper" / ".git")
-        (ws.layers / bases.BASE_FILE).write_text(f"{folder}\n")
-        overlay.mount(worktree_layers(ws, folder), owner)
+        _mount_over(ws, (folder / "tree",), owner)
     except OSError:
         overlay.unmount(ws.worktree)
         fs.remove_tree(ws.layers)
@@ -155,8 +154,31 @@ def _mount_layers(
     return True
 
 
-def worktree_layers(ws: TaskWorkspace, folder: Path) -> overlay.Layers:
-    return overlay.Layers((folder / "tree",), ws.layers, ws.worktree)
+def _mount_over(ws: TaskWorkspace, lowers: tuple[Path, ...], owner: tuple[int, int] | None) -> None:
+    """Mount the worktree over ``lowers`` (topmost first), recorded for mounting it again."""
+    (ws.layers / bases.LOWERS_FILE).write_text("".join(f"{p}\n" for p in lowers))
+    overlay.mount(overlay.Layers(lowers, ws.layers, ws.worktree), owner)
+
+
+def _lowers(ws: TaskWorkspace) -> tuple[Path, ...]:
+    try:
+        return tuple(Path(p) for p in (ws.layers / bases.LOWERS_FILE).read_text().splitlines())
+    except OSError:
+        return ()
+
+
+def layer_under(ws: TaskWorkspace, lower: Path, owner: tuple[int, int] | None) -> bool:
+    """Put ``lower`` (a read-only tree: an environment's cached files) under a layered
+    worktree that no container uses yet, in one step: what the worktree holds wins. False for
+    a full worktree."""
+    lowers = _lowers(ws)
+    if ws.upper is None or not lowers:
+        return False
+    if lower in lowers:
+        return True
+    overlay.unmount(ws.worktree)
+    _mount_over(ws, (*lowers, lower), owner)
+    return True
 
 
 def ensure_mounted(
@@ -166,8 +188,11 @@ def ensure_mounted(
     upper dir holds what the task wrote so far."""
     if ws.upper is None or overlay.mounted(ws.worktree):
         return
-    folder = bases.base_tree(home, ws.repository, base_commit, owner)
-    overlay.mount(worktree_layers(ws, folder), owner)
+    lowers = _lowers(ws) or (bases.base_tree(home, ws.repository, base_commit, owner) / "tree",)
+    for lower in lowers[:1]:  # the base's tree, made again if it was pruned meanwhile
+        if not lower.is_dir():
+            bases.base_tree(home, ws.repository, base_commit, owner)
+    overlay.mount(overlay.Layers(lowers, ws.layers, ws.worktree), owner)
 
 
 def _admin_of(worktree: Path) -> Path:
@@ -196,21 +221,6 @@ def _make_private_gitdir(ws: TaskWorkspace, base_commit: str, stores: int) -> No
     (gitdir / "HEAD").write_text(base_commit + "\n")
     shutil.copyfile(ws.index, gitdir / "index")
     ws.gitfile.write_text(f"gitdir: {CONTAINER_GITDIR}\n")
-
-
-def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Hand a tree the host just made (before any container saw it) to uid:gid, links
-    included and never followed: `chown -R -h` (about 5x faster than a walk from Python)."""
-    chown = shutil.which("chown")
-    if chown is not None:
-        proc = subprocess.run(
-            [chown, "-R", "-h", f"{uid}:{gid}", "--", str(root)], capture_output=True
-        )
-        if proc.returncode == 0:
-            return
-    os.lchown(root, uid, gid)
-    for path, _ in fs.walk_all(root):
-        os.lchown(root / path, uid, gid)
 
 
 def chown_paths(root: Path, paths: list[str], uid: int, gid: int) -> None:
