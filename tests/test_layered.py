@@ -79,6 +79,8 @@ def tricky_repo(workdir):
         "moved/m.txt": "m\n",
         "opaque/o1.txt": "o1\n",
         "opaque/o2.txt": "o2\n",
+        "flat/f1.txt": "f1\n",
+        "flat/f2.txt": "f2\n",
         ".gitignore": "*.log\nsecret/\n",
     }
     for rel, text in files.items():
@@ -95,6 +97,7 @@ def _tricky_edit(root: Path) -> None:
     changes, links, a folder replaced by a file and a file by a folder, a folder deleted and
     made again (opaque), ignored files and a changed ignore rule."""
     (root / "a.txt").write_text("A\n")
+    (root / "flat" / "f1.txt").write_text("F1\n")  # a folder with an untouched sibling
     (root / "keep.txt").write_text("keep\n")  # rewritten with the same bytes
     os.chmod(root / "run.sh", 0o644)
     (root / "link").unlink()
@@ -119,7 +122,16 @@ def _tricky_edit(root: Path) -> None:
     (root / "new" / "deep" / "n.txt").write_text("n\n")
 
 
-def test_collect_from_the_upper_dir_equals_collect_by_a_full_walk(home, tricky_repo):
+@pytest.fixture(params=["paths", "whole tree"])
+def listing(request, monkeypatch):
+    """Both ways the start's entries are listed: at the changed paths, or all of them (a large
+    change)."""
+    if request.param == "whole tree":
+        monkeypatch.setattr("bridge.workspace.baseline.PATHSPEC_MAX", 0)
+    return request.param
+
+
+def test_collect_from_the_upper_dir_equals_collect_by_a_full_walk(home, tricky_repo, listing):
     layered, base = _workspace(home, tricky_repo, "layered", layered=True)
     full, _ = _workspace(home, tricky_repo, "full", layered=False)
     assert overlay.mounted(layered.worktree) and layered.upper is not None
@@ -132,9 +144,12 @@ def test_collect_from_the_upper_dir_equals_collect_by_a_full_walk(home, tricky_r
     assert "opaque/o3.txt" in names and "opaque/o1.txt" not in names
     assert "becomes_dir/inside.txt" in names and "becomes_file/y.txt" not in names
     assert "build.log" not in names and "secret/s.txt" not in names
+    assert "flat/f2.txt" in names and "dir/one.txt" in names
 
 
-def test_a_changed_ignore_rule_and_a_later_turn_are_collected_as_by_a_full_walk(home, tricky_repo):
+def test_a_changed_ignore_rule_and_a_later_turn_are_collected_as_by_a_full_walk(
+    home, tricky_repo, listing
+):
     layered, base = _workspace(home, tricky_repo, "layered", layered=True)
     full, _ = _workspace(home, tricky_repo, "full", layered=False)
     firsts = []

@@ -18,7 +18,7 @@ from pathlib import Path
 from bridge.errors import DiskFull
 from bridge.workspace import fs
 from bridge.workspace.git import Git
-from bridge.workspace.overlay import changed_candidates
+from bridge.workspace.overlay import changed_candidates, upper_entries
 from bridge.workspace.worktree import TaskWorkspace
 
 Stat = tuple[int, int, int, int, int]  # inode, size, mode, mtime_ns, ctime_ns
@@ -54,11 +54,19 @@ class TreeEntry:
     size: int
 
 
-def tree_entries(repo: Path, commit: str, sizes: bool) -> dict[str, TreeEntry]:
-    """Every entry of ``commit``'s tree; blob sizes (which cost a lookup each) only when
-    asked, for comparing files without a stat baseline."""
-    args = ["ls-tree", "-r", "-z", "--full-tree", *(["-l"] if sizes else []), commit]
-    out = Git(repo).run(*args).stdout
+def tree_entries(
+    repo: Path, commit: str, sizes: bool, paths: list[str] | None = None, recursive: bool = True
+) -> dict[str, TreeEntry]:
+    """Every entry of ``commit``'s tree (only those at or under ``paths`` when given, taken
+    literally; without ``recursive``, a folder's own entry); blob sizes (which cost a lookup
+    each) only when asked, for comparing files without a stat baseline."""
+    if paths is not None and not paths:
+        return {}
+    args = ["ls-tree", *(["-r"] if recursive else []), "-z", "--full-tree"]
+    args += [*(["-l"] if sizes else []), commit]
+    if paths is not None:
+        args += ["--", *paths]
+    out = Git(repo).run(*args, env={"GIT_LITERAL_PATHSPECS": "1"}).stdout
     entries = {}
     for item in out.split(b"\0"):
         if not item:
@@ -89,33 +97,46 @@ def walked_candidates(
     return candidates, current, tracked
 
 
+PATHSPEC_MAX = 2000  # more changed paths than this: the start's whole tree is listed instead
+
+
 def layered_candidates(
-    ws: TaskWorkspace,
-    upper: Path,
-    base: str,
-    start: str,
-    tracked: dict[str, TreeEntry],
-    entries: int,
-) -> tuple[set[str], dict[str, Stat]]:
+    ws: TaskWorkspace, upper: Path, base: str, start: str, entries: int
+) -> tuple[set[str], dict[str, Stat], dict[str, TreeEntry]]:
     """A layered worktree (its lower dir the base's tree): the candidates are what the upper
     dir holds or hides, and, on a later turn, what the start differs from the base in (a file
     an earlier turn added and this one removed leaves nothing in the upper dir). Each is then
-    looked at in the merged view, never through a link; only those are stat'ed."""
-    lower = tracked.keys()
-    candidates: set[str] = set()
-    if start != base:
-        lower = tree_entries(ws.repository, base, sizes=False).keys()
-        out = Git(ws.repository).run("diff", "--name-only", "--no-renames", "-z", base, start)
-        candidates |= {fs.decode(p) for p in out.stdout.split(b"\0") if p}
+    looked at in the merged view, never through a link; only those are stat'ed, and only the
+    start's entries at those paths are listed (for a small change)."""
     try:
-        candidates |= changed_candidates(upper, lower | tracked.keys())
+        folders, others = upper_entries(upper)
     except fs.TreeTooDeep as exc:
         raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
+    if start != base:
+        out = Git(ws.repository).run("diff", "--name-only", "--no-renames", "-z", base, start)
+        others += [fs.decode(p) for p in out.stdout.split(b"\0") if p]
+    candidates = set(folders) | set(others)
     if len(candidates) > entries:
         raise DiskFull(
             f"{ws.worktree} holds more than {entries} changed files (limits.files); "
             "raise the limit or narrow the task."
         )
+    if len(candidates) <= PATHSPEC_MAX:
+        # What is at or under a file, link, whiteout or opaque folder of the upper dir (or a
+        # path the start changed), and a plain folder's own entry (a file it replaced, or the
+        # submodule it is).
+        tracked = tree_entries(ws.repository, start, sizes=False, paths=sorted(set(others)))
+        own = tree_entries(ws.repository, start, False, sorted(folders), recursive=False)
+        # A folder that is a folder in the start too is no entry of its own (a listing without
+        # -r shows it as a tree, which the plan would take for a deleted file).
+        tracked |= {p: e for p, e in own.items() if e.mode != "040000"}
+        candidates |= tracked.keys()
+    else:
+        tracked = tree_entries(ws.repository, start, sizes=False)
+        lower = tracked.keys()
+        if start != base:
+            lower = lower | tree_entries(ws.repository, base, sizes=False).keys()
+        candidates |= changed_candidates(upper, lower)
     current: dict[str, Stat] = {}
     with fs.OpenDirs(ws.worktree) as dirs:
         for path in candidates:
@@ -126,4 +147,4 @@ def layered_candidates(
                 continue  # gone, or under a link or a file: absent, as a walk would find it
             if not stat.S_ISDIR(st.st_mode):
                 current[path] = (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
-    return candidates, current
+    return candidates, current, tracked

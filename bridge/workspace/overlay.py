@@ -185,6 +185,17 @@ def changed_candidates(upper: Path, tracked: Iterable[str]) -> set[str]:
     return found
 
 
+def upper_entries(upper: Path) -> tuple[list[str], list[str]]:
+    """The upper dir's entries (but top-level `.git`) as (plain folders: only their own entry
+    may differ below them, others: files, links, whiteouts and opaque folders, which hide
+    whatever the lower dirs hold at or under them)."""
+    folders, others = [], []
+    for rel, st in fs.walk_all(upper, skip=frozenset({".git"})):
+        plain = stat.S_ISDIR(st.st_mode) and not _opaque(upper / rel)
+        (folders if plain else others).append(rel)
+    return folders, others
+
+
 def _opaque(folder: Path) -> bool:
     try:
         return os.getxattr(folder, OPAQUE_XATTR, follow_symlinks=False) == b"y"

@@ -28,7 +28,6 @@ from bridge.workspace.baseline import (
     Stat,
     TreeEntry,
     layered_candidates,
-    tree_entries,
     walked_candidates,
 )
 from bridge.workspace.git import Git, nul_join
@@ -78,8 +77,7 @@ def snapshot_worktree(
     deadline); nothing is committed then."""
     upper = ws.upper
     if upper is not None:  # a layered worktree: its upper dir is the change set
-        tracked = tree_entries(ws.repository, start, sizes=False)
-        candidates, current = layered_candidates(ws, upper, base, start, tracked, limits.entries)
+        candidates, current, tracked = layered_candidates(ws, upper, base, start, limits.entries)
     else:
         candidates, current, tracked = walked_candidates(ws, start, limits.entries, baseline)
     with fs.OpenDirs(ws.worktree) as dirs:
