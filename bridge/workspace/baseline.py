@@ -98,7 +98,7 @@ def walked_candidates(
 
 
 PATHSPEC_MAX = 2000  # more changed paths than this: the start's whole tree is listed instead
-ARGV_BYTES = 256 * 1024  # ... and so it is when their names would make a long command line
+ARGV_BYTES = 100 * 1024  # ... and so it is when their names would make a long command line
 
 
 def layered_candidates(
@@ -122,7 +122,10 @@ def layered_candidates(
             f"{ws.worktree} holds more than {entries} changed files (limits.files); "
             "raise the limit or narrow the task."
         )
-    if len(candidates) <= PATHSPEC_MAX and sum(map(len, candidates)) < ARGV_BYTES:
+    if (
+        len(candidates) <= PATHSPEC_MAX
+        and sum(len(fs.encode(p)) + 1 for p in candidates) < ARGV_BYTES
+    ):
         # What is at or under a file, link, whiteout or opaque folder of the upper dir (or a
         # path the start changed), and a plain folder's own entry (a file it replaced, or the
         # submodule it is).
