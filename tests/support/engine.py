@@ -27,9 +27,6 @@ def remove_home_artifacts(home: Path) -> None:
             sandbox.remove_image(image.id)
     except Exception:  # no engine, or it went away: nothing of ours can be left on it
         pass
-    from bridge.workspace.overlay import unmount_under
-
-    unmount_under(home)  # layered worktrees and checkouts still mounted (a task not pruned)
 
 
 def task_containers(task_id: str, **labels: str) -> list:
