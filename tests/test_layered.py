@@ -311,3 +311,28 @@ def test_a_hostile_worker_and_verifier_in_layered_checkouts_change_only_their_ow
 
 def home_of(bridge) -> Path:
     return bridge.config.home
+
+
+def test_a_task_says_which_checkout_it_got_and_the_switch_turns_layers_off(
+    docker_images, home, repo
+):
+    from support.tasks import mock_task
+
+    from bridge import WorkerBridge
+
+    for setting, expected in (("true", "layered"), ("false", "full")):
+        (home / "config.yaml").write_text(f"layered_checkouts: {setting}\n")
+        bridge = WorkerBridge(home=home)
+        try:
+            spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["test -f a.txt"])
+            result = bridge.run_task(bridge.create_task(spec).task_id)
+            assert result.status == "succeeded"
+            ready = [
+                e for e in bridge.task_logs(result.task_id).events if e.kind == "workspace.ready"
+            ]
+            assert ready[0].data["checkout"] == expected
+            worktree = home / "worktrees" / result.task_id
+            assert overlay.mounted(worktree) is (expected == "layered")
+            assert (worktree / "a.txt").read_text() == "a\n"
+        finally:
+            bridge.close()
