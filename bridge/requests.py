@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+from bridge.models import TaskSpec
 from bridge.records import RequestRecord
 from bridge.redact import Redactor
 
@@ -173,3 +174,35 @@ def request_document(request: RequestRecord, redactor: Redactor) -> dict[str, An
     if request.answer:
         doc["answer"] = redactor.redact_data(request.answer)
     return doc
+
+
+# -- what the approvals allow: one home for the gateway, the checks and the result ------------
+
+
+def listed_domains(spec: TaskSpec, *, asking: bool) -> list[str] | None:
+    """The patterns the worker's proxy lets through: network.domains (with `allowlist`); an
+    empty list with `none` when the task asks; None: the proxy refuses everything. Approved
+    names are no patterns: each approval is for its (name, port) alone."""
+    network = spec.network
+    if network.mode == "allowlist":
+        return [d.strip().lower().rstrip(".") for d in network.domains]
+    return [] if asking else None
+
+
+def approved_hosts(requests: list[RequestRecord]) -> list[str]:
+    """``host:port`` of each approved network request (an approval opens that port alone)."""
+    return [
+        f"{r.detail['host']}:{r.detail.get('port')}"
+        for r in requests
+        if r.kind == "network" and r.status == "approved" and r.detail.get("host")
+    ]
+
+
+def approved_paths(requests: list[RequestRecord]) -> list[str]:
+    """The protected paths the approved path requests let the task change."""
+    return [
+        path
+        for r in requests
+        if r.kind == "paths" and r.status == "approved"
+        for path in r.detail.get("paths") or []
+    ]

@@ -73,9 +73,9 @@ def test_a_name_approved_from_another_process_while_the_worker_runs_lets_its_nex
     assert "/asked" in git(repo, "show", f"{result['branch']}:probe.txt")
     [request] = result["requests"]
     assert request["status"] == "approved" and request["attempts"] >= 1
-    assert result["allowlist"] == ["localhost", "vm"]
+    assert result["allowlist"] == ["localhost", f"vm:{upstream.port}"]  # that port alone
     shown = cli("tasks", "show", task_id, env=net).stdout
-    assert "allowlist: localhost, vm" in shown and "approved" in shown
+    assert f"allowlist: localhost, vm:{upstream.port}" in shown and "approved" in shown
     kinds = [e["kind"] for e in task_events(cli, task_id, net)]
     assert "task.answer" in kinds and "waiting_input" not in json.dumps(
         [e for e in task_events(cli, task_id, net, "task.status")]

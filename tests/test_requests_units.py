@@ -96,6 +96,11 @@ def test_network_attempts_answers_and_expiry_are_one_truth_in_the_store(tmp_path
 
     path = tmp_path / "bridge.db"
     gateway, caller = Store(path), Store(path)  # two connections, as two processes have
+    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
+    gateway.insert_task({**row, "repository": "/r", "spec": {}}, {})
+    with gateway.transaction() as conn:
+        gateway.set_status(conn, "t1", "created", "queued")
+        gateway.set_status(conn, "t1", "queued", "running")
     args = {"turn": 0, "expires_at": 2_000_000_000.0, "max_requests": 2}
     status, rid = gateway.requests.network_attempt("t1", "pypi.org", 443, **args)
     assert status == "pending" and rid
@@ -111,8 +116,8 @@ def test_network_attempts_answers_and_expiry_are_one_truth_in_the_store(tmp_path
     assert caller.requests.expire_due(now=2_000_000_001.0) == ["t1"]
     statuses = {r.detail["host"]: r.status for r in caller.requests.for_task("t1")}
     assert statuses == {"pypi.org": "approved", "b.org": "expired"}
-    kinds = [e.kind for e in caller.events("t1")]
-    assert kinds == ["task.request", "task.answer", "task.request", "task.answer"]
+    kinds = [e.kind for e in caller.events("t1") if e.kind.startswith("task.")]
+    assert kinds[-4:] == ["task.request", "task.answer", "task.request", "task.answer"]
 
 
 def test_the_resume_message_says_what_each_answer_was():

@@ -13,6 +13,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from bridge.config import Config, RouteConfig
 from bridge.errors import InvalidSpec
@@ -64,6 +65,7 @@ _EXACT = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")  # a name, never a pattern
 # A last label a resolver reads as a number (decimal, octal or hex: `134744072`, `0x08080808`,
 # `10.0x1`): the whole is an address in disguise, not a name.
 _NUMERIC = re.compile(r"^(?:[0-9]+|0x[0-9a-f]*)$")
+HOSTS_FILE = Path("/etc/hosts")
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # Addresses that are never an egress target unless trusted: the cloud metadata services too.
 _METADATA = [ipaddress.ip_network(n) for n in ("169.254.169.254/32", "fd00:ec2::254/128")]
@@ -174,14 +176,71 @@ def _numeric_end(name: str) -> bool:
     return bool(_NUMERIC.match(name.rsplit(".", 1)[-1]))
 
 
-def request_name(host: str) -> str | None:
-    """``host`` normalised if a refusal of it may become a request: an exact name by
-    check_domains' rules (no `*`, no numeric last label, no address literal of any form, at
-    most 253 characters); None otherwise (a plain refusal). Nothing is resolved here."""
+def request_refusal(host: str, trusted: list, hosts_file: Path = HOSTS_FILE) -> str | None:
+    """Why a refusal of ``host`` (off the task's list) may not become a request, as what it
+    is ("an address (loopback)", "not a valid host name", "a name of a loopback address
+    (/etc/hosts)"); None: it may. Nothing is resolved here (the host's DNS must not be the
+    worker's channel out): an address literal of any form (dotted, decimal, octal, hex, IPv6),
+    a `*` or anything but an exact name of at most 253 characters, and a name known to be
+    local (``localhost``, ``*.local``, ``*.internal``..., or an /etc/hosts entry of a refused
+    address class) are refused outright."""
     name = host.strip().lower().rstrip(".")
-    if len(name) > 253 or not _EXACT.match(name) or _numeric_end(name):
+    literal = _literal(name)
+    if literal is not None:
+        why = address_refusal(literal, trusted) if _is_ip(literal) else None
+        return f"an address{f' ({why})' if why else ''}, not a name"
+    if ":" in name or _numeric_end(name):
+        return "an address, not a name"
+    if len(name) > 253 or not _EXACT.match(name):
+        return "not a valid host name"
+    if name in _LOCAL_NAMES or name.endswith(_LOCAL_SUFFIXES):
+        return "a name of the local network"
+    for address in _hosts_entries(hosts_file).get(name, []):
+        why = address_refusal(address, trusted)
+        if why is not None:
+            return f"a name of {why} ({hosts_file})"
+    return None
+
+
+def _literal(name: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
         return None
-    return name
+
+
+def _is_ip(text: str) -> bool:
+    return _literal(text) is not None
+
+
+# Names that are local by definition or convention: never asked for (RFC 6761, 6762, 8375).
+_LOCAL_NAMES = {"localhost", "ip6-localhost", "ip6-loopback", "metadata"}
+_LOCAL_SUFFIXES = (".localhost", ".local", ".localdomain", ".internal", ".home.arpa")
+_hosts_cache: dict[Path, tuple[tuple[int, int], dict[str, list[str]]]] = {}
+
+
+def _hosts_entries(path: Path) -> dict[str, list[str]]:
+    """name -> its addresses in ``path`` (the host's /etc/hosts), read again when it changes."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _hosts_cache.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    entries: dict[str, list[str]] = {}
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) >= 2 and _is_ip(fields[0].split("%", 1)[0]):
+            for name in fields[1:]:
+                entries.setdefault(name.lower().rstrip("."), []).append(fields[0].split("%")[0])
+    _hosts_cache[path] = (stamp, entries)
+    return entries
 
 
 def check_ranges(ranges: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

@@ -19,7 +19,7 @@ from bridge.gateway.accounting import Accounting
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn, connect_tcp
 from bridge.gateway.exchange import HOP_BY_HOP, READ, Exchange, Refused, content_length, shown
-from bridge.gateway.policy import address_refusal, name_allowed, request_name, resolve
+from bridge.gateway.policy import address_refusal, name_allowed, request_refusal, resolve
 from bridge.gateway.upstream import Outgoing, stream
 
 _HOP = HOP_BY_HOP | {b"proxy-authorization"}
@@ -62,14 +62,22 @@ class Proxy:
         if port not in ports:
             refuse("host", host, f"port {port} is not allowed", port=port)
             raise Refused(403, f"port {port} is not allowed (gateway.{which})")
-        approved = None
-        if not name_allowed(host, self.allowlist):
-            name = request_name(raw) if self.asker is not None else None
-            if name is None:  # no asking, or not a name a request may be for: no lookup
+        approved, target = None, host
+        if not name_allowed(host, self.allowlist):  # nothing resolved before an approval
+            if self.asker is None:
                 refuse("host", host, "not in network.domains", port=port)
                 raise Refused(403, f"{host} is not in this task's network.domains")
-            approved = await self._ask(name, port)
-        addresses = await resolve(host, port, self.config.connect_timeout_s)
+            why = request_refusal(raw, self.trusted)
+            if why is not None:
+                refuse("host", host, f"not in network.domains; {why}: never asked for", port=port)
+                raise Refused(
+                    403,
+                    f"{host} is not in this task's network.domains, and is {why}: it is refused "
+                    "without a request",
+                )
+            target = raw.strip().lower().rstrip(".")  # the name asked for is the one resolved
+            approved = await self._ask(target, port)
+        addresses = await resolve(target, port, self.config.connect_timeout_s)
         but = f"approved as request {approved}, but " if approved else ""
         if not addresses:
             refuse("host", host, f"{but}does not resolve", port=port)

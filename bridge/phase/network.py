@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -21,6 +21,7 @@ from bridge.sandbox import ContainerSpec, Mount
 if TYPE_CHECKING:
     from bridge.gateway.proxy import Asker
     from bridge.gateway.server import Gateway
+    from bridge.store import Store
 
 CONTAINER_GATEWAY = "/run/worker-bridge"
 RELAY = "/opt/worker-bridge/bin/wb-relay"  # in every worker image's bundle (environments/bundle.py)
@@ -51,53 +52,77 @@ PENDING_TTL_S = 1.0
 
 
 class NetworkAsker:
-    """What the proxy asks on refusing a public name off the list: the store's request for it
-    (raised on the first attempt, later attempts counted). The store is the truth, so an
-    approval given by any process lets an attempt through within PENDING_TTL_S; a settled
-    answer (approved, denied, expired, none raised) is final and kept here, and a pending one
-    for PENDING_TTL_S, with the attempts made meanwhile written in one go. A name redaction
-    would change (a secret in it) raises no request: it is a plain refusal."""
+    """What the proxy asks on refusing a name off the list (nothing resolved yet): the store's
+    request for it (raised on the first attempt, later attempts counted). The store is the
+    truth, so an approval given by any process lets an attempt through within PENDING_TTL_S;
+    a settled answer (approved, denied, expired, none raised) is final and kept here, and a
+    pending one for PENDING_TTL_S, with the attempts made meanwhile written in one go (a storm
+    of attempts is not a storm of writes). A name redaction would change (a secret in it)
+    raises no request: it is a plain refusal. An approval that lets an attempt through has
+    reached the worker: it is marked delivered with this turn (no later turn is resumed for
+    it)."""
 
-    def __init__(self, handle: PhaseHandle, turn: int) -> None:
-        self.handle = handle
-        self.turn = turn
+    def __init__(
+        self,
+        store: Store,
+        task_id: str,
+        turn: int,
+        *,
+        redact: Callable[[str], str],
+        max_requests: int,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.task_id, self.turn = store, task_id, turn
+        self.redact, self.max_requests, self.timeout_s = redact, max_requests, timeout_s
+        self.clock = clock
         self._lock = threading.Lock()
         self._known: dict[tuple[str, int], tuple[str, str | None, float]] = {}
         self._uncounted: dict[tuple[str, int], int] = {}
+
+    @classmethod
+    def of(cls, handle: PhaseHandle, turn: int) -> NetworkAsker:
+        return cls(
+            handle.ctx.store,
+            handle.task_id,
+            turn,
+            redact=handle.redactor.redact,
+            max_requests=handle.ctx.config.gateway.max_requests,
+            timeout_s=handle.limits.input_timeout_seconds,
+        )
 
     def __call__(self, host: str, port: int) -> tuple[str, str | None]:
         key = (host, port)
         with self._lock:
             known = self._known.get(key)
-            now = time.monotonic()
+            now = self.clock()
             if known is not None and (known[0] != "pending" or now - known[2] < PENDING_TTL_S):
                 if known[0] == "pending":
                     self._uncounted[key] = self._uncounted.get(key, 0) + 1
                 return known[0], known[1]
-            if self.handle.redactor.redact(host) != host:
+            if self.redact(host) != host:
                 found: tuple[str, str | None] = ("withheld: it looks like a secret", None)
             else:
-                found = self._attempt(host, port, 1 + self._uncounted.pop(key, 0))
+                found = self.store.requests.network_attempt(
+                    self.task_id,
+                    host,
+                    port,
+                    turn=self.turn,
+                    expires_at=time.time() + self.timeout_s,
+                    max_requests=self.max_requests,
+                    attempts=1 + self._uncounted.pop(key, 0),
+                )
+                if found[0] == "approved" and found[1] is not None:
+                    self.store.requests.mark_delivered([found[1]], self.turn)
             self._known[key] = (*found, now)
             return found
-
-    def _attempt(self, host: str, port: int, attempts: int) -> tuple[str, str | None]:
-        handle = self.handle
-        return handle.ctx.store.requests.network_attempt(
-            handle.task_id,
-            host,
-            port,
-            turn=self.turn,
-            max_requests=handle.ctx.config.gateway.max_requests,
-            attempts=attempts,
-        )
 
     def flush(self) -> None:
         """Write the attempts counted here but not yet in the store (the gateway stopped)."""
         with self._lock:
             uncounted, self._uncounted = self._uncounted, {}
         for (host, port), n in uncounted.items():
-            self.handle.ctx.store.requests.count_attempts(self.handle.task_id, host, port, n)
+            self.store.requests.count_attempts(self.task_id, host, port, n)
 
 
 @contextmanager
@@ -108,7 +133,7 @@ def task_gateway(handle: PhaseHandle, routes: list[str], turn: int) -> Iterator[
         yield None
         return
     allowlist = task_allowlist(handle)
-    asker = NetworkAsker(handle, turn) if asks(handle) else None
+    asker = NetworkAsker.of(handle, turn) if asks(handle) else None
     try:
         with open_gateway(handle, routes, allowlist, handle.task_id, asker=asker) as gateway:
             yield gateway

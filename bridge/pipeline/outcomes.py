@@ -10,6 +10,7 @@ from typing import Any
 from bridge.config import LimitDefaults
 from bridge.models import Status, TaskSpec
 from bridge.records import CommandResult, ErrorInfo, WorkerExit
+from bridge.requests import approved_paths as paths_approved
 from bridge.store import Store
 from bridge.workspace.changes import Change, protected_violations
 
@@ -99,11 +100,7 @@ def judge_worker(
 
 def approved_paths(store: Store, task_id: str) -> list[str]:
     """The protected paths this task was allowed to change (its approved path requests)."""
-    return [
-        path
-        for request in store.requests.approved(task_id, "paths")
-        for path in request.detail.get("paths") or []
-    ]
+    return paths_approved(store.requests.approved(task_id, "paths"))
 
 
 def verification_failed(bad: CommandResult) -> ErrorInfo:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bridge.records import RequestRecord, TaskRecord, TaskResult
 from bridge.redact import Redactor
-from bridge.requests import request_document
+from bridge.requests import approved_hosts, approved_paths, listed_domains, request_document
 
 
 def redactor_for(record: TaskRecord) -> Redactor:
@@ -23,19 +23,7 @@ def task_result(
 ) -> TaskResult:
     redactor = redactor or redactor_for(record)
     requests = requests or []
-    network = record.spec.network
-    allowlist = list(network.domains) if network.mode == "allowlist" else []
-    allowlist += [
-        str(r.detail.get("host"))
-        for r in requests
-        if r.kind == "network" and r.status == "approved" and r.detail.get("host")
-    ]
-    approved = [
-        path
-        for r in requests
-        if r.kind == "paths" and r.status == "approved"
-        for path in r.detail.get("paths") or []
-    ]
+    allowlist = (listed_domains(record.spec, asking=False) or []) + approved_hosts(requests)
     return TaskResult(
         task_id=record.task_id,
         status=record.status,
@@ -61,5 +49,5 @@ def task_result(
         profile=record.profile,
         requests=[request_document(r, redactor) for r in requests],
         allowlist=allowlist,
-        approved_paths=approved,
+        approved_paths=approved_paths(requests),
     )

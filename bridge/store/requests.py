@@ -17,6 +17,9 @@ from typing import Any, Protocol
 from bridge.records import RequestRecord
 
 RESOLVED = ("approved", "denied", "answered", "expired")
+# The statuses of a task that may still raise a request: one raised after a cancel (a gateway
+# or a runner still ending) is dropped, so nothing of an ended task waits for an answer.
+ASKING = ("queued", "running", "verifying", "waiting_input")
 
 
 class Store(Protocol):
@@ -32,6 +35,11 @@ def _record(row: dict[str, Any]) -> RequestRecord:
     row["detail"] = json.loads(row["detail"] or "{}")
     row["answer"] = json.loads(row["answer"]) if row.get("answer") else None
     return RequestRecord.model_validate(row)
+
+
+def _asking(conn: sqlite3.Connection, task_id: str) -> bool:
+    row = conn.execute("SELECT status FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    return row is not None and row[0] in ASKING
 
 
 class Requests:
@@ -58,22 +66,25 @@ class Requests:
         turn: int,
         expires_at: float,
         max_requests: int,
+        attempts: int = 1,
     ) -> tuple[str, str | None]:
-        """One refused attempt to reach ``host:port``: (its request's status, its id). A first
-        attempt raises a pending request (`task.request`), unless the task has raised
-        ``max_requests`` network requests already (then `("over", None)`); a later one counts
-        as another attempt."""
+        """``attempts`` refused attempts to reach ``host:port`` (the gateway counts a storm of
+        them in one go): (its request's status, its id). A first attempt raises a pending
+        request (`task.request`), unless the task has raised ``max_requests`` network requests
+        already (then `("over", None)`); later ones are counted."""
         key = f"network:{host}:{port}"
         with self.store.transaction() as conn:
+            if not _asking(conn, task_id):
+                return "ended", None
             found = conn.execute(
                 "SELECT request_id, status FROM requests WHERE task_id = ? AND key = ?",
                 (task_id, key),
             ).fetchone()
             if found is not None:
                 conn.execute(
-                    "UPDATE requests SET attempts = attempts + 1, updated_at = ?"
+                    "UPDATE requests SET attempts = attempts + ?, updated_at = ?"
                     " WHERE request_id = ?",
-                    (self._now(), found[0]),
+                    (attempts, self._now(), found[0]),
                 )
                 return found[1], found[0]
             (count,) = conn.execute(
@@ -84,7 +95,21 @@ class Requests:
             request_id = self._insert(
                 conn, task_id, "network", key, {"host": host, "port": port}, turn, expires_at
             )
+            if attempts > 1:
+                conn.execute(
+                    "UPDATE requests SET attempts = ? WHERE request_id = ?", (attempts, request_id)
+                )
         return "pending", request_id
+
+    def count_attempts(self, task_id: str, host: str, port: int, attempts: int) -> None:
+        """Add ``attempts`` to the request for ``host:port`` (those the gateway counted without
+        asking the store each time)."""
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE requests SET attempts = attempts + ?, updated_at = ?"
+                " WHERE task_id = ? AND key = ?",
+                (attempts, self._now(), task_id, f"network:{host}:{port}"),
+            )
 
     def add(
         self,
@@ -96,8 +121,11 @@ class Requests:
         expires_at: float,
     ) -> str | None:
         """A request of the worker's final message in ``turn`` (one per turn: a second one of
-        the same turn, e.g. a runner redoing it after a crash, is the same request)."""
+        the same turn, e.g. a runner redoing it after a crash, is the same request); None when
+        the task has ended (a cancel)."""
         with self.store.transaction() as conn:
+            if not _asking(conn, task_id):
+                return None
             key = f"message:{turn}"
             found = conn.execute(
                 "SELECT request_id FROM requests WHERE task_id = ? AND key = ?", (task_id, key)
