@@ -79,6 +79,9 @@ class WorkerExit(_Doc):
     last_progress: str = ""
     over_limit: str | None = None  # why the bridge stopped it (the disk limit), one sentence
     failure: str | None = None  # the CLI's own account of why it failed, one sentence
+    # The worker-bridge-request block of the final message, parsed from the whole message
+    # (the summary above is cut for display), redacted; None: it holds none in the exact shape.
+    request: dict[str, Any] | None = None
 
 
 class RequestRecord(_Doc):

@@ -16,6 +16,7 @@ from bridge.redact import Redactor
 
 INFO_STRING = "worker-bridge-request"
 MAX_BLOCK = 4000  # characters of the block's JSON
+MAX_FINAL_MESSAGE = 64_000  # characters at the end of a final message read for the block
 MAX_TEXT = 1000  # characters of a question or a reason
 MAX_CHOICES = 10
 MAX_CHOICE = 200

@@ -233,6 +233,19 @@ def test_a_question_waits_and_its_answer_reaches_the_worker_in_its_next_turn(
     assert git(repo, "show", f"{ended['branch']}:notes.txt") == "first\n"  # kept its turn
 
 
+def test_a_block_at_the_end_of_a_long_final_message_is_read_whole(cli, repo, workdir):
+    # The summary shown is cut at output_tail_chars (4000); the block after it still counts.
+    question = {"kind": "question", "text": "Keep the old API?", "choices": ["yes", "no"]}
+    summary = "Here is what I did.\n" + "details " * 1500 + "\n" + block(question)
+    assert len(summary) > 12_000
+    result = run_spec(cli, workdir, mock_task(repo, {"summary": summary}))
+    assert result["status"] == "waiting_input", result
+    [request] = pending(result)
+    assert request["detail"] == {"text": "Keep the old API?", "choices": ["yes", "no"]}
+    assert len(result["summary"]) <= 4000  # only the display is cut
+    assert cli("tasks", "cancel", result["task_id"]).code == 0
+
+
 def test_a_block_not_in_the_exact_shape_or_not_in_the_final_message_is_ignored(cli, repo, workdir):
     question = {"kind": "question", "text": "Which?"}
     emitted = json.dumps({"type": "result", "summary": "early\n" + block(question)})

@@ -19,7 +19,7 @@ from bridge.pipeline.detached import launch_runner, reserve_runner
 from bridge.pipeline.outcomes import Outcome
 from bridge.pipeline.results import redactor_for
 from bridge.records import RequestRecord
-from bridge.requests import parse_request_block, resume_message
+from bridge.requests import resume_message
 from bridge.store.db import now_iso
 
 DECISIONS = ("approve", "deny")
@@ -27,13 +27,14 @@ MAX_ANSWER = 4000  # characters of an answer's text
 
 
 def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
-    """The request of the worker's final message in ``turn`` (its recorded summary), recorded
-    as pending; None when the message holds none in the exact shape."""
+    """The request of the worker's final message in ``turn`` (read from the whole message, not
+    the summary cut for display), recorded as pending; None when it holds none in the exact
+    shape."""
     record = handle.ctx.store.load_task(handle.task_id)
     exit_info = record.worker_exit
     if exit_info is None or exit_info.turn != turn or exit_info.timed_out or exit_info.oom_killed:
         return None
-    found = parse_request_block(exit_info.summary)
+    found = exit_info.request  # parsed from the whole final message (the summary is cut)
     if found is None:
         return None
     if found["kind"] == "paths" and not handle.spec.verification.protected_paths:

@@ -18,6 +18,7 @@ from bridge.phase.network import task_gateway, with_gateway
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.records import WorkerExit
+from bridge.requests import MAX_FINAL_MESSAGE, parse_request_block
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import bounded_lines
 from bridge.workers import HOME_DIR, INPUTS_DIR, Turn, Worker
@@ -81,13 +82,16 @@ def run_worker_turn(
             (s for s in (reader.summary, reader.failure, reader.last_message) if s is not None),
             reader.last_line or "",  # a plain CLI's last line is its final word
         )
+        # Redacted whole, then cut (a secret across the cut would show one of its ends); the
+        # request block is read from the whole final message (its end, bounded), not the cut.
+        final = handle.redactor.redact(summary)
         done = WorkerExit(
             turn=turn.number,
             exit_code=info.exit_code,
             oom_killed=info.oom_killed,
             timed_out=info.timed_out,
-            # Redacted whole, then cut (a secret across the cut would show one of its ends).
-            summary=handle.redactor.redact(summary)[: handle.ctx.config.output_tail_chars],
+            summary=final[: handle.ctx.config.output_tail_chars],
+            request=parse_request_block(final[-MAX_FINAL_MESSAGE:]),
             last_progress=handle.redactor.redact(reader.last_progress or "")[:300],
             over_limit=over,
             failure=handle.redactor.redact(reader.failure)[:500] if reader.failure else None,
