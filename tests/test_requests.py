@@ -82,6 +82,29 @@ def test_a_name_approved_from_another_process_while_the_worker_runs_lets_its_nex
     )
 
 
+def test_a_live_approval_the_worker_used_does_not_turn_a_later_denial_into_a_resume(
+    cli, repo, workdir, net, upstream
+):
+    question = {"kind": "question", "text": "Ship it now?"}
+    mock = {
+        "script": reach(upstream.port, tries=300),
+        "summary": "Reached it.\n" + block(question),
+        "on_follow_up": {"write": {"resumed.txt": "a turn nobody asked for\n"}},
+    }
+    task_id = start_spec(cli, workdir, mock_task(repo, mock, network=ask_network()), net)
+    raised = wait_for_event(cli, task_id, "task.request", net)["data"]
+    assert answer(cli, task_id, raised["request_id"], "--approve", env=net).code == 0
+    waiting = wait_status(cli, task_id, "waiting_input", net)
+    [asked] = pending(waiting)
+    assert asked["kind"] == "question"
+    done = answer(cli, task_id, asked["request_id"], "--deny", env=net)
+    assert done.code == 0, done.stderr
+    ended = wait_until_done(cli, task_id, net)
+    assert ended["status"] == "succeeded", ended["error"]  # the held outcome, no resume
+    assert [e["data"]["turn"] for e in task_events(cli, task_id, net, "worker.started")] == [0]
+    assert git(repo, "show", f"{ended['branch']}:probe.txt").startswith("reached: ")
+
+
 def test_a_name_left_pending_at_the_turns_end_waits_and_an_approval_resumes_the_worker(
     cli, repo, workdir, net, upstream
 ):
