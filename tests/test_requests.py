@@ -308,7 +308,11 @@ def test_an_approved_path_request_lets_exactly_those_protected_paths_change(
         result = run_spec(cli, workdir, mock_task(repo, mock, verification=protected))
         assert result["status"] == "waiting_input", result
         [request] = pending(result)
-        assert request["detail"] == {"paths": ["checks/**"], "reason": "the test is wrong"}
+        assert request["detail"] == {
+            "paths": ["checks/**"],
+            "reason": "the test is wrong",
+            "covers": {"checks/**": 1},  # protected files of the base it matches
+        }
         text = answer(cli, result["task_id"], request["request_id"], "--text", "yes")
         assert text.code == 2 and "approve or deny, not a text" in text.stderr
         done = answer(cli, result["task_id"], request["request_id"], "--approve")
@@ -335,6 +339,25 @@ def test_an_approved_path_request_lets_exactly_those_protected_paths_change(
     refused = cli("tasks", "accept", allowed["task_id"], "--json")
     assert refused.code == 1 and refused.json()["kind"] == "protected_path"
     assert (repo / "checks" / "t.py").read_text() == "old\n"
+
+
+def test_a_wide_glob_shows_how_many_protected_files_it_covers(cli, repo, workdir):
+    for i in range(3):
+        (repo / "checks").mkdir(exist_ok=True)
+        (repo / "checks" / f"t{i}.py").write_text("old\n")
+    (repo / "locked").mkdir()
+    (repo / "locked" / "l.txt").write_text("old\n")
+    commit_all(repo, "protected files")
+    ask = {"kind": "paths", "paths": ["*", "checks/t0.py"], "reason": "small fix, honest"}
+    protected = {"protected_paths": ["checks/**", "locked/**"], "commands": ["true"]}
+    mock = {"summary": block(ask)}
+    result = run_spec(cli, workdir, mock_task(repo, mock, verification=protected))
+    assert result["status"] == "waiting_input", result
+    [request] = pending(result)
+    assert request["detail"]["covers"] == {"*": 4, "checks/t0.py": 1}  # `*` is everything
+    shown = cli("tasks", "show", result["task_id"]).stdout
+    assert "* (4 protected file(s))" in shown and "checks/t0.py (1 protected file(s))" in shown
+    assert cli("tasks", "cancel", result["task_id"]).code == 0
 
 
 def test_a_question_and_its_answer_are_redacted_where_shown_but_reach_the_worker_whole(

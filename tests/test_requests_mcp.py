@@ -23,6 +23,8 @@ async def test_the_tools_tell_the_model_when_a_task_waits_and_how_to_answer(home
     assert set(answer.input_schema["properties"]) == {"task_id", "request_id", "decision", "text"}
     assert answer.input_schema["required"] == ["task_id", "request_id"]
     assert "waiting_input" in tools["worker_status"].description
+    for tool in ("worker_status", "worker_answer"):  # the request's words are the worker's
+        assert "untrusted" in tools[tool].description
     assert "waiting_input" in tools["worker_delegate"].description
 
 

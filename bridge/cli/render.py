@@ -113,7 +113,12 @@ def describe_request(request: dict[str, Any]) -> str:
         attempts = request.get("attempts", 1)
         return f"reach {detail.get('host')}:{detail.get('port')} ({attempts} attempt(s))"
     if request["kind"] == "paths":
-        return f"change {', '.join(detail.get('paths') or [])}: {detail.get('reason', '')}"
+        covered = detail.get("covers") or {}
+        paths = [
+            f"{p} ({covered[p]} protected file(s))" if p in covered else p
+            for p in detail.get("paths") or []
+        ]
+        return f"change {', '.join(paths)}: {detail.get('reason', '')}"
     choices = detail.get("choices")
     return str(detail.get("text", "")) + (f" [{' | '.join(choices)}]" if choices else "")
 

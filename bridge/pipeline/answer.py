@@ -9,9 +9,10 @@ compare-and-set in the store."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
-from bridge.errors import InvalidSpec, TaskStateError
+from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle
@@ -21,6 +22,8 @@ from bridge.pipeline.results import redactor_for
 from bridge.records import RequestRecord
 from bridge.requests import resume_message
 from bridge.store.db import now_iso
+from bridge.workspace.baseline import tree_entries
+from bridge.workspace.changes import path_matches
 
 DECISIONS = ("approve", "deny")
 MAX_ANSWER = 4000  # characters of an answer's text
@@ -37,15 +40,33 @@ def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
     found = exit_info.request  # parsed from the whole final message (the summary is cut)
     if found is None:
         return None
-    if found["kind"] == "paths" and not handle.spec.verification.protected_paths:
-        return None  # nothing is protected: there is nothing to allow
+    detail = handle.redactor.redact_data(found["detail"])
+    if found["kind"] == "paths":
+        protected = handle.spec.verification.protected_paths
+        if not protected:
+            return None  # nothing is protected: there is nothing to allow
+        detail["covers"] = covers(record.repository, record.base_commit, protected, detail)
     return handle.ctx.store.requests.add(
         handle.task_id,
         found["kind"],
-        handle.redactor.redact_data(found["detail"]),
+        detail,
         turn=turn,
         expires_at=time.time() + handle.limits.input_timeout_seconds,
     )
+
+
+def covers(
+    repository: str, base: str | None, protected: list[str], detail: dict[str, Any]
+) -> dict[str, int]:
+    """How many protected files of the base commit each glob of a path request matches (what
+    the caller sees before approving: `tests/**` may be 3 files or 3,000). Empty when the
+    base cannot be read (the request is shown without it)."""
+    try:
+        tree = tree_entries(Path(repository), base or "HEAD", False)
+    except BridgeError:
+        return {}
+    files = [p for p in tree if path_matches(p, protected)]
+    return {glob: sum(path_matches(p, [glob]) for p in files) for glob in detail["paths"]}
 
 
 def asked(handle: PhaseHandle, turn: int) -> bool:
