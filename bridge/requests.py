@@ -39,6 +39,11 @@ asked for automatically."""
 
 _FENCE = re.compile(r"^```[ \t]*([^\s`]*)[ \t]*$", re.M)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a terminal or a reader would take for something else in a question or a reason: C0 and
+# C1 controls but newline and tab (escape sequences: a cleared screen, a forged line), and the
+# bidirectional overrides (text shown reversed). Replaced by U+FFFD, so the caller sees that
+# something was there.
+_UNSHOWN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def parse_request_block(message: str | None) -> dict[str, Any] | None:
@@ -83,7 +88,7 @@ def _blocks(message: str) -> list[str]:
 def _text(value: Any, limit: int) -> str | None:
     if not isinstance(value, str) or not value.strip() or len(value) > limit:
         return None
-    return value.strip()
+    return _UNSHOWN.sub("\ufffd", value.strip())
 
 
 def _question(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -97,8 +102,9 @@ def _question(data: dict[str, Any]) -> dict[str, Any] | None:
         choices = data["choices"]
         if not isinstance(choices, list) or not 0 < len(choices) <= MAX_CHOICES:
             return None
-        clean = [_text(c, MAX_CHOICE) for c in choices]
-        if any(c is None or _CONTROL.search(c) for c in clean):
+        # A choice is typed back as the answer: one with a control character is refused whole.
+        clean = [_text(c, MAX_CHOICE) if not _CONTROL.search(str(c)) else None for c in choices]
+        if any(c is None for c in clean):
             return None
         detail["choices"] = clean
     return {"kind": "question", "detail": detail}

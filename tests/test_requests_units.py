@@ -65,6 +65,17 @@ def test_anything_else_is_ignored(message):
     assert parse_request_block(message) is None
 
 
+def test_control_characters_in_a_question_or_a_reason_are_neutralised():
+    text = "Proceed?\x1b]0;pwned\x07\x1b[2J\r\nline two\u202eevil\x9b31m\tok"
+    found = parse_request_block(block({"kind": "question", "text": text}))
+    assert found is not None
+    shown = found["detail"]["text"]
+    assert not any(c in shown for c in "\x1b\x07\r\u202e\x9b")
+    assert shown.startswith("Proceed?\ufffd]0;pwned") and "\nline two" in shown and "\tok" in shown
+    paths = parse_request_block(block({"kind": "paths", "paths": ["a"], "reason": "x\x1b[2Jy"}))
+    assert paths is not None and paths["detail"]["reason"] == "x\ufffd[2Jy"
+
+
 def test_waiting_input_is_left_only_by_a_cancel_or_explicitly():
     assert Status.WAITING_INPUT in allowed_sources(Status.CANCELLED)
     for target in (Status.QUEUED, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT):
