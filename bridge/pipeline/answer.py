@@ -16,7 +16,7 @@ from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle
-from bridge.pipeline.detached import launch_runner, reserve_runner
+from bridge.pipeline.follow_up import queue_turn
 from bridge.pipeline.outcomes import Outcome
 from bridge.pipeline.results import redactor_for
 from bridge.records import RequestRecord
@@ -123,34 +123,15 @@ def settle(ctx: Context, task_id: str) -> str | None:
 
 
 def _resume(ctx: Context, task_id: str, answered: list[RequestRecord]) -> str | None:
-    store = ctx.store
-    task = store.load_task(task_id)
-    message = resume_message(answered)
-    follow_ups = [*task.follow_ups, message]
-    runner_id = reserve_runner(store, task_id, task.runner_id, finished_ok=True)
-    if runner_id is None or not store.transition(
-        task_id,
-        Status.QUEUED,
-        explicit=True,
+    """The worker's own session resumed with the answers (a turn queued like a follow-up)."""
+    queued = queue_turn(
+        ctx,
+        ctx.store.load_task(task_id),
+        resume_message(answered),
         expect={Status.WAITING_INPUT},
-        event={"turn": len(follow_ups), "resumed": True},
-        turn=len(follow_ups),
-        follow_ups=follow_ups,
-        phase=None,
-        error=None,
-        verification=None,
-        held_outcome=None,
-        finished_at=None,
-    ):
-        return None
-    store.requests.mark_delivered([r.request_id for r in answered], len(follow_ups))
-    store.add_event(
-        task_id,
-        "task.follow_up",
-        {"turn": len(follow_ups), "message": redactor_for(task).redact(message), "answers": True},
+        answered=[r.request_id for r in answered],
     )
-    launch_runner(ctx.config, task_id, runner_id)
-    return str(Status.QUEUED)
+    return None if queued is None else str(Status.QUEUED)
 
 
 def _finish_held(ctx: Context, task_id: str) -> str | None:

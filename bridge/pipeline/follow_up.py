@@ -10,6 +10,7 @@ from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.pipeline.detached import launch_runner, reserve_runner
 from bridge.pipeline.results import redactor_for
+from bridge.records import TaskRecord
 
 
 def queue_follow_up(ctx: Context, task_id: str, message: str, *, launch: bool = True) -> str:
@@ -29,27 +30,52 @@ def queue_follow_up(ctx: Context, task_id: str, message: str, *, launch: bool = 
         raise TaskStateError(
             f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."
         )
-    runner_id = reserve_runner(ctx.store, task_id, task.runner_id, finished_ok=True)
+    runner_id = queue_turn(
+        ctx, task, message, expect={Status.SUCCEEDED, Status.FAILED}, launch=launch
+    )
+    if runner_id is None:
+        raise TaskStateError(f"Task {task_id} changed meanwhile; check it and try again.")
+    return runner_id
+
+
+def queue_turn(
+    ctx: Context,
+    task: TaskRecord,
+    message: str,
+    *,
+    expect: set[Status],
+    launch: bool = True,
+    answered: list[str] | None = None,
+) -> str | None:
+    """Queue ``task``'s next turn with ``message``, from one of ``expect``: a runner reserved,
+    the status back to `queued` (explicit) with the message recorded, and (``launch``) the
+    runner started. ``answered``: the requests whose answers the message carries (a resume out
+    of `waiting_input`), marked delivered with the turn. Returns the runner id; None when the
+    task changed meanwhile (nothing done)."""
+    store, task_id = ctx.store, task.task_id
+    runner_id = reserve_runner(store, task_id, task.runner_id, finished_ok=True)
     follow_ups = [*task.follow_ups, message]
-    if runner_id is None or not ctx.store.transition(
+    turn = len(follow_ups)
+    resumed = {"resumed": True} if answered is not None else {}
+    if runner_id is None or not store.transition(
         task_id,
         Status.QUEUED,
         explicit=True,
-        expect={Status.SUCCEEDED, Status.FAILED},
-        event={"turn": len(follow_ups)},
-        turn=len(follow_ups),
+        expect=expect,
+        event={"turn": turn, **resumed},
+        turn=turn,
         follow_ups=follow_ups,
         phase=None,
         error=None,
         verification=None,
+        held_outcome=None,
         finished_at=None,
     ):
-        raise TaskStateError(f"Task {task_id} changed meanwhile; check it and try again.")
-    ctx.store.add_event(
-        task_id,
-        "task.follow_up",
-        {"turn": len(follow_ups), "message": redactor_for(task).redact(message)},
-    )
+        return None
+    if answered:
+        store.requests.mark_delivered(answered, turn)
+    shown = {"turn": turn, "message": redactor_for(task).redact(message)}
+    store.add_event(task_id, "task.follow_up", {**shown, **({"answers": True} if resumed else {})})
     if launch:
         launch_runner(ctx.config, task_id, runner_id)
     return runner_id
