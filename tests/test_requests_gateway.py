@@ -270,3 +270,21 @@ def test_a_request_arriving_after_a_cancel_is_dropped(tmp_path):
     assert store.requests.add(task_id, "question", {"text": "?"}, turn=0, expires_at=2e9) is None
     assert store.requests.for_task(task_id) == []
     assert [e.kind for e in store.events(task_id) if e.kind == "task.request"] == []
+
+
+def test_past_max_requests_a_new_name_is_refused_without_asking_the_store(
+    asking, upstream, monkeypatch
+):
+    store = asking["store"]
+    for i in range(8):  # the fixture's max_requests
+        assert tunnel(asking["gw"].folder, f"n{i}.example", upstream.port)[0] == 403
+    asked = []
+    attempt = store.requests.network_attempt
+    monkeypatch.setattr(
+        store.requests, "network_attempt", lambda *a, **k: asked.append(a) or attempt(*a, **k)
+    )
+    for i in range(8, 30):
+        status, body = tunnel(asking["gw"].folder, f"n{i}.example", upstream.port)
+        assert status == 403 and "asked for" not in body
+    assert len(asked) == 1  # the first one over learns it; the others ask nothing
+    assert len(store.requests.for_task(asking["task_id"])) == 8

@@ -65,7 +65,8 @@ async def test_a_model_answers_a_question_and_approves_a_network_name(home, repo
         await call(client, "worker_answer", {**args, "decision": "approve"})
         done = await wait_status(client, net["task_id"], deadline_s=90)
         assert done["status"] == "succeeded", done["error"]
-        assert done["allowlist"] == ["vm"] and done["requests"][0]["status"] == "approved"
+        assert done["allowlist"] == [f"vm:{upstream.port}"]  # the approval is for that port
+        assert done["requests"][0]["status"] == "approved"
         assert git(repo, "show", f"{done['branch']}:probe.txt").startswith("reached: ")
         gone = await call_error(client, "worker_answer", {**args, "decision": "deny"})
         assert "already approved" in gone

@@ -110,7 +110,8 @@ class Proxy:
         raise Refused(
             403,
             f"{host}:{port} is not in this task's network.domains; asked for it as request "
-            f"{request_id} ({status}): try again once it is approved",
+            f"{request_id} ({status}): "
+            + ("try again once it is approved" if status == "pending" else "it stays refused"),
         )
 
     async def tunnel(self, exchange: Exchange, request: h11.Request) -> None:

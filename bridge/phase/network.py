@@ -79,6 +79,7 @@ class NetworkAsker:
         self._lock = threading.Lock()
         self._known: dict[tuple[str, int], tuple[str, str | None, float]] = {}
         self._uncounted: dict[tuple[str, int], int] = {}
+        self._over = False  # max_requests reached: a new name is refused without asking
 
     @classmethod
     def of(cls, handle: PhaseHandle, turn: int) -> NetworkAsker:
@@ -100,6 +101,8 @@ class NetworkAsker:
                 if known[0] == "pending":
                     self._uncounted[key] = self._uncounted.get(key, 0) + 1
                 return known[0], known[1]
+            if known is None and self._over:  # the task raised its most: no store, no memory
+                return "over", None
             if self.redact(host) != host:
                 found: tuple[str, str | None] = ("withheld: it looks like a secret", None)
             else:
@@ -112,6 +115,7 @@ class NetworkAsker:
                     max_requests=self.max_requests,
                     attempts=1 + self._uncounted.pop(key, 0),
                 )
+                self._over = self._over or found[0] == "over"
                 if found[0] == "approved" and found[1] is not None:
                     self.store.requests.mark_delivered([found[1]], self.turn)
             self._known[key] = (*found, now)
