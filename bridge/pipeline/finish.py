@@ -1,11 +1,13 @@
 """Finish: the task's terminal status, with its result fields, timings and redacted error, in one
 compare-and-set. If writing the outcome itself fails, the task still ends: `failed`, `internal`,
 with the reason (a runner never leaves a task without a terminal status). The worker's circuit
-breaker then learns how it ended."""
+breaker then learns how it ended (bridge/circuit.py's record_task_outcome, with the live
+configuration's `circuit` section, never the one recorded when the task was made)."""
 
 from __future__ import annotations
 
-from bridge.circuit import record_outcome
+from bridge.circuit import record_task_outcome
+from bridge.config import Config
 from bridge.models import Status
 from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.outcomes import Outcome, error
@@ -14,7 +16,7 @@ from bridge.store import Store
 from bridge.store.db import now_iso
 
 
-def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:
+def finish_task(handle: PhaseHandle, outcome: Outcome, live: Config | None = None) -> None:
     fields = dict(outcome.fields)
     fields["timings"] = handle.timings
     fields["finished_at"] = now_iso()
@@ -28,17 +30,8 @@ def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:
     except Exception as exc:
         _fail_internal(handle.ctx.store, handle.task_id, f"its outcome could not be stored ({exc})")
         return
-    if ended:
-        _tell_circuit(handle)
-
-
-def _tell_circuit(handle: PhaseHandle) -> None:
-    """The worker's circuit breaker learns how the task ended (bridge/circuit.py); its
-    bookkeeping failing must not undo the outcome, so that is said in the log instead."""
-    try:
-        record_outcome(handle.ctx.store, handle.ctx.config, handle.task_id)
-    except Exception as exc:
-        handle.emit("circuit.unrecorded", {"error": f"{exc.__class__.__name__}: {exc}"[:300]})
+    if ended:  # its bookkeeping failing never undoes the outcome (a `circuit.unrecorded` event)
+        record_task_outcome(handle.ctx.store, live or handle.ctx.config, handle.task_id)
 
 
 def fail_unreadable(store: Store, task_id: str, exc: Exception) -> None:

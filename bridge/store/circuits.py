@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,36 +96,72 @@ def failure_kinds(conn: sqlite3.Connection, worker: str, after: float) -> dict[s
     return {kind: n for kind, n in rows}
 
 
-def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
-    """What the breaker reads of a task: worker, status, turn, error and recorded exit (the
-    JSON ones decoded); None for no such task."""
+def failure_repositories(conn: sqlite3.Connection, worker: str, after: float) -> int:
+    """How many repositories the worker's failures after ``after`` came from."""
     found = conn.execute(
-        "SELECT worker, status, turn, error, worker_exit FROM tasks WHERE task_id = ?",
+        "SELECT count(DISTINCT t.repository) FROM circuit_failures f"
+        " JOIN tasks t ON t.task_id = f.task_id WHERE f.worker = ? AND f.at > ?",
+        (worker, after),
+    ).fetchone()
+    return int(found[0] or 0)
+
+
+def repositories_used(conn: sqlite3.Connection, worker: str, after: float) -> int:
+    """How many repositories the worker was given tasks in that were made or ended after
+    ``after``."""
+    since = _iso(after)
+    found = conn.execute(
+        "SELECT count(DISTINCT repository) FROM tasks"
+        " WHERE worker = ? AND (created_at > ? OR finished_at > ?)",
+        (worker, since, since),
+    ).fetchone()
+    return int(found[0] or 0)
+
+
+def _iso(at: float) -> str:  # the form of the tasks' timestamps (store.db.now_iso)
+    return datetime.fromtimestamp(max(at, 0.0), UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+    """What the breaker reads of a task: worker, repository, status, turn, error and recorded
+    exit (the JSON ones decoded), its deadline (``timeout_seconds``, the effective one) and
+    when it ended (``ended_at``, epoch seconds, or None); None for no such task."""
+    found = conn.execute(
+        "SELECT worker, repository, status, turn, error, worker_exit, finished_at,"
+        " json_extract(config, '$.effective_limits.timeout_seconds') FROM tasks"
+        " WHERE task_id = ?",
         (task_id,),
     ).fetchone()
     if found is None:
         return None
-    worker, status, turn, error, worker_exit = found
+    worker, repository, status, turn, error, worker_exit, finished_at, deadline = found
+    try:
+        ended_at = datetime.fromisoformat(finished_at).timestamp() if finished_at else None
+    except ValueError:
+        ended_at = None
     return {
         "task_id": task_id,
         "worker": worker,
+        "repository": repository,
         "status": status,
         "turn": turn or 0,
         "error": json.loads(error) if error else None,
         "worker_exit": json.loads(worker_exit) if worker_exit else None,
+        "timeout_seconds": deadline,
+        "ended_at": ended_at,
     }
 
 
-def read_circuits(path: Path, after: float) -> tuple[dict[str, CircuitRow], dict[str, dict]]:
-    """Every stored row, and each worker's failures after ``after`` (and after its own
-    close) by kind, read without writing anything: from a read-only connection, and nothing
-    at all from a store that does not exist yet (or predates the circuits tables)."""
+def read_circuits(
+    path: Path, after: float, terminal: Iterable[str] = ()
+) -> tuple[dict[str, CircuitRow], dict[str, dict], set[str]]:
+    """Every stored row, each worker's failures after ``after`` (and after its own close) by
+    kind, and the workers whose probe has ended (its status one of ``terminal``) or is gone,
+    read without writing anything: from a read-only connection, and nothing at all from a
+    store that does not exist yet (or predates the circuits tables)."""
     if not path.exists():
-        return {}, {}
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return {}, {}
+        return {}, {}, set()
+    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
     try:
         rows = {r[0]: _row(r) for r in conn.execute(_SELECT).fetchall()}
         counted: dict[str, dict[str, int]] = {}
@@ -135,8 +173,20 @@ def read_circuits(path: Path, after: float) -> tuple[dict[str, CircuitRow], dict
             (after,),
         ):
             counted.setdefault(worker, {})[kind] = n
-        return rows, counted
-    except sqlite3.OperationalError:  # no such table: a store from before the breaker
-        return {}, {}
+        ends = sorted(terminal)
+        ended = {
+            worker
+            for (worker,) in conn.execute(
+                "SELECT c.worker FROM circuits c LEFT JOIN tasks t ON t.task_id = c.probe_task"
+                " WHERE c.probe_task IS NOT NULL AND (t.task_id IS NULL OR t.status IN"
+                f" ({', '.join('?' for _ in ends) or 'NULL'}))",
+                ends,
+            )
+        }
+        return rows, counted, ended
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # a store from before the breaker
+            return {}, {}, set()
+        raise
     finally:
         conn.close()
