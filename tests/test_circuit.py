@@ -146,11 +146,22 @@ def test_a_failing_repair_turn_counts(fast, repo):
     assert state(fast)["state"] == "open"
 
 
-def test_a_turn_timeout_counts(fast, repo):
+def test_a_turn_timeout_counts_when_the_deadline_was_not_the_caller_s_short_budget(home, repo):
+    bridge = breaker(home, min_timeout_s=1)
     for _ in range(2):
+        result = run(bridge, repo, {"sleep": 30}, limits={"timeout_seconds": 1})
+        assert result.status == "timed_out"
+    assert state(bridge)["kinds"] == {"timeout": 2}
+    bridge.close()
+
+
+def test_a_caller_s_own_tight_deadline_does_not_shut_the_worker_out(fast, repo):
+    assert fast.config.circuit.min_timeout_s == 300  # the default floor
+    for _ in range(3):
         result = run(fast, repo, {"sleep": 30}, limits={"timeout_seconds": 1})
         assert result.status == "timed_out"
-    assert state(fast)["kinds"] == {"timeout": 2}
+    assert state(fast) == {**state(fast), "state": "closed", "failures": 0}
+    assert fast.create_task(mock_task(repo, OK)).status == "created"
 
 
 def test_failures_outside_the_window_do_not_add_up(home, repo):
@@ -385,4 +396,108 @@ def test_a_probe_made_but_never_started_lets_go_of_the_one_try(home, repo):
     taken = bridge.create_task(mock_task(repo, OK))
     assert state(bridge)["probe_task"] == taken.task_id
     assert "circuit.probe_released" in [e.kind for e in bridge.task_logs(idle.task_id).events]
+    bridge.close()
+
+
+# -- a probe whose outcome was never recorded, the live view, one repository, the entry point --
+
+
+def _unrecorded(monkeypatch) -> None:
+    """Tasks end as if the runner died between their terminal transition and the breaker."""
+    import bridge.pipeline.finish as finish
+
+    monkeypatch.setattr(finish, "record_task_outcome", lambda *args: True)
+
+
+def test_a_failed_probe_whose_outcome_was_not_recorded_reopens_once_and_is_tried_again(
+    home, repo, monkeypatch
+):
+    bridge = breaker(home, failures=1, cooldown_s=0.5)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    _unrecorded(monkeypatch)
+    probe = run(bridge, repo, FAIL)
+    assert probe.error.kind == "worker_exit"
+    with pytest.raises(CircuitOpen, match="is refused until") as first:
+        bridge.create_task(mock_task(repo, OK))  # settles the probe: open again, and kept
+    reopened = state(bridge)
+    assert reopened["state"] == "open" and reopened["retry_at"] in first.value.message
+    with pytest.raises(CircuitOpen):
+        bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["retry_at"] == reopened["retry_at"], "a refusal does not move it on"
+    kinds = [e.kind for e in bridge.task_logs(probe.task_id).events]
+    assert kinds.count("circuit.opened") == 1
+    wait_half_open(bridge)
+    assert bridge.create_task(mock_task(repo, OK)).status == "created"  # the next probe
+    bridge.close()
+
+
+def test_workers_list_does_not_show_a_probe_that_has_ended(home, repo, monkeypatch):
+    bridge = breaker(home, failures=1, cooldown_s=0.2)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    _unrecorded(monkeypatch)
+    assert run(bridge, repo, OK).status == "succeeded"
+    [worker] = [w for w in bridge.list_workers() if w.name == "mock"]
+    assert worker.document()["circuit"]["state"] == "closed"
+    assert not [c for c in bridge.doctor() if c["check"] == "circuit:mock"]
+    bridge.close()
+
+
+def test_record_task_outcome_is_idempotent_and_never_raises(fast, repo, monkeypatch):
+    from bridge.circuit import record_task_outcome
+    from bridge.store import circuits as table
+
+    _unrecorded(monkeypatch)
+    failed = run(fast, repo, FAIL)
+    assert state(fast)["failures"] == 0
+    for _ in range(3):
+        assert record_task_outcome(fast.store, fast.config, failed.task_id) is True
+    assert state(fast)["failures"] == 1
+
+    def broken(*args):
+        raise RuntimeError("disk I/O error")
+
+    monkeypatch.setattr(table, "task_outcome", broken)
+    assert record_task_outcome(fast.store, fast.config, failed.task_id) is False
+    [event] = [e for e in fast.task_logs(failed.task_id).events if e.kind == "circuit.unrecorded"]
+    assert "disk I/O error" in event.data["error"]
+
+
+def test_failures_in_one_repository_do_not_shut_the_worker_out_of_another(fast, repo, tmp_path):
+    import subprocess
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "i"]):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=other, check=True
+        )
+    assert run(fast, other, OK).status == "succeeded"  # the worker is used in two places
+    trip(fast, repo, 3)  # ...and fails in one of them only: a poisoned repository
+    assert state(fast)["state"] == "closed" and state(fast)["failures"] == 3
+    assert run(fast, other, FAIL).error.kind == "worker_exit"  # a second repository fails
+    assert state(fast)["state"] == "open"
+
+
+def test_the_bridge_s_own_refusal_to_resume_a_session_is_not_a_worker_failure():
+    refused = _outcome("failed", "worker_exit", turn=1, exit_code=1) | {"turn": 2}
+    assert classify(refused) == ("neutral", None)
+
+
+def test_the_live_circuit_config_decides_at_finish(home, repo):
+    early = breaker(home, failures=5)
+    made = early.create_task(mock_task(repo, FAIL))  # recorded with failures: 5
+    early.close()
+    live = breaker(home, failures=1)
+    assert live.run_task(made.task_id).error.kind == "worker_exit"
+    assert state(live)["state"] == "open"
+    live.close()
+
+
+def test_circuit_store_read_in_a_home_with_a_hash_in_its_path(tmp_path, repo):
+    home = tmp_path / "a#b?c"
+    bridge = breaker(home, failures=1)
+    trip(bridge, repo, 1)
+    assert state(bridge)["state"] == "open"
     bridge.close()

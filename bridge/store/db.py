@@ -190,9 +190,8 @@ class Store:
 
         With an idempotency key already used on the same repository, returns the existing task
         instead (created=False); the unique index makes this hold across processes.
-        ``admit`` runs in the same transaction before the row is written (the worker's circuit
-        breaker, bridge/circuit.py): when it returns a refusal, the task is not written, what
-        ``admit`` itself wrote is committed, and the refusal is raised after the commit.
+        ``admit`` runs in the transaction before the row is written (the circuit breaker): on a
+        refusal it returns, the task is not written, what ``admit`` wrote is committed, then raised.
         """
         row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
         with self.transaction() as conn:
