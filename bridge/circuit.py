@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 WORKED = {Status.SUCCEEDED, Status.ACCEPTED, Status.REJECTED}
 FORGET_AFTER_S = 7 * 86400  # failures older than this (and than the window) are removed
-UNSTARTED_PROBE_S = 60.0  # a probe still `created` this long (and a cool-down) lets go its try
+PROBE_GRACE_S = 60.0  # the least time a probe without a live runner holds the one try
 
 
 def classify(
@@ -162,17 +162,26 @@ def view(row: CircuitRow, recent: dict[str, int], settings: CircuitConfig, now: 
 
 def circuits_of(config: Config, workers: Iterable[str]) -> dict[str, Circuit]:
     """Each worker's breaker, read without writing (a store not made yet: all closed) --
-    except that a half-open probe that has ended has its outcome applied first (as the next
-    creation would), so no one is shown a breaker "tried by" a task that is over."""
+    except that a half-open probe that has ended, or no longer holds the one try
+    (probe_stale), is settled first (as the next creation would), so no one is shown a
+    breaker "tried by" a task that is over."""
     names = list(workers)
     now = time.time()
     settings = config.circuit
-    rows, counted, ended = table.read_circuits(
-        config.store_path, now - settings.window_s, [str(s) for s in TERMINAL]
-    )
-    if ended & set(names) and _settle_ended(config, ended & set(names)):
-        rows, counted, _ = table.read_circuits(config.store_path, now - settings.window_s)
-
+    after = now - settings.window_s
+    rows, counted, probes = table.read_circuits(config.store_path, after)
+    due = {
+        name
+        for name in names
+        if name in probes
+        and (
+            probes[name] is None
+            or probes[name]["status"] in TERMINAL
+            or probe_stale(rows[name], probes[name], settings, now)
+        )
+    }
+    if due and _settle_ended(config, due):
+        rows, counted, _ = table.read_circuits(config.store_path, after)
     return {
         name: view(rows.get(name) or CircuitRow(worker=name), counted.get(name, {}), settings, now)
         for name in names
@@ -180,8 +189,8 @@ def circuits_of(config: Config, workers: Iterable[str]) -> dict[str, Circuit]:
 
 
 def _settle_ended(config: Config, workers: set[str]) -> bool:
-    """Apply the outcomes of the ended probes of ``workers``; False when the store cannot be
-    written here (a read-only home: the stored state is shown)."""
+    """Settle the probes of ``workers``; False when the store cannot be written here (a
+    read-only home: the stored state is shown)."""
     try:
         store = Store(config.store_path)
     except Exception:  # a read-only home, a locked store: show it as stored
@@ -195,6 +204,26 @@ def _settle_ended(config: Config, workers: set[str]) -> bool:
         return False
     finally:
         store.close()
+
+
+def probe_stale(
+    current: CircuitRow, probe: dict[str, Any], settings: CircuitConfig, now: float
+) -> str | None:
+    """Why the probe task ``probe`` (not ended) no longer holds the one try, or None while it
+    does. It holds it while a runner holds a live claim on it, until its own deadline; a
+    probe with no live runner (made and never started, its runner dead, waiting for input)
+    holds it for the cool-down (and at least PROBE_GRACE_S) from when it was let through,
+    and a live one until its deadline plus as long. So a probe whose outcome is never
+    recorded cannot hold a breaker half-open for good."""
+    grace = max(settings.cooldown_s, PROBE_GRACE_S)
+    if not probe["runner_live"]:
+        if now - (current.probe_at or 0.0) > grace:
+            return "unstarted" if probe["status"] == Status.CREATED else "no_live_runner"
+        return None
+    deadline_at = probe.get("deadline_at")
+    if deadline_at and now > deadline_at + grace:
+        return "past_its_deadline"
+    return None
 
 
 # -- changes: each inside one store transaction --------------------------------------------
@@ -301,20 +330,20 @@ def _released(store: Store, conn: Any, current: CircuitRow, data: dict | None) -
 def _settled(
     store: Store, conn: Any, settings: CircuitConfig, current: CircuitRow, now: float
 ) -> CircuitRow:
-    """The row once a probe that has ended (or is gone) has had its outcome applied: whoever
-    looks first applies it, and applying it twice changes nothing."""
+    """The row once a probe that has ended (or is gone) has had its outcome applied, and a
+    probe that no longer holds the one try (probe_stale) has let go of it: whoever looks
+    first does it, and doing it twice changes nothing."""
     if not current.probe_task:
         return current
     probe = table.task_outcome(conn, current.probe_task)
     if probe is None:
         return _released(store, conn, current, None)
-    if probe["status"] == Status.CREATED and now - (current.probe_at or now) > max(
-        settings.cooldown_s, UNSTARTED_PROBE_S
-    ):  # made and never started (a script that died?): it no longer holds the one try
-        return _released(store, conn, current, {"unstarted": True})
-    if probe["status"] not in TERMINAL:
+    if probe["status"] in TERMINAL:
+        return _apply(store, conn, settings, probe, now)
+    why = probe_stale(current, probe, settings, now)
+    if why is None:
         return current
-    return _apply(store, conn, settings, probe, now)
+    return _released(store, conn, current, {"why": why, "status": probe["status"]})
 
 
 def _apply(

@@ -402,6 +402,84 @@ def test_a_probe_made_but_never_started_lets_go_of_the_one_try(home, repo):
     bridge.close()
 
 
+def _strand(bridge: WorkerBridge, task_id: str, status: str, **runner) -> None:
+    """Leave the task as a runner that died (or hangs) would: ``status``, with ``runner``'s
+    claim, and let through as the probe an hour ago."""
+    from dataclasses import replace
+
+    from bridge.store import circuits as table
+
+    fields = {"status": status, "runner_id": None, "deadline_at": None, **runner}
+    sets = ", ".join(f"{name} = ?" for name in fields)
+    with bridge.store.transaction() as conn:
+        conn.execute(f"UPDATE tasks SET {sets} WHERE task_id = ?", (*fields.values(), task_id))
+        table.save(conn, replace(table.load(conn, "mock"), probe_at=1.0))
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _claim(pid: int, expires_at: float, deadline_at: float | None) -> dict:
+    from bridge.store.owners import HOST, _started
+
+    return {
+        "runner_id": "runner-test",
+        "runner_host": HOST,
+        "runner_pid": pid,
+        "runner_pid_started": _started(pid) if pid == os.getpid() else 1.0,
+        "runner_expires_at": expires_at,
+        "deadline_at": deadline_at,
+    }
+
+
+@pytest.mark.parametrize(
+    "stranded",
+    [
+        pytest.param(lambda: ("running", _claim(_dead_pid(), time.time() + 600, None)), id="dead"),
+        pytest.param(lambda: ("verifying", _claim(os.getpid(), 1.0, None)), id="lease-expired"),
+        pytest.param(lambda: ("queued", {}), id="queued-unclaimed"),
+        pytest.param(lambda: ("waiting_input", {}), id="waiting"),
+        pytest.param(
+            lambda: ("running", _claim(os.getpid(), time.time() + 600, 2.0)),
+            id="hung-past-deadline",
+        ),
+    ],
+)
+def test_a_probe_whose_outcome_never_comes_lets_the_next_task_be_the_probe(home, repo, stranded):
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    stuck = bridge.create_task(mock_task(repo, OK))
+    status, runner = stranded()
+    _strand(bridge, stuck.task_id, status, **runner)
+    assert state(bridge)["probe_task"] is None, "workers list does not show a stale probe"
+    taken = bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["probe_task"] == taken.task_id
+    [released] = [e for e in bridge.task_logs(stuck.task_id).events if e.kind.endswith("released")]
+    assert released.data["status"] == status
+    assert bridge.run_task(taken.task_id).status == "succeeded"
+    assert state(bridge)["state"] == "closed", "the circuit recovers"
+    bridge.close()
+
+
+def test_a_probe_a_live_runner_is_running_within_its_deadline_keeps_the_one_try(home, repo):
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    probe = bridge.create_task(mock_task(repo, OK))
+    claim = _claim(os.getpid(), time.time() + 600, time.time() + 600)
+    _strand(bridge, probe.task_id, "running", **claim)  # let through an hour ago, still running
+    with pytest.raises(CircuitOpen, match=probe.task_id):
+        bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["probe_task"] == probe.task_id
+    bridge.close()
+
+
 # -- a probe whose outcome was never recorded, the live view, one repository, the entry point --
 
 
@@ -412,25 +490,35 @@ def _unrecorded(monkeypatch) -> None:
     monkeypatch.setattr(finish, "record_task_outcome", lambda *args: True)
 
 
+def _stored(bridge: WorkerBridge):
+    """The worker's row as stored, read without settling anything (unlike `state`)."""
+    from bridge.store import circuits as table
+
+    with bridge.store.transaction() as conn:
+        return table.load(conn, "mock")
+
+
 def test_a_failed_probe_whose_outcome_was_not_recorded_reopens_once_and_is_tried_again(
     home, repo, monkeypatch
 ):
-    bridge = breaker(home, failures=1, cooldown_s=0.5)
+    bridge = breaker(home, failures=1, cooldown_s=1)
     trip(bridge, repo, 1)
     wait_half_open(bridge)
     _unrecorded(monkeypatch)
     probe = run(bridge, repo, FAIL)
     assert probe.error.kind == "worker_exit"
+    assert _stored(bridge).probe_task == probe.task_id, "nothing recorded its outcome"
     with pytest.raises(CircuitOpen, match="is refused until") as first:
-        bridge.create_task(mock_task(repo, OK))  # settles the probe: open again, and kept
-    reopened = state(bridge)
-    assert reopened["state"] == "open" and reopened["retry_at"] in first.value.message
+        bridge.create_task(mock_task(repo, OK))  # settles the probe: open again...
+    reopened = _stored(bridge)  # ...and kept, though the creation was refused
+    assert reopened.state == "open" and reopened.probe_task is None
+    assert state(bridge)["retry_at"] in first.value.message
     with pytest.raises(CircuitOpen):
         bridge.create_task(mock_task(repo, OK))
-    assert state(bridge)["retry_at"] == reopened["retry_at"], "a refusal does not move it on"
+    assert _stored(bridge).retry_at == reopened.retry_at, "a refusal does not move it on"
     kinds = [e.kind for e in bridge.task_logs(probe.task_id).events]
     assert kinds.count("circuit.opened") == 1
-    wait_half_open(bridge)
+    poll(lambda: time.time() > (reopened.retry_at or 0) + 0.05, "the cool-down", 10)
     assert bridge.create_task(mock_task(repo, OK)).status == "created"  # the next probe
     bridge.close()
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bridge.store.db import now_iso
+from bridge.store.owners import owner_live
 
 
 @dataclass(frozen=True)
@@ -124,17 +124,21 @@ def _iso(at: float) -> str:  # the form of the tasks' timestamps (store.db.now_i
 
 def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     """What the breaker reads of a task: worker, repository, status, turn, error and recorded
-    exit (the JSON ones decoded), its deadline (``timeout_seconds``, the effective one) and
-    when it ended (``ended_at``, epoch seconds, or None); None for no such task."""
+    exit (the JSON ones decoded), its deadline (``timeout_seconds``, the effective one), when
+    it ended (``ended_at``, epoch seconds, or None), whether a runner holds a live claim on it
+    (``runner_live``), its ``deadline_at`` and the `circuit` section of the configuration it
+    was made with (``circuit``, a dict, or None); None for no such task."""
     found = conn.execute(
         "SELECT worker, repository, status, turn, error, worker_exit, finished_at,"
-        " json_extract(config, '$.effective_limits.timeout_seconds') FROM tasks"
-        " WHERE task_id = ?",
+        " json_extract(config, '$.effective_limits.timeout_seconds'),"
+        " json_extract(config, '$.circuit'), runner_id, runner_host, runner_pid,"
+        " runner_pid_started, runner_expires_at, deadline_at FROM tasks WHERE task_id = ?",
         (task_id,),
     ).fetchone()
     if found is None:
         return None
-    worker, repository, status, turn, error, worker_exit, finished_at, deadline = found
+    worker, repository, status, turn, error, worker_exit, finished_at, deadline = found[:8]
+    circuit, runner_id, host, pid, pid_started, expires, deadline_at = found[8:]
     try:
         ended_at = datetime.fromisoformat(finished_at).timestamp() if finished_at else None
     except ValueError:
@@ -149,18 +153,22 @@ def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | Non
         "worker_exit": json.loads(worker_exit) if worker_exit else None,
         "timeout_seconds": deadline,
         "ended_at": ended_at,
+        "runner_live": runner_id is not None and owner_live(expires, host, pid, pid_started),
+        "deadline_at": deadline_at,
+        "circuit": json.loads(circuit) if circuit else None,
     }
 
 
 def read_circuits(
-    path: Path, after: float, terminal: Iterable[str] = ()
-) -> tuple[dict[str, CircuitRow], dict[str, dict], set[str]]:
+    path: Path, after: float
+) -> tuple[dict[str, CircuitRow], dict[str, dict], dict[str, dict[str, Any] | None]]:
     """Every stored row, each worker's failures after ``after`` (and after its own close) by
-    kind, and the workers whose probe has ended (its status one of ``terminal``) or is gone,
-    read without writing anything: from a read-only connection, and nothing at all from a
-    store that does not exist yet (or predates the circuits tables)."""
+    kind, and for each row with a probe the probe task as task_outcome reads it (None: the
+    task is gone), read without writing anything: from a read-only connection, and nothing at
+    all from a store that does not exist yet (or predates the circuits tables)."""
     if not path.exists():
-        return {}, {}, set()
+        return {}, {}, {}
+    # a URI, so the path's own `?` or `#` must be escaped: as_uri does it
     conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
     try:
         rows = {r[0]: _row(r) for r in conn.execute(_SELECT).fetchall()}
@@ -173,20 +181,13 @@ def read_circuits(
             (after,),
         ):
             counted.setdefault(worker, {})[kind] = n
-        ends = sorted(terminal)
-        ended = {
-            worker
-            for (worker,) in conn.execute(
-                "SELECT c.worker FROM circuits c LEFT JOIN tasks t ON t.task_id = c.probe_task"
-                " WHERE c.probe_task IS NOT NULL AND (t.task_id IS NULL OR t.status IN"
-                f" ({', '.join('?' for _ in ends) or 'NULL'}))",
-                ends,
-            )
+        probes = {
+            name: task_outcome(conn, row.probe_task) for name, row in rows.items() if row.probe_task
         }
-        return rows, counted, ended
+        return rows, counted, probes
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):  # a store from before the breaker
-            return {}, {}, set()
+            return {}, {}, {}
         raise
     finally:
         conn.close()
