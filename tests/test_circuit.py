@@ -592,3 +592,38 @@ def test_circuit_store_read_in_a_home_with_a_hash_in_its_path(tmp_path, repo):
     trip(bridge, repo, 1)
     assert state(bridge)["state"] == "open"
     bridge.close()
+
+
+# -- a task that ends from waiting_input -------------------------------------------------------
+
+
+def _asking_failure(fast: WorkerBridge, repo: Path, **limits):
+    """A task whose worker asks a question in its final message and exits with an error: it
+    waits for input with that failure held."""
+    from support.asking import block
+
+    asking = {"exit_code": 3, "summary": "Stuck.\n" + block({"kind": "question", "text": "Which?"})}
+    made = run(fast, repo, asking, limits=limits) if limits else run(fast, repo, asking)
+    assert made.status == "waiting_input", made.error
+    return made
+
+
+def test_a_task_that_ends_from_waiting_input_is_counted_like_any_other(fast, repo):
+    denied = _asking_failure(fast, repo)
+    assert state(fast)["failures"] == 0, "the turn's failure is held, not counted yet"
+    ended = fast.answer(denied.task_id, denied.requests[0]["request_id"], decision="deny")
+    assert ended.status == "failed" and ended.error.kind == "worker_exit"
+    assert state(fast)["failures"] == 1
+    expired = _asking_failure(fast, repo, input_timeout_seconds=1)
+    poll(lambda: _expired(fast, expired), "the input timeout", 30)
+    assert fast.get_task(expired.task_id).error.kind == "worker_exit"
+    assert state(fast)["state"] == "open" and state(fast)["kinds"] == {"worker_exit": 2}
+    with pytest.raises(CircuitOpen):
+        fast.create_task(mock_task(repo, OK))
+
+
+def _expired(bridge: WorkerBridge, task) -> bool:
+    from bridge.pipeline.answer import expire_due
+
+    expire_due(bridge.context())  # what recovery and a job's coordinator sweep
+    return bridge.get_task(task.task_id).status == "failed"
