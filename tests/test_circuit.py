@@ -77,6 +77,15 @@ def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict
     [
         (_outcome("failed", "worker_exit", exit_code=1), ("failure", "worker_exit")),
         (_outcome("timed_out", "timeout", timed_out=True, exit_code=None), ("failure", "timeout")),
+        # the caller's own deadline, below circuit.min_timeout_s (300 s): not a hanging worker
+        (
+            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 299},
+            ("neutral", None),
+        ),
+        (
+            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 300},
+            ("failure", "timeout"),
+        ),
         # the deadline passed in verification: the worker's turn had ended cleanly
         (_outcome("timed_out", "timeout", exit_code=0), ("worked", None)),
         # ...or in the environment's setup, before the worker ran
