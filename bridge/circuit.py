@@ -34,6 +34,7 @@ from typing import Any
 from bridge.config import CircuitConfig, Config
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, Status
+from bridge.records import RESUME_FAILED
 from bridge.store import Store
 from bridge.store import circuits as table
 from bridge.store.circuits import CircuitRow
@@ -57,7 +58,9 @@ def classify(
     this_turn = ran.get("turn") == outcome.get("turn")
     if status not in TERMINAL or status == Status.CANCELLED:
         return "neutral", None
-    if kind == "worker_exit" and this_turn:  # the worker ran this turn and failed
+    if kind == "worker_exit" and this_turn:  # the worker ran this turn and failed...
+        if outcome.get("turn") and RESUME_FAILED in (ran.get("failure") or ""):
+            return "neutral", None  # ...to resume the earlier turns' session: not a broken worker
         return "failure", "worker_exit"
     if status == Status.TIMED_OUT and this_turn and ran.get("timed_out"):
         deadline = outcome.get("timeout_seconds")

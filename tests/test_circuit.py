@@ -97,6 +97,9 @@ def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict
         # an exit recorded for an earlier turn says nothing of this one
         (_outcome("failed", "sandbox", turn=2, exit_code=0) | {"turn": 3}, ("neutral", None)),
         (_outcome("cancelled", "cancelled", exit_code=0), ("neutral", None)),
+        # the bridge refused the follow-up (no session to resume) before the worker ran: the
+        # exit recorded is the earlier turn's
+        (_outcome("failed", "worker_exit", turn=1, exit_code=1) | {"turn": 2}, ("neutral", None)),
         (_outcome("failed", "sandbox"), ("neutral", None)),
         (_outcome("failed", "environment"), ("neutral", None)),
         (_outcome("failed", "out_of_memory", exit_code=137, oom_killed=True), ("neutral", None)),
@@ -580,11 +583,6 @@ def test_failures_in_one_repository_do_not_shut_the_worker_out_of_another(fast, 
     assert state(fast)["state"] == "open"
 
 
-def test_the_bridge_s_own_refusal_to_resume_a_session_is_not_a_worker_failure():
-    refused = _outcome("failed", "worker_exit", turn=1, exit_code=1) | {"turn": 2}
-    assert classify(refused) == ("neutral", None)
-
-
 def test_the_live_circuit_config_decides_at_finish(home, repo):
     early = breaker(home, failures=5)
     made = early.create_task(mock_task(repo, FAIL))  # recorded with failures: 5
@@ -636,3 +634,51 @@ def _expired(bridge: WorkerBridge, task) -> bool:
 
     expire_due(bridge.context())  # what recovery and a job's coordinator sweep
     return bridge.get_task(task.task_id).status == "failed"
+
+
+# -- a session that cannot be resumed --------------------------------------------------------
+
+
+def _resume_failures() -> dict[str, str]:
+    """Each built-in CLI's failure sentence when it could not resume its session, from the
+    lines the CLIs print (as tests/test_worker_lines.py has them)."""
+    import json
+
+    from bridge.workers.claude_code import ClaudeCodeWorker
+    from bridge.workers.codex import CodexWorker
+    from bridge.workers.opencode import OpencodeWorker
+
+    claude = {"type": "result", "subtype": "error_during_execution", "is_error": True}
+    claude["errors"] = ["No conversation found with session ID: 1111"]
+    lines = {
+        "claude-code": (ClaudeCodeWorker(), json.dumps(claude)),
+        "codex": (CodexWorker(), "Error: thread/resume: thread/resume failed: no rollout found"),
+        "opencode": (OpencodeWorker(), "\x1b[91m\x1b[1mError: \x1b[0mSession not found"),
+    }
+    return {name: worker.parse_line(line).failure or "" for name, (worker, line) in lines.items()}
+
+
+@pytest.mark.parametrize("worker", ["claude-code", "codex", "opencode"])
+def test_a_cli_that_cannot_resume_its_session_on_a_follow_up_is_not_counted(worker):
+    failure = _resume_failures()[worker]
+    lost = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
+    assert classify(lost) == ("neutral", None), failure
+    # on a first turn there is no session to resume: whatever it says, it failed
+    assert classify(lost | {"turn": 0, "worker_exit": {**lost["worker_exit"], "turn": 0}}) == (
+        "failure",
+        "worker_exit",
+    )
+    other = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure="Codex failed: boom")
+    assert classify(other) == ("failure", "worker_exit")
+
+
+def test_a_follow_up_the_bridge_cannot_resume_is_not_the_worker_s_failure(fast, repo, monkeypatch):
+    from bridge.workers.mock import MockWorker
+
+    monkeypatch.setattr(MockWorker, "resumes_sessions", True)  # and it recorded no session
+    for _ in range(2):
+        done = run(fast, repo, OK)
+        assert done.status == "succeeded"
+        ended = fast.follow_up(done.task_id, "one more thing", wait=True)
+        assert ended.error.kind == "worker_exit" and "cannot resume" in ended.error.message
+    assert state(fast) == {**state(fast), "state": "closed", "failures": 0}
