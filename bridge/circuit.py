@@ -166,23 +166,14 @@ def view(row: CircuitRow, recent: dict[str, int], settings: CircuitConfig, now: 
 def circuits_of(config: Config, workers: Iterable[str]) -> dict[str, Circuit]:
     """Each worker's breaker, read without writing (a store not made yet: all closed) --
     except that a half-open probe that has ended, or no longer holds the one try
-    (probe_stale), is settled first (as the next creation would), so no one is shown a
+    (probe_due), is settled first (as the next creation would), so no one is shown a
     breaker "tried by" a task that is over."""
     names = list(workers)
     now = time.time()
     settings = config.circuit
     after = now - settings.window_s
     rows, counted, probes = table.read_circuits(config.store_path, after)
-    due = {
-        name
-        for name in names
-        if name in probes
-        and (
-            probes[name] is None
-            or probes[name]["status"] in TERMINAL
-            or probe_stale(rows[name], probes[name], settings, now)
-        )
-    }
+    due = {n for n in names if n in probes and probe_due(rows[n], probes[n], settings, now)}
     if due and _settle_ended(config, due):
         rows, counted, _ = table.read_circuits(config.store_path, after)
     return {
@@ -209,15 +200,17 @@ def _settle_ended(config: Config, workers: set[str]) -> bool:
         store.close()
 
 
-def probe_stale(
-    current: CircuitRow, probe: dict[str, Any], settings: CircuitConfig, now: float
+def probe_due(
+    current: CircuitRow, probe: dict[str, Any] | None, settings: CircuitConfig, now: float
 ) -> str | None:
-    """Why the probe task ``probe`` (not ended) no longer holds the one try, or None while it
-    does. It holds it while a runner holds a live claim on it, until its own deadline; a
-    probe with no live runner (made and never started, its runner dead, waiting for input)
-    holds it for the cool-down (and at least PROBE_GRACE_S) from when it was let through,
-    and a live one until its deadline plus as long. So a probe whose outcome is never
+    """Why the probe task ``probe`` (None: gone) no longer holds the one try: `gone`,
+    `ended` (its outcome to apply), or why it is stale; None while it holds it. A probe with
+    no live runner (made and never started, its runner dead, waiting for input) holds it for
+    the cool-down (and at least PROBE_GRACE_S) from when it was let through, and one a live
+    runner holds until its own deadline plus as long. So a probe whose outcome is never
     recorded cannot hold a breaker half-open for good."""
+    if probe is None or probe["status"] in TERMINAL:
+        return "gone" if probe is None else "ended"
     grace = max(settings.cooldown_s, PROBE_GRACE_S)
     if not probe["runner_live"]:
         if now - (current.probe_at or 0.0) > grace:
@@ -265,9 +258,10 @@ def admission(
 
 def record_outcome(store: Store, config: Config, task_id: str) -> None:
     """After a task ended: count its failure, open the breaker when that makes enough in the
-    window, and close or reopen it when the task was the half-open probe. Applying it twice
-    changes nothing (a failure is counted once per task and turn, at the time the task
-    ended). Raises what the store raises; record_task_outcome does not."""
+    window, and close or reopen it when the task was the half-open probe, by the `circuit`
+    section recorded with the task (``config``'s only for a task recorded without one; see
+    _apply). Applying it twice changes nothing (a failure is counted once per task and turn,
+    at the time the task ended). Raises what the store raises; record_task_outcome does not."""
     with store.transaction() as conn:
         outcome = table.task_outcome(conn, task_id)
         if outcome is not None and outcome["status"] in TERMINAL:
@@ -276,10 +270,9 @@ def record_outcome(store: Store, config: Config, task_id: str) -> None:
 
 def record_task_outcome(store: Store, config: Config, task_id: str) -> bool:
     """The one entry point for whoever ended a task (bridge/pipeline/finish.py, a held task
-    finished elsewhere): record_outcome, with ``config`` the live configuration (its
-    `circuit` section decides, not the one recorded when the task was made). Never raises:
-    a failure to record is logged on the task as a `circuit.unrecorded` event (best effort)
-    and False returned; the task's outcome stands either way."""
+    finished by an answer or a sweep): record_outcome, which never raises: a failure to
+    record is logged on the task as a `circuit.unrecorded` event (best effort) and False
+    returned; the task's outcome stands either way."""
     try:
         record_outcome(store, config, task_id)
         return True
@@ -334,24 +327,26 @@ def _settled(
     store: Store, conn: Any, settings: CircuitConfig, current: CircuitRow, now: float
 ) -> CircuitRow:
     """The row once a probe that has ended (or is gone) has had its outcome applied, and a
-    probe that no longer holds the one try (probe_stale) has let go of it: whoever looks
+    probe that no longer holds the one try (probe_due) has let go of it: whoever looks
     first does it, and doing it twice changes nothing."""
     if not current.probe_task:
         return current
     probe = table.task_outcome(conn, current.probe_task)
-    if probe is None:
-        return _released(store, conn, current, None)
-    if probe["status"] in TERMINAL:
+    why = probe_due(current, probe, settings, now)
+    if probe is None or why is None:
+        return current if why is None else _released(store, conn, current, None)
+    if why == "ended":
         return _apply(store, conn, settings, probe, now)
-    why = probe_stale(current, probe, settings, now)
-    if why is None:
-        return current
     return _released(store, conn, current, {"why": why, "status": probe["status"]})
 
 
 def _apply(
     store: Store, conn: Any, settings: CircuitConfig, outcome: dict[str, Any], now: float
 ) -> CircuitRow:
+    """Apply a task's ending with the `circuit` section it was made with, whichever process
+    applies it (its runner, an answer's denial, a creation settling a probe): the same
+    ending always counts the same way. ``settings``: for a task recorded without one."""
+    settings = _recorded(outcome, settings)
     verdict, kind = classify(outcome, settings)
     worker, task_id = outcome["worker"], outcome["task_id"]
     at = min(outcome.get("ended_at") or now, now)  # when it failed, however late we learn it
@@ -383,6 +378,15 @@ def _apply(
         what = "circuit.opened" if changed.state == "open" else "circuit.closed"
     store.event_in(conn, task_id, what, view(changed, {}, settings, now).document())
     return changed
+
+
+def _recorded(outcome: dict[str, Any], settings: CircuitConfig) -> CircuitConfig:
+    try:
+        return (
+            CircuitConfig.model_validate(outcome["circuit"]) if outcome.get("circuit") else settings
+        )
+    except ValueError:  # a section this version cannot read (a newer one's): ours
+        return settings
 
 
 def _enough(conn: Any, settings: CircuitConfig, worker: str, since: float) -> bool:

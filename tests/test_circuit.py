@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -583,21 +584,75 @@ def test_failures_in_one_repository_do_not_shut_the_worker_out_of_another(fast, 
     assert state(fast)["state"] == "open"
 
 
-def test_the_live_circuit_config_decides_at_finish(home, repo):
+def test_a_task_s_ending_counts_by_the_circuit_section_it_was_made_with(home, repo):
     early = breaker(home, failures=5)
     made = early.create_task(mock_task(repo, FAIL))  # recorded with failures: 5
     early.close()
-    live = breaker(home, failures=1)
-    assert live.run_task(made.task_id).error.kind == "worker_exit"
-    assert state(live)["state"] == "open"
-    live.close()
+    later = breaker(home, failures=1)  # another process, another config, runs it
+    assert later.run_task(made.task_id).error.kind == "worker_exit"
+    assert state(later) == {**state(later), "state": "closed", "failures": 1}
+    assert run(later, repo, FAIL).error.kind == "worker_exit"  # made with failures: 1
+    assert state(later)["state"] == "open"
+    later.close()
 
 
-def test_circuit_store_read_in_a_home_with_a_hash_in_its_path(tmp_path, repo):
-    home = tmp_path / "a#b?c"
+def test_a_probe_settled_by_another_process_counts_by_its_own_circuit_section(
+    home, repo, monkeypatch
+):
+    bridge = breaker(home, failures=1, cooldown_s=0.3)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    _unrecorded(monkeypatch)
+    run(bridge, repo, FAIL)  # the probe, made with a cool-down of 0.3 s, fails unrecorded
+    other = breaker(home, failures=1, cooldown_s=3600)
+    with pytest.raises(CircuitOpen):
+        other.create_task(mock_task(repo, OK))  # settles it: reopened for the probe's 0.3 s
+    row = _stored(other)
+    assert row.state == "open" and row.retry_at - row.opened_at == pytest.approx(0.3)
+    for each in (bridge, other):
+        each.close()
+
+
+@pytest.mark.parametrize("name", ["a#b", "a?mode=rwc", "a%20b"])
+def test_circuit_store_read_in_a_home_with_a_hash_in_its_path(workdir, repo, name):
+    home = workdir / name
+    home.mkdir()
     bridge = breaker(home, failures=1)
     trip(bridge, repo, 1)
-    assert state(bridge)["state"] == "open"
+    assert state(bridge)["state"] == "open", "workers list reads the store at its real path"
+    [worker] = [w for w in bridge.list_workers() if w.name == "mock"]
+    assert worker.document()["circuit"]["state"] == "open"
+    assert not (workdir / "a").exists(), "no store made at a cut-off path"
+    bridge.close()
+
+
+@pytest.mark.parametrize(
+    ("yaml", "named"),
+    [
+        ("cooldown_s: .inf", "circuit.cooldown_s"),
+        ("cooldown_s: 1.0e+308", "circuit.cooldown_s"),
+        ("window_s: .nan", "circuit.window_s"),
+        ("min_timeout_s: 3.0e+9", "circuit.min_timeout_s"),
+        ("failures: 100000000000", "circuit.failures"),
+    ],
+)
+def test_an_endless_or_huge_duration_is_refused_naming_the_key(home, yaml, named):
+    from bridge.config import load_config
+    from bridge.errors import ConfigError
+
+    (home / "config.yaml").write_text(f"circuit: {{{yaml}}}\n")
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+
+
+def test_the_longest_cool_down_allowed_opens_and_shows_a_retry_time(home, repo):
+    bridge = breaker(home, failures=1, cooldown_s=30 * 86400)
+    trip(bridge, repo, 1)
+    opened = state(bridge)
+    retry = datetime.fromisoformat(opened["retry_at"]).timestamp()
+    assert opened["state"] == "open" and retry - time.time() > 29 * 86400, opened
+    with pytest.raises(CircuitOpen, match=opened["retry_at"]):
+        bridge.create_task(mock_task(repo, OK))
     bridge.close()
 
 

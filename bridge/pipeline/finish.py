@@ -1,13 +1,12 @@
 """Finish: the task's terminal status, with its result fields, timings and redacted error, in one
 compare-and-set. If writing the outcome itself fails, the task still ends: `failed`, `internal`,
 with the reason (a runner never leaves a task without a terminal status). The worker's circuit
-breaker then learns how it ended (bridge/circuit.py's record_task_outcome, with the live
-configuration's `circuit` section, never the one recorded when the task was made)."""
+breaker then learns how it ended (bridge/circuit.py's record_task_outcome, by the `circuit`
+section recorded with the task, like everything its runner does)."""
 
 from __future__ import annotations
 
 from bridge.circuit import record_task_outcome
-from bridge.config import Config
 from bridge.models import Status
 from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.outcomes import Outcome, error
@@ -16,7 +15,7 @@ from bridge.store import Store
 from bridge.store.db import now_iso
 
 
-def finish_task(handle: PhaseHandle, outcome: Outcome, live: Config | None = None) -> None:
+def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:
     fields = dict(outcome.fields)
     fields["timings"] = handle.timings
     fields["finished_at"] = now_iso()
@@ -31,7 +30,7 @@ def finish_task(handle: PhaseHandle, outcome: Outcome, live: Config | None = Non
         _fail_internal(handle.ctx.store, handle.task_id, f"its outcome could not be stored ({exc})")
         return
     if ended:  # its bookkeeping failing never undoes the outcome (a `circuit.unrecorded` event)
-        record_task_outcome(handle.ctx.store, live or handle.ctx.config, handle.task_id)
+        record_task_outcome(handle.ctx.store, handle.ctx.config, handle.task_id)
 
 
 def fail_unreadable(store: Store, task_id: str, exc: Exception) -> None:

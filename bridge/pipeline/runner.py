@@ -93,7 +93,7 @@ class TaskRunner:
         if outcome is not None and outcome is self._waiting:
             wait_for_input(self.ctx, handle, outcome)  # after the clean-up: no container left
         elif outcome is not None:
-            finish_task(handle, outcome, self.base_ctx.config)  # its circuit: the live one
+            finish_task(handle, outcome)
         self.store.runners.release(self.task_id, self.owner)
         return self.store.load_task(self.task_id)
 
