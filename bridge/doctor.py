@@ -75,7 +75,7 @@ def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
         problem = worker.health(config)
         if problem is not None:
             add(f"worker:{name}", False, problem, "warning")
-    # So is one whose circuit breaker refuses new tasks (read without writing to the store).
+    # So is one whose circuit breaker refuses new tasks (read; written only to settle a probe).
     for name, circuit in sorted(circuits_of(config, workers).items()):
         if not circuit.admits:
             add(f"circuit:{name}", False, circuit.refusal(), "warning")
