@@ -737,3 +737,18 @@ def test_a_follow_up_the_bridge_cannot_resume_is_not_the_worker_s_failure(fast, 
         ended = fast.follow_up(done.task_id, "one more thing", wait=True)
         assert ended.error.kind == "worker_exit" and "cannot resume" in ended.error.message
     assert state(fast) == {**state(fast), "state": "closed", "failures": 0}
+
+
+def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(home):
+    from bridge.config import load_config
+    from bridge.doctor import health_checks
+    from bridge.errors import BridgeError
+
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    config.store_path.parent.mkdir(parents=True, exist_ok=True)
+    config.store_path.write_bytes(b"not a database, " * 512)
+    with pytest.raises(BridgeError, match="could not be read for the workers' circuit") as seen:
+        circuits_of(config, ["mock"])
+    assert len(seen.value.message.splitlines()) == 1
+    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bridge.errors import BridgeError
 from bridge.store.db import now_iso
 from bridge.store.owners import owner_live
 
@@ -168,8 +169,10 @@ def read_circuits(
     all from a store that does not exist yet (or predates the circuits tables)."""
     if not path.exists():
         return {}, {}, {}
-    # a URI, so the path's own `?` or `#` must be escaped: as_uri does it
-    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+    try:  # a URI, so the path's own `?` or `#` must be escaped: as_uri does it
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error as exc:
+        raise _unreadable(path, exc) from exc
     try:
         rows = {r[0]: _row(r) for r in conn.execute(_SELECT).fetchall()}
         counted: dict[str, dict[str, int]] = {}
@@ -185,9 +188,16 @@ def read_circuits(
             name: task_outcome(conn, row.probe_task) for name, row in rows.items() if row.probe_task
         }
         return rows, counted, probes
-    except sqlite3.OperationalError as exc:
+    except sqlite3.Error as exc:
         if "no such table" in str(exc):  # a store from before the breaker
             return {}, {}, {}
-        raise
+        raise _unreadable(path, exc) from exc  # not "all closed": that would be a guess
     finally:
         conn.close()
+
+
+def _unreadable(path: Path, exc: Exception) -> BridgeError:
+    return BridgeError(
+        f"The store at {path} could not be read for the workers' circuit breakers ({exc}); "
+        "check that it is readable here."
+    )
