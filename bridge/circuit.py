@@ -130,8 +130,8 @@ class Circuit:
         if self.probe_task:
             return (
                 f"Worker '{self.worker}' is being tried again with task {self.probe_task} "
-                f"after {self._failed()}; new tasks for it are refused until that task ends "
-                f"(or {reset})."
+                f"after {self._failed()}; new tasks for it are refused until that task ends or "
+                f"is found stuck (or {reset})."
             )
         if for_job:
             return (
