@@ -24,6 +24,7 @@ every repair turn it had, so a failed check that a repair fixed never counts:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -33,28 +34,39 @@ from typing import Any
 from bridge.config import CircuitConfig, Config
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, Status
+from bridge.records import RESUME_FAILED
 from bridge.store import Store
 from bridge.store import circuits as table
 from bridge.store.circuits import CircuitRow
 
+log = logging.getLogger(__name__)
+
 WORKED = {Status.SUCCEEDED, Status.ACCEPTED, Status.REJECTED}
 FORGET_AFTER_S = 7 * 86400  # failures older than this (and than the window) are removed
-UNSTARTED_PROBE_S = 60.0  # a probe still `created` this long (and a cool-down) lets go its try
+PROBE_GRACE_S = 60.0  # the least time a probe without a live runner holds the one try
 
 
-def classify(outcome: dict[str, Any]) -> tuple[str, str | None]:
+def classify(
+    outcome: dict[str, Any], settings: CircuitConfig | None = None
+) -> tuple[str, str | None]:
     """("failure", kind), ("worked", None) or ("neutral", None) for a task as
     store.circuits.task_outcome reads it (see the module's docstring)."""
+    settings = settings or CircuitConfig()
     status = outcome["status"]
     kind = (outcome.get("error") or {}).get("kind")
     ran = outcome.get("worker_exit") or {}
     this_turn = ran.get("turn") == outcome.get("turn")
     if status not in TERMINAL or status == Status.CANCELLED:
         return "neutral", None
-    if kind == "worker_exit":
+    if kind == "worker_exit" and this_turn:  # the worker ran this turn and failed...
+        if outcome.get("turn") and RESUME_FAILED in (ran.get("failure") or ""):
+            return "neutral", None  # ...to resume the earlier turns' session: not a broken worker
         return "failure", "worker_exit"
     if status == Status.TIMED_OUT and this_turn and ran.get("timed_out"):
-        return "failure", "timeout"
+        deadline = outcome.get("timeout_seconds")
+        if deadline is None or deadline >= settings.min_timeout_s:
+            return "failure", "timeout"
+        return "neutral", None  # the caller's own short budget, not a hanging worker
     if status in WORKED:
         return "worked", None
     clean = ran.get("exit_code") == 0 and not any(
@@ -118,8 +130,8 @@ class Circuit:
         if self.probe_task:
             return (
                 f"Worker '{self.worker}' is being tried again with task {self.probe_task} "
-                f"after {self._failed()}; new tasks for it are refused until that task ends "
-                f"(or {reset})."
+                f"after {self._failed()}; new tasks for it are refused until that task ends or "
+                f"is found stuck (or {reset})."
             )
         if for_job:
             return (
@@ -152,51 +164,126 @@ def view(row: CircuitRow, recent: dict[str, int], settings: CircuitConfig, now: 
 
 
 def circuits_of(config: Config, workers: Iterable[str]) -> dict[str, Circuit]:
-    """Each worker's breaker, read without writing (a store not made yet: all closed)."""
+    """Each worker's breaker, read without writing (a store not made yet: all closed) --
+    except that a half-open probe that has ended, or no longer holds the one try
+    (probe_due), is settled first (as the next creation would), so no one is shown a
+    breaker "tried by" a task that is over."""
+    names = list(workers)
     now = time.time()
     settings = config.circuit
-    rows, counted = table.read_circuits(config.store_path, now - settings.window_s)
+    after = now - settings.window_s
+    rows, counted, probes = table.read_circuits(config.store_path, after)
+    due = {n for n in names if n in probes and probe_due(rows[n], probes[n], settings, now)}
+    if due and _settle_ended(config, due):
+        rows, counted, _ = table.read_circuits(config.store_path, after)
     return {
         name: view(rows.get(name) or CircuitRow(worker=name), counted.get(name, {}), settings, now)
-        for name in workers
+        for name in names
     }
+
+
+def _settle_ended(config: Config, workers: set[str]) -> bool:
+    """Settle the probes of ``workers``; False when the store cannot be written here (a
+    read-only home: the stored state is shown)."""
+    try:
+        store = Store(config.store_path)
+    except Exception:  # a read-only home, a locked store: show it as stored
+        return False
+    try:
+        for worker in sorted(workers):
+            with store.transaction() as conn:
+                _settled(store, conn, config.circuit, table.load(conn, worker), time.time())
+        return True
+    except Exception:  # the same: this is a view, not a decision
+        return False
+    finally:
+        store.close()
+
+
+def probe_due(
+    current: CircuitRow, probe: dict[str, Any] | None, settings: CircuitConfig, now: float
+) -> str | None:
+    """Why the probe task ``probe`` (None: gone) no longer holds the one try: `gone`,
+    `ended` (its outcome to apply), or why it is stale; None while it holds it. A probe with
+    no live runner (made and never started, its runner dead, waiting for input) holds it for
+    the cool-down (and at least PROBE_GRACE_S) from when it was let through, and one a live
+    runner holds until its own deadline plus as long. So a probe whose outcome is never
+    recorded cannot hold a breaker half-open for good."""
+    if probe is None or probe["status"] in TERMINAL:
+        return "gone" if probe is None else "ended"
+    grace = max(settings.cooldown_s, PROBE_GRACE_S)
+    if not probe["runner_live"]:
+        if now - (current.probe_at or 0.0) > grace:
+            return "unstarted" if probe["status"] == Status.CREATED else "no_live_runner"
+        return None
+    deadline_at = probe.get("deadline_at")
+    if deadline_at and now > deadline_at + grace:
+        return "past_its_deadline"
+    return None
 
 
 # -- changes: each inside one store transaction --------------------------------------------
 
 
-def admission(store: Store, config: Config, row: dict[str, Any]) -> Callable[[Any], None]:
-    """The check `Store.insert_task` runs in its transaction for the task ``row``: refuse
-    (CircuitOpen, the sentence) while the worker's breaker is open, or half-open with its one
-    task taken; in half-open, make this task that one. A job's task never probes."""
+def admission(
+    store: Store, config: Config, row: dict[str, Any]
+) -> Callable[[Any], Exception | None]:
+    """The check `Store.insert_task` runs in its transaction before it writes the task
+    ``row``: a refusal (CircuitOpen, the sentence) while the worker's breaker is open, or
+    half-open with its one task taken; in half-open, make this task that one. A job's task
+    never probes. What it settled on the way (an ended probe's outcome) is committed even
+    when it refuses: a refusal must not undo it, or a probe that failed unrecorded would move
+    the retry forward on every attempt."""
     settings = config.circuit
 
-    def admit(conn: Any) -> None:
+    def admit(conn: Any) -> Exception | None:
         if settings.failures == 0:
-            return
+            return None
         now = time.time()
         worker, task_id = row["worker"], row["task_id"]
         current = _settled(store, conn, settings, table.load(conn, worker), now)
         circuit = view(current, {}, settings, now)
         if circuit.admits:
-            return
+            return None
         if circuit.state == "open" or current.probe_task or row.get("job_id"):
-            raise CircuitOpen(circuit.refusal(for_job=bool(row.get("job_id"))), worker=worker)
+            return CircuitOpen(circuit.refusal(for_job=bool(row.get("job_id"))), worker=worker)
         table.save(conn, replace(current, probe_task=task_id, probe_at=now))
         store.event_in(
             conn, task_id, "circuit.probe", {**circuit.document(), "probe_task": task_id}
         )
+        return None
 
     return admit
 
 
 def record_outcome(store: Store, config: Config, task_id: str) -> None:
     """After a task ended: count its failure, open the breaker when that makes enough in the
-    window, and close or reopen it when the task was the half-open probe."""
+    window, and close or reopen it when the task was the half-open probe, by the `circuit`
+    section recorded with the task (``config``'s only for a task recorded without one; see
+    _apply). Applying it twice changes nothing (a failure is counted once per task and turn,
+    at the time the task ended). Raises what the store raises; record_task_outcome does not."""
     with store.transaction() as conn:
         outcome = table.task_outcome(conn, task_id)
-        if outcome is not None:
+        if outcome is not None and outcome["status"] in TERMINAL:
             _apply(store, conn, config.circuit, outcome, time.time())
+
+
+def record_task_outcome(store: Store, config: Config, task_id: str) -> bool:
+    """The one entry point for whoever ended a task (bridge/pipeline/finish.py, a held task
+    finished by an answer or a sweep): record_outcome, which never raises: a failure to
+    record is logged on the task as a `circuit.unrecorded` event (best effort) and False
+    returned; the task's outcome stands either way."""
+    try:
+        record_outcome(store, config, task_id)
+        return True
+    except Exception as exc:  # the bookkeeping must not undo or interrupt the caller
+        why = f"{exc.__class__.__name__}: {exc}"[:300]
+        log.warning("circuit: task %s's outcome not recorded: %s", task_id, why)
+        try:
+            store.add_event(task_id, "circuit.unrecorded", {"error": why})
+        except Exception:  # noqa: S110 - the log line above says it
+            pass
+        return False
 
 
 @dataclass(frozen=True)
@@ -216,61 +303,72 @@ def reset(store: Store, config: Config, worker: str) -> Reset:
     now = time.time()
     with store.transaction() as conn:
         before = table.load(conn, worker)
-        recent = table.failure_kinds(
-            conn, worker, max(before.closed_at, now - config.circuit.window_s)
-        )
+        recent = table.failure_kinds(conn, worker, _since(before, config.circuit, now))
         table.save(conn, CircuitRow(worker=worker, closed_at=now))
     return Reset(worker, view(before, recent, config.circuit, now))
+
+
+def _since(current: CircuitRow, settings: CircuitConfig, now: float) -> float:
+    """Failures after this count: within the window, and after the last close."""
+    return max(current.closed_at, now - settings.window_s)
+
+
+def _released(store: Store, conn: Any, current: CircuitRow, data: dict | None) -> CircuitRow:
+    """The row with its probe let go (the next new task tries the worker instead); with
+    ``data``, a `circuit.probe_released` event on the probe says why."""
+    released = replace(current, probe_task=None, probe_at=None)
+    table.save(conn, released)
+    if data is not None and current.probe_task:
+        store.event_in(conn, current.probe_task, "circuit.probe_released", data)
+    return released
 
 
 def _settled(
     store: Store, conn: Any, settings: CircuitConfig, current: CircuitRow, now: float
 ) -> CircuitRow:
-    """The row once a probe that has ended (or is gone) has had its outcome applied: whoever
-    looks first applies it, and applying it twice changes nothing."""
+    """The row once a probe that has ended (or is gone) has had its outcome applied, and a
+    probe that no longer holds the one try (probe_due) has let go of it: whoever looks
+    first does it, and doing it twice changes nothing."""
     if not current.probe_task:
         return current
     probe = table.task_outcome(conn, current.probe_task)
-    if probe is None:
-        current = replace(current, probe_task=None, probe_at=None)
-        table.save(conn, current)
-        return current
-    if probe["status"] == Status.CREATED and now - (current.probe_at or now) > max(
-        settings.cooldown_s, UNSTARTED_PROBE_S
-    ):  # made and never started (a script that died?): it no longer holds the one try
-        current = replace(current, probe_task=None, probe_at=None)
-        table.save(conn, current)
-        store.event_in(conn, probe["task_id"], "circuit.probe_released", {"unstarted": True})
-        return current
-    if probe["status"] not in TERMINAL:
-        return current
-    return _apply(store, conn, settings, probe, now)
+    why = probe_due(current, probe, settings, now)
+    if probe is None or why is None:
+        return current if why is None else _released(store, conn, current, None)
+    if why == "ended":
+        return _apply(store, conn, settings, probe, now)
+    return _released(store, conn, current, {"why": why, "status": probe["status"]})
 
 
 def _apply(
     store: Store, conn: Any, settings: CircuitConfig, outcome: dict[str, Any], now: float
 ) -> CircuitRow:
-    verdict, kind = classify(outcome)
+    """Apply a task's ending with the `circuit` section it was made with, whichever process
+    applies it (its runner, an answer's denial, a creation settling a probe): the same
+    ending always counts the same way. ``settings``: for a task recorded without one."""
+    settings = _recorded(outcome, settings)
+    verdict, kind = classify(outcome, settings)
     worker, task_id = outcome["worker"], outcome["task_id"]
+    at = min(outcome.get("ended_at") or now, now)  # when it failed, however late we learn it
     current = table.load(conn, worker)
     if verdict == "failure" and not table.add_failure(
-        conn, worker, task_id, outcome["turn"], kind or "", now
+        conn, worker, task_id, outcome["turn"], kind or "", at
     ):
         return current  # counted already: its consequences were applied then
     if verdict == "failure":  # what no window reaches any more is never read again
         table.forget_failures(conn, worker, now - max(settings.window_s, FORGET_AFTER_S))
     if current.state == "open" and current.probe_task == task_id:
         if verdict == "failure":
-            changed = _opened(conn, settings, current, now)
+            changed = _opened(conn, settings, current, at, now)
         elif verdict == "worked":
             changed = CircuitRow(worker=worker, closed_at=now)
         else:
-            changed = replace(current, probe_task=None, probe_at=None)
+            changed = _released(store, conn, current, None)
     elif verdict == "failure" and current.state != "open" and settings.failures > 0:
-        since = max(current.closed_at, now - settings.window_s)
-        if sum(table.failure_kinds(conn, worker, since).values()) < settings.failures:
+        since = _since(current, settings, now)
+        if not _enough(conn, settings, worker, since):
             return current
-        changed = _opened(conn, settings, current, now)
+        changed = _opened(conn, settings, current, at, now)
     else:
         return current
     table.save(conn, changed)
@@ -282,14 +380,36 @@ def _apply(
     return changed
 
 
-def _opened(conn: Any, settings: CircuitConfig, current: CircuitRow, now: float) -> CircuitRow:
-    since = max(current.closed_at, now - settings.window_s)
-    kinds = table.failure_kinds(conn, current.worker, since)
+def _recorded(outcome: dict[str, Any], settings: CircuitConfig) -> CircuitConfig:
+    try:
+        return (
+            CircuitConfig.model_validate(outcome["circuit"]) if outcome.get("circuit") else settings
+        )
+    except ValueError:  # a section this version cannot read (a newer one's): ours
+        return settings
+
+
+def _enough(conn: Any, settings: CircuitConfig, worker: str, since: float) -> bool:
+    """K failures since ``since``, from at least two repositories -- or from the one
+    repository the worker was given tasks in since then: one repository whose tasks make the
+    worker fail (its tests, a prompt planted in it) does not shut it out of the others."""
+    if sum(table.failure_kinds(conn, worker, since).values()) < settings.failures:
+        return False
+    failed_in = table.failure_repositories(conn, worker, since)
+    return failed_in >= min(2, table.repositories_used(conn, worker, since))
+
+
+def _opened(
+    conn: Any, settings: CircuitConfig, current: CircuitRow, at: float, now: float
+) -> CircuitRow:
+    """The breaker opened by the failure at ``at``: it refuses until ``at`` plus the
+    cool-down, so applying the same failure again (or late) gives the same retry time."""
+    kinds = table.failure_kinds(conn, current.worker, _since(current, settings, now))
     return CircuitRow(
         worker=current.worker,
         state="open",
-        opened_at=now,
-        retry_at=now + settings.cooldown_s,
+        opened_at=at,
+        retry_at=at + settings.cooldown_s,
         closed_at=current.closed_at,
-        reason={"count": sum(kinds.values()), "kinds": kinds, "window_s": settings.window_s},
+        reason={"kinds": kinds, "window_s": settings.window_s},
     )

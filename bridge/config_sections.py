@@ -188,16 +188,30 @@ class CircuitConfig(BaseModel):
     worker within ``window_s`` that no repair fixed, new tasks for it are refused for
     ``cooldown_s``; then one task is let through, and its outcome closes or reopens it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     failures: int = Field(
         3,
         ge=0,
+        le=1000,
         description="Worker failures (its CLI exiting with an error, a refused key, a turn "
         "timeout) within window_s that open the worker's circuit; 0 disables the breaker.",
     )
-    window_s: float = Field(600, gt=0, description="How far back failures are counted.")
+    window_s: float = Field(
+        600, gt=0, le=30 * 86400, description="How far back failures are counted (at most 30 days)."
+    )
     cooldown_s: float = Field(
-        300, ge=0, description="How long an open circuit refuses new tasks before one is tried."
+        300,
+        ge=0,
+        le=30 * 86400,
+        description="How long an open circuit refuses new tasks before one is tried (at most "
+        "30 days).",
+    )
+    min_timeout_s: float = Field(
+        300,
+        ge=0,
+        le=30 * 86400,
+        description="A timed-out turn counts as a failure only when the task's deadline was at "
+        "least this long: a caller's own short budget is not a hanging worker.",
     )
 
 

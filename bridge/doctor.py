@@ -75,8 +75,13 @@ def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
         problem = worker.health(config)
         if problem is not None:
             add(f"worker:{name}", False, problem, "warning")
-    # So is one whose circuit breaker refuses new tasks (read without writing to the store).
-    for name, circuit in sorted(circuits_of(config, workers).items()):
+    # So is one whose circuit breaker refuses new tasks (read; written only to settle a probe).
+    try:
+        circuits = circuits_of(config, workers)
+    except BridgeError as exc:  # a store that cannot be read: said, and the other checks go on
+        circuits = {}
+        add("circuits", False, exc.message)
+    for name, circuit in sorted(circuits.items()):
         if not circuit.admits:
             add(f"circuit:{name}", False, circuit.refusal(), "warning")
     existing = next(p for p in (config.home, *config.home.parents) if p.exists())

@@ -68,6 +68,12 @@ class ChangedFile(_Doc):
         return data
 
 
+# What a built-in worker's failure sentence says when its CLI could not resume the session of
+# the earlier turns (its files gone, say): the circuit breaker does not count that as a broken
+# worker (bridge/circuit.py), on a follow-up turn.
+RESUME_FAILED = "could not resume its session"
+
+
 class WorkerExit(_Doc):
     """How a worker turn ended; persisted on the task before its container is removed."""
 

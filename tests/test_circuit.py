@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,15 @@ def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict
     [
         (_outcome("failed", "worker_exit", exit_code=1), ("failure", "worker_exit")),
         (_outcome("timed_out", "timeout", timed_out=True, exit_code=None), ("failure", "timeout")),
+        # the caller's own deadline, below circuit.min_timeout_s (300 s): not a hanging worker
+        (
+            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 299},
+            ("neutral", None),
+        ),
+        (
+            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 300},
+            ("failure", "timeout"),
+        ),
         # the deadline passed in verification: the worker's turn had ended cleanly
         (_outcome("timed_out", "timeout", exit_code=0), ("worked", None)),
         # ...or in the environment's setup, before the worker ran
@@ -88,6 +98,9 @@ def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict
         # an exit recorded for an earlier turn says nothing of this one
         (_outcome("failed", "sandbox", turn=2, exit_code=0) | {"turn": 3}, ("neutral", None)),
         (_outcome("cancelled", "cancelled", exit_code=0), ("neutral", None)),
+        # the bridge refused the follow-up (no session to resume) before the worker ran: the
+        # exit recorded is the earlier turn's
+        (_outcome("failed", "worker_exit", turn=1, exit_code=1) | {"turn": 2}, ("neutral", None)),
         (_outcome("failed", "sandbox"), ("neutral", None)),
         (_outcome("failed", "environment"), ("neutral", None)),
         (_outcome("failed", "out_of_memory", exit_code=137, oom_killed=True), ("neutral", None)),
@@ -147,11 +160,22 @@ def test_a_failing_repair_turn_counts(fast, repo):
     assert state(fast)["state"] == "open"
 
 
-def test_a_turn_timeout_counts(fast, repo):
+def test_a_turn_timeout_counts_when_the_deadline_was_not_the_caller_s_short_budget(home, repo):
+    bridge = breaker(home, min_timeout_s=1)
     for _ in range(2):
+        result = run(bridge, repo, {"sleep": 30}, limits={"timeout_seconds": 1})
+        assert result.status == "timed_out"
+    assert state(bridge)["kinds"] == {"timeout": 2}
+    bridge.close()
+
+
+def test_a_caller_s_own_tight_deadline_does_not_shut_the_worker_out(fast, repo):
+    assert fast.config.circuit.min_timeout_s == 300  # the default floor
+    for _ in range(3):
         result = run(fast, repo, {"sleep": 30}, limits={"timeout_seconds": 1})
         assert result.status == "timed_out"
-    assert state(fast)["kinds"] == {"timeout": 2}
+    assert state(fast) == {**state(fast), "state": "closed", "failures": 0}
+    assert fast.create_task(mock_task(repo, OK)).status == "created"
 
 
 def test_failures_outside_the_window_do_not_add_up(home, repo):
@@ -389,3 +413,342 @@ def test_a_probe_made_but_never_started_lets_go_of_the_one_try(home, repo):
     assert state(bridge)["probe_task"] == taken.task_id
     assert "circuit.probe_released" in [e.kind for e in bridge.task_logs(idle.task_id).events]
     bridge.close()
+
+
+def _strand(bridge: WorkerBridge, task_id: str, status: str, **runner) -> None:
+    """Leave the task as a runner that died (or hangs) would: ``status``, with ``runner``'s
+    claim, and let through as the probe an hour ago."""
+    from dataclasses import replace
+
+    from bridge.store import circuits as table
+
+    fields = {"status": status, "runner_id": None, "deadline_at": None, **runner}
+    sets = ", ".join(f"{name} = ?" for name in fields)
+    with bridge.store.transaction() as conn:
+        conn.execute(f"UPDATE tasks SET {sets} WHERE task_id = ?", (*fields.values(), task_id))
+        table.save(conn, replace(table.load(conn, "mock"), probe_at=1.0))
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _claim(pid: int, expires_at: float, deadline_at: float | None) -> dict:
+    from bridge.store.owners import HOST, _started
+
+    return {
+        "runner_id": "runner-test",
+        "runner_host": HOST,
+        "runner_pid": pid,
+        "runner_pid_started": _started(pid) if pid == os.getpid() else 1.0,
+        "runner_expires_at": expires_at,
+        "deadline_at": deadline_at,
+    }
+
+
+@pytest.mark.parametrize(
+    "stranded",
+    [
+        pytest.param(lambda: ("running", _claim(_dead_pid(), time.time() + 600, None)), id="dead"),
+        pytest.param(lambda: ("verifying", _claim(os.getpid(), 1.0, None)), id="lease-expired"),
+        pytest.param(lambda: ("queued", {}), id="queued-unclaimed"),
+        pytest.param(lambda: ("waiting_input", {}), id="waiting"),
+        pytest.param(
+            lambda: ("running", _claim(os.getpid(), time.time() + 600, 2.0)),
+            id="hung-past-deadline",
+        ),
+    ],
+)
+def test_a_probe_whose_outcome_never_comes_lets_the_next_task_be_the_probe(home, repo, stranded):
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    stuck = bridge.create_task(mock_task(repo, OK))
+    status, runner = stranded()
+    _strand(bridge, stuck.task_id, status, **runner)
+    assert state(bridge)["probe_task"] is None, "workers list does not show a stale probe"
+    taken = bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["probe_task"] == taken.task_id
+    [released] = [e for e in bridge.task_logs(stuck.task_id).events if e.kind.endswith("released")]
+    assert released.data["status"] == status
+    assert bridge.run_task(taken.task_id).status == "succeeded"
+    assert state(bridge)["state"] == "closed", "the circuit recovers"
+    bridge.close()
+
+
+def test_a_probe_a_live_runner_is_running_within_its_deadline_keeps_the_one_try(home, repo):
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    probe = bridge.create_task(mock_task(repo, OK))
+    claim = _claim(os.getpid(), time.time() + 600, time.time() + 600)
+    _strand(bridge, probe.task_id, "running", **claim)  # let through an hour ago, still running
+    with pytest.raises(CircuitOpen, match=probe.task_id):
+        bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["probe_task"] == probe.task_id
+    bridge.close()
+
+
+# -- a probe whose outcome was never recorded, the live view, one repository, the entry point --
+
+
+def _unrecorded(monkeypatch) -> None:
+    """Tasks end as if the runner died between their terminal transition and the breaker."""
+    import bridge.pipeline.finish as finish
+
+    monkeypatch.setattr(finish, "record_task_outcome", lambda *args: True)
+
+
+def _stored(bridge: WorkerBridge):
+    """The worker's row as stored, read without settling anything (unlike `state`)."""
+    from bridge.store import circuits as table
+
+    with bridge.store.transaction() as conn:
+        return table.load(conn, "mock")
+
+
+def test_a_failed_probe_whose_outcome_was_not_recorded_reopens_once_and_is_tried_again(
+    home, repo, monkeypatch
+):
+    bridge = breaker(home, failures=1, cooldown_s=1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    _unrecorded(monkeypatch)
+    probe = run(bridge, repo, FAIL)
+    assert probe.error.kind == "worker_exit"
+    assert _stored(bridge).probe_task == probe.task_id, "nothing recorded its outcome"
+    with pytest.raises(CircuitOpen, match="is refused until") as first:
+        bridge.create_task(mock_task(repo, OK))  # settles the probe: open again...
+    reopened = _stored(bridge)  # ...and kept, though the creation was refused
+    assert reopened.state == "open" and reopened.probe_task is None
+    assert state(bridge)["retry_at"] in first.value.message
+    with pytest.raises(CircuitOpen):
+        bridge.create_task(mock_task(repo, OK))
+    assert _stored(bridge).retry_at == reopened.retry_at, "a refusal does not move it on"
+    kinds = [e.kind for e in bridge.task_logs(probe.task_id).events]
+    assert kinds.count("circuit.opened") == 1
+    poll(lambda: time.time() > (reopened.retry_at or 0) + 0.05, "the cool-down", 10)
+    assert bridge.create_task(mock_task(repo, OK)).status == "created"  # the next probe
+    bridge.close()
+
+
+def test_workers_list_does_not_show_a_probe_that_has_ended(home, repo, monkeypatch):
+    bridge = breaker(home, failures=1, cooldown_s=0.2)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    _unrecorded(monkeypatch)
+    assert run(bridge, repo, OK).status == "succeeded"
+    [worker] = [w for w in bridge.list_workers() if w.name == "mock"]
+    assert worker.document()["circuit"]["state"] == "closed"
+    assert not [c for c in bridge.doctor() if c["check"] == "circuit:mock"]
+    bridge.close()
+
+
+def test_record_task_outcome_is_idempotent_and_never_raises(fast, repo, monkeypatch):
+    from bridge.circuit import record_task_outcome
+    from bridge.store import circuits as table
+
+    _unrecorded(monkeypatch)
+    failed = run(fast, repo, FAIL)
+    assert state(fast)["failures"] == 0
+    for _ in range(3):
+        assert record_task_outcome(fast.store, fast.config, failed.task_id) is True
+    assert state(fast)["failures"] == 1
+
+    def broken(*args):
+        raise RuntimeError("disk I/O error")
+
+    monkeypatch.setattr(table, "task_outcome", broken)
+    assert record_task_outcome(fast.store, fast.config, failed.task_id) is False
+    [event] = [e for e in fast.task_logs(failed.task_id).events if e.kind == "circuit.unrecorded"]
+    assert "disk I/O error" in event.data["error"]
+
+
+def test_failures_in_one_repository_do_not_shut_the_worker_out_of_another(fast, repo, tmp_path):
+    import subprocess
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "i"]):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=other, check=True
+        )
+    assert run(fast, other, OK).status == "succeeded"  # the worker is used in two places
+    trip(fast, repo, 3)  # ...and fails in one of them only: a poisoned repository
+    assert state(fast)["state"] == "closed" and state(fast)["failures"] == 3
+    assert run(fast, other, FAIL).error.kind == "worker_exit"  # a second repository fails
+    assert state(fast)["state"] == "open"
+
+
+def test_a_task_s_ending_counts_by_the_circuit_section_it_was_made_with(home, repo):
+    early = breaker(home, failures=5)
+    made = early.create_task(mock_task(repo, FAIL))  # recorded with failures: 5
+    early.close()
+    later = breaker(home, failures=1)  # another process, another config, runs it
+    assert later.run_task(made.task_id).error.kind == "worker_exit"
+    assert state(later) == {**state(later), "state": "closed", "failures": 1}
+    assert run(later, repo, FAIL).error.kind == "worker_exit"  # made with failures: 1
+    assert state(later)["state"] == "open"
+    later.close()
+
+
+def test_a_probe_settled_by_another_process_counts_by_its_own_circuit_section(
+    home, repo, monkeypatch
+):
+    bridge = breaker(home, failures=1, cooldown_s=0.3)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    _unrecorded(monkeypatch)
+    run(bridge, repo, FAIL)  # the probe, made with a cool-down of 0.3 s, fails unrecorded
+    other = breaker(home, failures=1, cooldown_s=3600)
+    with pytest.raises(CircuitOpen):
+        other.create_task(mock_task(repo, OK))  # settles it: reopened for the probe's 0.3 s
+    row = _stored(other)
+    assert row.state == "open" and row.retry_at - row.opened_at == pytest.approx(0.3)
+    for each in (bridge, other):
+        each.close()
+
+
+@pytest.mark.parametrize("name", ["a#b", "a?mode=rwc", "a%20b"])
+def test_circuit_store_read_in_a_home_with_a_hash_in_its_path(workdir, repo, name):
+    home = workdir / name
+    home.mkdir()
+    bridge = breaker(home, failures=1)
+    trip(bridge, repo, 1)
+    assert state(bridge)["state"] == "open", "workers list reads the store at its real path"
+    [worker] = [w for w in bridge.list_workers() if w.name == "mock"]
+    assert worker.document()["circuit"]["state"] == "open"
+    assert not (workdir / "a").exists(), "no store made at a cut-off path"
+    bridge.close()
+
+
+@pytest.mark.parametrize(
+    ("yaml", "named"),
+    [
+        ("cooldown_s: .inf", "circuit.cooldown_s"),
+        ("cooldown_s: 1.0e+308", "circuit.cooldown_s"),
+        ("window_s: .nan", "circuit.window_s"),
+        ("min_timeout_s: 3.0e+9", "circuit.min_timeout_s"),
+        ("failures: 100000000000", "circuit.failures"),
+    ],
+)
+def test_an_endless_or_huge_duration_is_refused_naming_the_key(home, yaml, named):
+    from bridge.config import load_config
+    from bridge.errors import ConfigError
+
+    (home / "config.yaml").write_text(f"circuit: {{{yaml}}}\n")
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+
+
+def test_the_longest_cool_down_allowed_opens_and_shows_a_retry_time(home, repo):
+    bridge = breaker(home, failures=1, cooldown_s=30 * 86400)
+    trip(bridge, repo, 1)
+    opened = state(bridge)
+    retry = datetime.fromisoformat(opened["retry_at"]).timestamp()
+    assert opened["state"] == "open" and retry - time.time() > 29 * 86400, opened
+    with pytest.raises(CircuitOpen, match=opened["retry_at"]):
+        bridge.create_task(mock_task(repo, OK))
+    bridge.close()
+
+
+# -- a task that ends from waiting_input -------------------------------------------------------
+
+
+def _asking_failure(fast: WorkerBridge, repo: Path, **limits):
+    """A task whose worker asks a question in its final message and exits with an error: it
+    waits for input with that failure held."""
+    from support.asking import block
+
+    asking = {"exit_code": 3, "summary": "Stuck.\n" + block({"kind": "question", "text": "Which?"})}
+    made = run(fast, repo, asking, limits=limits) if limits else run(fast, repo, asking)
+    assert made.status == "waiting_input", made.error
+    return made
+
+
+def test_a_task_that_ends_from_waiting_input_is_counted_like_any_other(fast, repo):
+    denied = _asking_failure(fast, repo)
+    assert state(fast)["failures"] == 0, "the turn's failure is held, not counted yet"
+    ended = fast.answer(denied.task_id, denied.requests[0]["request_id"], decision="deny")
+    assert ended.status == "failed" and ended.error.kind == "worker_exit"
+    assert state(fast)["failures"] == 1
+    expired = _asking_failure(fast, repo, input_timeout_seconds=1)
+    poll(lambda: _expired(fast, expired), "the input timeout", 30)
+    assert fast.get_task(expired.task_id).error.kind == "worker_exit"
+    assert state(fast)["state"] == "open" and state(fast)["kinds"] == {"worker_exit": 2}
+    with pytest.raises(CircuitOpen):
+        fast.create_task(mock_task(repo, OK))
+
+
+def _expired(bridge: WorkerBridge, task) -> bool:
+    from bridge.pipeline.answer import expire_due
+
+    expire_due(bridge.context())  # what recovery and a job's coordinator sweep
+    return bridge.get_task(task.task_id).status == "failed"
+
+
+# -- a session that cannot be resumed --------------------------------------------------------
+
+
+def _resume_failures() -> dict[str, str]:
+    """Each built-in CLI's failure sentence when it could not resume its session, from the
+    lines the CLIs print (as tests/test_worker_lines.py has them)."""
+    import json
+
+    from bridge.workers.claude_code import ClaudeCodeWorker
+    from bridge.workers.codex import CodexWorker
+    from bridge.workers.opencode import OpencodeWorker
+
+    claude = {"type": "result", "subtype": "error_during_execution", "is_error": True}
+    claude["errors"] = ["No conversation found with session ID: 1111"]
+    lines = {
+        "claude-code": (ClaudeCodeWorker(), json.dumps(claude)),
+        "codex": (CodexWorker(), "Error: thread/resume: thread/resume failed: no rollout found"),
+        "opencode": (OpencodeWorker(), "\x1b[91m\x1b[1mError: \x1b[0mSession not found"),
+    }
+    return {name: worker.parse_line(line).failure or "" for name, (worker, line) in lines.items()}
+
+
+@pytest.mark.parametrize("worker", ["claude-code", "codex", "opencode"])
+def test_a_cli_that_cannot_resume_its_session_on_a_follow_up_is_not_counted(worker):
+    failure = _resume_failures()[worker]
+    lost = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
+    assert classify(lost) == ("neutral", None), failure
+    # on a first turn there is no session to resume: whatever it says, it failed
+    assert classify(lost | {"turn": 0, "worker_exit": {**lost["worker_exit"], "turn": 0}}) == (
+        "failure",
+        "worker_exit",
+    )
+    other = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure="Codex failed: boom")
+    assert classify(other) == ("failure", "worker_exit")
+
+
+def test_a_follow_up_the_bridge_cannot_resume_is_not_the_worker_s_failure(fast, repo, monkeypatch):
+    from bridge.workers.mock import MockWorker
+
+    monkeypatch.setattr(MockWorker, "resumes_sessions", True)  # and it recorded no session
+    for _ in range(2):
+        done = run(fast, repo, OK)
+        assert done.status == "succeeded"
+        ended = fast.follow_up(done.task_id, "one more thing", wait=True)
+        assert ended.error.kind == "worker_exit" and "cannot resume" in ended.error.message
+    assert state(fast) == {**state(fast), "state": "closed", "failures": 0}
+
+
+def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(home):
+    from bridge.config import load_config
+    from bridge.doctor import health_checks
+    from bridge.errors import BridgeError
+
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    config.store_path.parent.mkdir(parents=True, exist_ok=True)
+    config.store_path.write_bytes(b"not a database, " * 512)
+    with pytest.raises(BridgeError, match="could not be read for the workers' circuit") as seen:
+        circuits_of(config, ["mock"])
+    assert len(seen.value.message.splitlines()) == 1
+    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]

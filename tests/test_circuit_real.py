@@ -2,15 +2,18 @@
 and the library) open a worker's circuit, every front end refuses a new task with the one
 sentence and shows the state, one task is let through after the cool-down and its success
 closes the circuit; jobs skip a worker whose circuit is open (and a compete with no other
-worker is refused). The breaker's logic in detail: test_circuit.py."""
+worker is refused); a task that ends from waiting_input, denied from another process, is
+counted; a probe whose runner was killed lets the next task try the worker. The breaker's
+logic in detail: test_circuit.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from support.asking import block
 from support.jobs import compete_task, wait_job
-from support.tasks import mock_task, task_flags
+from support.tasks import mock_task, run_spec, start_spec, task_flags, wait_for_event
 from support.waiting import poll
 
 from bridge import WorkerBridge
@@ -92,3 +95,62 @@ def test_jobs_skip_a_worker_whose_circuit_is_open_and_say_so(home, repo):
         bridge.review(spec, "flaky", "mock")
     assert len(bridge.list_jobs()) == 1, "a refused job leaves nothing behind"
     bridge.close()
+
+
+def test_a_failure_held_while_the_task_waited_counts_once_another_process_denies(
+    cli, home, repo, workdir
+):
+    (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 300}\n")
+    question = block({"kind": "question", "text": "Which key?"})
+    asked = run_spec(cli, workdir, mock_task(repo, {"exit_code": 3, "summary": question}))
+    assert asked["status"] == "waiting_input", asked
+    assert circuit_of(home)["state"] == "closed", "held, not counted yet"
+    [request] = asked["requests"]
+    denied = cli("tasks", "answer", asked["task_id"], request["request_id"], "--deny", "--json")
+    assert denied.code == 0, denied.stderr
+    assert denied.json()["error"]["kind"] == "worker_exit"
+    opened = circuit_of(home)
+    assert opened["state"] == "open" and opened["kinds"] == {"worker_exit": 1}
+    refused = cli("tasks", "create", *task_flags(repo, "next"))
+    assert refused.code == 1 and "Worker 'mock' is refused until" in refused.stderr
+
+
+@pytest.mark.usefixtures("no_task_outlives_the_test")
+def test_a_probe_whose_runner_was_killed_lets_the_next_task_try_the_worker(
+    cli, home, repo, workdir, monkeypatch
+):
+    import os
+    import signal
+
+    import psutil
+
+    import bridge.circuit
+
+    (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 1}\n")
+    failing = cli("tasks", "run", *task_flags(repo, "f", metadata={"mock": {"exit_code": 3}}))
+    assert failing.code == 1
+    poll(lambda: circuit_of(home)["state"] == "half_open", "the cool-down", 20)
+    stuck = start_spec(cli, workdir, mock_task(repo, {"sleep": 600}))
+    wait_for_event(cli, stuck, "worker.started")
+    library = WorkerBridge(home=home)
+    with pytest.raises(CircuitOpen, match=f"being tried again with task {stuck}"):
+        library.create_task(mock_task(repo, {}))  # its live runner holds the one try
+    [row] = library.store.query("SELECT runner_pid FROM tasks WHERE task_id = ?", (stuck,))
+    pid = row["runner_pid"]
+    os.kill(pid, signal.SIGKILL)  # the detached runner this test started, by its id
+    poll(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", "death")
+    monkeypatch.setattr(bridge.circuit, "PROBE_GRACE_S", 0.0)  # the cool-down (1 s) is the wait
+
+    def admitted():
+        try:
+            return library.create_task(mock_task(repo, {"summary": "ok"}))
+        except CircuitOpen:
+            return None  # within the cool-down from when the probe was let through
+
+    taken = poll(admitted, "the dead runner's probe to let go", 20)
+    released = library.store.events(stuck, kinds=("circuit.probe_released",))
+    assert [e.data for e in released] == [{"why": "no_live_runner", "status": "running"}]
+    assert library.run_task(taken.task_id).status == "succeeded"
+    assert circuit_of(home)["state"] == "closed"
+    library.cancel_task(stuck)  # its container is still running: the cancel kills it
+    library.close()

@@ -3,8 +3,8 @@ the worker's final message recorded, the outcome the turn had held), the answer 
 and what happens once none is pending: with something approved or answered, the worker's own
 session is resumed with the answers (a turn queued like a follow-up, in a detached runner);
 with only denials (or requests past the input timeout), the task ends with the held outcome,
-as it would have without asking. Any process may answer or sweep: every step is a
-compare-and-set in the store."""
+as it would have without asking (and its worker's circuit breaker counts that ending like any
+other). Any process may answer or sweep: every step is a compare-and-set in the store."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bridge.circuit import record_task_outcome
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
@@ -152,6 +153,7 @@ def _finish_held(ctx: Context, task_id: str) -> str | None:
         phase=None,
     ):
         return None
+    record_task_outcome(ctx.store, ctx.config, task_id)  # its worker's breaker counts it too
     return str(status)
 
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bridge.errors import BridgeError
 from bridge.store.db import now_iso
+from bridge.store.owners import owner_live
 
 
 @dataclass(frozen=True)
@@ -94,36 +97,82 @@ def failure_kinds(conn: sqlite3.Connection, worker: str, after: float) -> dict[s
     return {kind: n for kind, n in rows}
 
 
-def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
-    """What the breaker reads of a task: worker, status, turn, error and recorded exit (the
-    JSON ones decoded); None for no such task."""
+def failure_repositories(conn: sqlite3.Connection, worker: str, after: float) -> int:
+    """How many repositories the worker's failures after ``after`` came from."""
     found = conn.execute(
-        "SELECT worker, status, turn, error, worker_exit FROM tasks WHERE task_id = ?",
+        "SELECT count(DISTINCT t.repository) FROM circuit_failures f"
+        " JOIN tasks t ON t.task_id = f.task_id WHERE f.worker = ? AND f.at > ?",
+        (worker, after),
+    ).fetchone()
+    return int(found[0] or 0)
+
+
+def repositories_used(conn: sqlite3.Connection, worker: str, after: float) -> int:
+    """How many repositories the worker was given tasks in that were made or ended after
+    ``after``."""
+    since = _iso(after)
+    found = conn.execute(
+        "SELECT count(DISTINCT repository) FROM tasks"
+        " WHERE worker = ? AND (created_at > ? OR finished_at > ?)",
+        (worker, since, since),
+    ).fetchone()
+    return int(found[0] or 0)
+
+
+def _iso(at: float) -> str:  # the form of the tasks' timestamps (store.db.now_iso)
+    return datetime.fromtimestamp(max(at, 0.0), UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+    """What the breaker reads of a task: worker, repository, status, turn, error and recorded
+    exit (the JSON ones decoded), its deadline (``timeout_seconds``, the effective one), when
+    it ended (``ended_at``, epoch seconds, or None), whether a runner holds a live claim on it
+    (``runner_live``), its ``deadline_at`` and the `circuit` section of the configuration it
+    was made with (``circuit``, a dict, or None); None for no such task."""
+    found = conn.execute(
+        "SELECT worker, repository, status, turn, error, worker_exit, finished_at,"
+        " json_extract(config, '$.effective_limits.timeout_seconds'),"
+        " json_extract(config, '$.circuit'), runner_id, runner_host, runner_pid,"
+        " runner_pid_started, runner_expires_at, deadline_at FROM tasks WHERE task_id = ?",
         (task_id,),
     ).fetchone()
     if found is None:
         return None
-    worker, status, turn, error, worker_exit = found
+    worker, repository, status, turn, error, worker_exit, finished_at, deadline = found[:8]
+    circuit, runner_id, host, pid, pid_started, expires, deadline_at = found[8:]
+    try:
+        ended_at = datetime.fromisoformat(finished_at).timestamp() if finished_at else None
+    except ValueError:
+        ended_at = None
     return {
         "task_id": task_id,
         "worker": worker,
+        "repository": repository,
         "status": status,
         "turn": turn or 0,
         "error": json.loads(error) if error else None,
         "worker_exit": json.loads(worker_exit) if worker_exit else None,
+        "timeout_seconds": deadline,
+        "ended_at": ended_at,
+        "runner_live": runner_id is not None and owner_live(expires, host, pid, pid_started),
+        "deadline_at": deadline_at,
+        "circuit": json.loads(circuit) if circuit else None,
     }
 
 
-def read_circuits(path: Path, after: float) -> tuple[dict[str, CircuitRow], dict[str, dict]]:
-    """Every stored row, and each worker's failures after ``after`` (and after its own
-    close) by kind, read without writing anything: from a read-only connection, and nothing
-    at all from a store that does not exist yet (or predates the circuits tables)."""
+def read_circuits(
+    path: Path, after: float
+) -> tuple[dict[str, CircuitRow], dict[str, dict], dict[str, dict[str, Any] | None]]:
+    """Every stored row, each worker's failures after ``after`` (and after its own close) by
+    kind, and for each row with a probe the probe task as task_outcome reads it (None: the
+    task is gone), read without writing anything: from a read-only connection, and nothing at
+    all from a store that does not exist yet (or predates the circuits tables)."""
     if not path.exists():
-        return {}, {}
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return {}, {}
+        return {}, {}, {}
+    try:  # a URI, so the path's own `?` or `#` must be escaped: as_uri does it
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error as exc:
+        raise _unreadable(path, exc) from exc
     try:
         rows = {r[0]: _row(r) for r in conn.execute(_SELECT).fetchall()}
         counted: dict[str, dict[str, int]] = {}
@@ -135,8 +184,20 @@ def read_circuits(path: Path, after: float) -> tuple[dict[str, CircuitRow], dict
             (after,),
         ):
             counted.setdefault(worker, {})[kind] = n
-        return rows, counted
-    except sqlite3.OperationalError:  # no such table: a store from before the breaker
-        return {}, {}
+        probes = {
+            name: task_outcome(conn, row.probe_task) for name, row in rows.items() if row.probe_task
+        }
+        return rows, counted, probes
+    except sqlite3.Error as exc:
+        if "no such table" in str(exc):  # a store from before the breaker
+            return {}, {}, {}
+        raise _unreadable(path, exc) from exc  # not "all closed": that would be a guess
     finally:
         conn.close()
+
+
+def _unreadable(path: Path, exc: Exception) -> BridgeError:
+    return BridgeError(
+        f"The store at {path} could not be read for the workers' circuit breakers ({exc}); "
+        "check that it is readable here."
+    )

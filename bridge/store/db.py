@@ -184,14 +184,14 @@ class Store:
         self,
         row: dict[str, Any],
         event: dict[str, Any],
-        admit: Callable[[sqlite3.Connection], None] | None = None,
+        admit: Callable[[sqlite3.Connection], Exception | None] | None = None,
     ) -> tuple[str, bool]:
         """Insert a new task with its `task.created` event. Returns (task_id, created).
 
         With an idempotency key already used on the same repository, returns the existing task
         instead (created=False); the unique index makes this hold across processes.
-        ``admit`` runs in the same transaction once the row is written (the worker's circuit
-        breaker, bridge/circuit.py): raising refuses the task and nothing of it is kept.
+        ``admit`` runs in the transaction before the row is written (the circuit breaker): on a
+        refusal it returns, the task is not written, what ``admit`` wrote is committed, then raised.
         """
         row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
         with self.transaction() as conn:
@@ -203,14 +203,20 @@ class Store:
                 ).fetchone()
                 if found:
                     return found[0], False
-            encoded = self._encode(row)
-            columns = ", ".join(encoded)
-            marks = ", ".join("?" for _ in encoded)
-            conn.execute(f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(encoded.values()))
-            self.event_in(conn, row["task_id"], "task.created", event)
-            self.event_in(conn, row["task_id"], "task.status", {"from": None, "to": row["status"]})
-            if admit is not None:
-                admit(conn)
+            refusal = admit(conn) if admit is not None else None
+            if refusal is None:
+                encoded = self._encode(row)
+                columns = ", ".join(encoded)
+                marks = ", ".join("?" for _ in encoded)
+                conn.execute(
+                    f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(encoded.values())
+                )
+                self.event_in(conn, row["task_id"], "task.created", event)
+                self.event_in(
+                    conn, row["task_id"], "task.status", {"from": None, "to": row["status"]}
+                )
+        if refusal is not None:
+            raise refusal
         return row["task_id"], True
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:

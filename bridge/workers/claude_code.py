@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from bridge.config import Config
+from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 
@@ -157,7 +158,7 @@ class ClaudeCodeWorker(CliWorker):
                 f"retrying ({said}); follow up later."
             )
         if "no conversation found" in low or "--resume" in message:
-            return f"Claude Code could not resume its session ({said}); delegate a new task."
+            return f"Claude Code {RESUME_FAILED} ({said}); delegate a new task."
         return f"Claude Code failed: {said}."
 
 

@@ -20,6 +20,7 @@ import shlex
 from typing import Any
 
 from bridge.config import Config
+from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 
@@ -164,7 +165,7 @@ class CodexWorker(CliWorker):
                 f"({message.rstrip('.')}); follow up later."
             )
         if "thread/resume" in low or "no rollout found" in low:
-            return f"Codex could not resume its session ({message}); delegate a new task."
+            return f"Codex {RESUME_FAILED} ({message}); delegate a new task."
         return f"Codex failed: {message}"
 
 

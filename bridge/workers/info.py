@@ -14,7 +14,7 @@ from bridge.workers import all_workers
 
 def worker_infos(config: Config, sandbox: Sandbox) -> list[WorkerInfo]:
     workers = all_workers(config)
-    circuits = circuits_of(config, workers)  # read from the store without writing to it
+    circuits = circuits_of(config, workers)  # writes only to settle a probe that is over
     try:
         sandbox.ping()
         engine = True

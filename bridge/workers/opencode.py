@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from bridge.config import Config
+from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain
 
@@ -111,7 +112,7 @@ class OpencodeWorker(CliWorker):
             if "Session not found" in text:
                 return ParsedLine.message(
                     text,
-                    failure="OpenCode could not resume its session of the earlier turns "
+                    failure=f"OpenCode {RESUME_FAILED} of the earlier turns "
                     "(Session not found); delegate a new task.",
                 )
             return plain(text)
