@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,71 @@ def test_a_task_says_which_checkout_it_got_and_the_switch_turns_layers_off(
             assert (worktree / "a.txt").read_text() == "a\n"
         finally:
             bridge.close()
+
+
+def _idle(folder: Path) -> None:
+    """Make a base folder look unused for longer than prune waits."""
+    from bridge.workspace.bases import IDLE_S
+
+    old = time.time() - IDLE_S - 60
+    os.utime(folder / "ready", (old, old))
+
+
+def test_prune_keeps_a_base_a_task_started_on_between_its_plan_and_its_apply(
+    home, tricky_repo, bridge
+):
+    from bridge.pipeline.prune import apply_prune, plan_prune
+
+    one, base = _workspace(home, tricky_repo, "one", layered=True)
+    assert remove_workspace(home, one, delete_branch=True) == []
+    folder = base_folder(home, tricky_repo, base, None)
+    _idle(folder)
+    planned = [a for a in plan_prune(bridge.context()) if a.target == str(folder)]
+    assert [a.kind for a in planned] == ["object_cache"]  # unused, so far
+    two, _ = _workspace(home, tricky_repo, "two", layered=True)  # a task starts on it
+    (done,) = apply_prune(bridge.context(), planned)
+    assert done.failed and "in use again" in done.failed[0]
+    assert (folder / "tree" / "a.txt").read_text() == "a\n"
+    assert (two.worktree / "dir" / "sub" / "two.txt").read_text() == "2\n"
+
+
+_HOLD_BASES_LOCK = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from bridge.workspace.locks import bases_lock
+    with bases_lock(Path({home!r})):  # as base_tree() does while it picks or makes a base
+        print("held", flush=True)
+        sys.stdin.read()
+    """
+)
+
+
+def test_prune_waits_for_the_lock_another_process_holds_while_it_picks_a_base(
+    home, tricky_repo, bridge, monkeypatch
+):
+    from bridge.pipeline.prune import apply_prune, plan_prune
+
+    one, base = _workspace(home, tricky_repo, "one", layered=True)
+    assert remove_workspace(home, one, delete_branch=True) == []
+    folder = base_folder(home, tricky_repo, base, None)
+    _idle(folder)
+    planned = [a for a in plan_prune(bridge.context()) if a.target == str(folder)]
+    assert planned
+    root = str(Path(__file__).resolve().parents[1])
+    script = _HOLD_BASES_LOCK.format(root=root, home=str(home))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setattr("bridge.workspace.bases.PRUNE_WAIT_S", 0.3)
+        (done,) = apply_prune(bridge.context(), planned)
+        assert done.failed and "lock on the base trees" in done.failed[0]
+        assert (folder / "tree" / "a.txt").is_file()
+    finally:
+        holder.communicate(b"", timeout=60)
+    (done,) = apply_prune(bridge.context(), planned)  # the lock is free: removed, in one step
+    assert done.failed is None and not folder.exists()
+    assert list(folder.parent.iterdir()) == []  # nothing left aside either

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bridge.sandbox.spec import home_id
 from bridge.workspace.fs import remove_tree, walk_all
+from bridge.workspace.locks import bases_lock
 
 KEY_VERSION = 2
 ENTRY_FILE = "entry.json"
@@ -277,20 +278,19 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
     uid = owner[0] if owner is not None else os.geteuid()
     name = hashlib.sha256(f"{outputs}\0{digest}".encode()).hexdigest()[:24]
     folder = home / "bases" / "env" / f"{name}-{uid}"
-    if (folder / "ready").is_file():
-        os.utime(folder / "ready")
-        return folder / "tree"
-    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
-    try:
-        (tmp / "tree").mkdir(parents=True)
-        materialize(outputs, tmp / "tree", owner)
-        (tmp / "ready").write_text(f"{outputs}\n")
+    with bases_lock(home):  # as a base tree: prune never removes it while a task picks it
+        if (folder / "ready").is_file():
+            os.utime(folder / "ready")
+            return folder / "tree"
+        tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
         try:
+            (tmp / "tree").mkdir(parents=True)
+            materialize(outputs, tmp / "tree", owner)
+            (tmp / "ready").write_text(f"{outputs}\n")
+            if folder.exists():
+                remove_tree(folder)  # a half-made one (a crash)
             tmp.rename(folder)
-        except OSError:  # another runner made it first
-            if not (folder / "ready").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            remove_tree(tmp)
+        finally:
+            if tmp.exists():
+                remove_tree(tmp)
     return folder / "tree"
