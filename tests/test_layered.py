@@ -405,3 +405,43 @@ def test_prune_waits_for_the_lock_another_process_holds_while_it_picks_a_base(
     (done,) = apply_prune(bridge.context(), planned)  # the lock is free: removed, in one step
     assert done.failed is None and not folder.exists()
     assert list(folder.parent.iterdir()) == []  # nothing left aside either
+
+
+def _mounts_at(point: Path) -> int:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return sum(1 for line in lines if line.split(" ")[4] == str(point))
+
+
+def test_a_state_root_reached_through_a_link_mounts_once_and_unmounts_before_removing(
+    workdir, tricky_repo
+):
+    from bridge import WorkerBridge
+    from bridge.workspace.worktree import ensure_mounted
+
+    real = workdir / "real-home"
+    real.mkdir()
+    link = workdir / "linked-home"
+    link.symlink_to(real)
+    ws, base = _workspace(link, tricky_repo, "one", layered=True)
+    assert overlay.mounted(ws.worktree)
+    ensure_mounted(link, ws, base, None)  # a later phase: it is mounted, nothing piles up
+    assert _mounts_at(real / "worktrees" / "one") == 1
+    (ws.worktree / "new.txt").write_text("x\n")
+    assert remove_workspace(link, ws, delete_branch=True) == []
+    assert [p for p in overlay.mount_points() if p.startswith(f"{real}/")] == []
+    # A verification checkout's mount (no lowers file) keeps its base from prune, and the
+    # one a killed runner of an unknown task left is undone by recovery.
+    folder = base_folder(link, tricky_repo, base, None)
+    _idle(folder)
+    point = overlay.mount_point(link, "ghost", "verify-0")
+    overlay.mount(overlay.Layers((folder / "tree",), link / "tasks" / "ghost" / "v", point))
+    assert overlay.mounted(point) and unused_bases(link) == []
+    bridge = WorkerBridge(home=link)
+    try:
+        assert bridge.store.statuses(["ghost"]) == {}  # the store exists; "ghost" is no task
+        bridge.recover()
+    finally:
+        bridge.close()
+    assert not overlay.mounted(point) and not point.exists()
+    assert unused_bases(link) == [folder]
+    assert (tricky_repo / "a.txt").read_text() == "a\n"

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bridge.workspace import fs
+from bridge.workspace import fs, overlay
 from bridge.workspace.locks import bases_lock, repository_lock
 from bridge.workspace.rawgit import raw_checkout, repo_id
 
@@ -104,24 +104,21 @@ def remove_unused(home: Path, folder: Path, timeout: float | None = None) -> lis
     return fs.remove_tree(aside)
 
 
-def _in_use(home: Path, leaving: set[str]) -> tuple[set[str], str]:
-    """The trees layered worktrees are over (their lowers files), and mountinfo's text."""
-    used: set[str] = set()
+def _in_use(home: Path, leaving: set[str]) -> set[str]:
+    """The trees layered worktrees are over (their lowers files) and mounts use (resolved:
+    whichever way each process reached the state root, links and all)."""
+    used = overlay.lower_dirs()
     for named in (home / "layers").glob(f"*/{LOWERS_FILE}"):
         if str(named.parent) not in leaving:
             try:
-                used.update(named.read_text().splitlines())
+                used.update(overlay.real(Path(p)) for p in named.read_text().splitlines())
             except OSError:
                 continue
-    try:
-        return used, Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return used, ""
+    return used
 
 
-def _unused(folder: Path, in_use: tuple[set[str], str], now: float) -> bool:
-    used, mountinfo = in_use
-    if f"{folder}/tree" in used or f"{folder}/tree" in mountinfo:
+def _unused(folder: Path, used: set[str], now: float) -> bool:
+    if overlay.real(folder / "tree") in used:
         return False
     try:
         return now - (folder / _READY).stat().st_mtime >= IDLE_S
