@@ -301,6 +301,8 @@ def test_a_hostile_worker_and_verifier_in_layered_checkouts_change_only_their_ow
     kinds = [e.data.get("checkout") for e in bridge.task_logs(created.task_id).events]
     assert "layered" in kinds  # the worktree (workspace.ready) and verification's checkout
     assert (_digest(folder / "tree"), _digest(other), _digest(repo)) == before
+    for root in ("bases", "layers"):  # the sandbox reached them through its mounts alone
+        assert (home_of(bridge) / root).stat().st_mode & 0o777 == 0o700
     changed = {c["path"]: c["change"] for c in result["changed_files"]}
     assert changed["deep/er/file.txt"] == "added" and changed["tests/test_calc.py"] == "deleted"
     assert changed["calc.py"] == "modified" and "rootlink" in changed
@@ -445,3 +447,35 @@ def test_a_state_root_reached_through_a_link_mounts_once_and_unmounts_before_rem
     assert not overlay.mounted(point) and not point.exists()
     assert unused_bases(link) == [folder]
     assert (tricky_repo / "a.txt").read_text() == "a\n"
+
+
+def test_a_host_process_as_the_sandbox_uid_reaches_its_worktree_but_not_the_shared_layers(
+    home, tricky_repo
+):
+    uid = 10001  # the default sandbox_uid: what a root bridge hands the base tree to
+    ws = TaskWorkspace.plan(home, tricky_repo, "one")
+    base = Git(tricky_repo).resolve_commit("HEAD")
+    assert create_workspace(home, ws, base, (uid, uid), layered=True)
+    folder = base_folder(home, tricky_repo, base, (uid, uid))
+    assert (folder / "tree" / "a.txt").stat().st_uid == uid  # it may copy up any base file
+    for root in (home / "bases", home / "layers"):
+        st = root.stat()
+        assert (st.st_mode & 0o7777, st.st_uid) == (0o700, os.geteuid()), root
+
+    def as_sandbox(command: str) -> int:
+        run = subprocess.run(["sh", "-c", command], user=uid, group=uid, extra_groups=[])
+        return run.returncode
+
+    before = _digest(folder / "tree")
+    assert as_sandbox(f"echo pwn >> {folder}/tree/a.txt") != 0  # the shared base, in place
+    assert as_sandbox(f"rm -f {folder}/tree/keep.txt") != 0
+    assert as_sandbox(f"ln -s /etc {folder}/tree/dir/planted") != 0
+    assert as_sandbox(f"echo pwn > {ws.layers}/upper/planted.txt") != 0  # another's change set
+    assert _digest(folder / "tree") == before
+    assert not (ws.worktree / "planted.txt").exists()
+    # Through the mount, as a sandbox sees it, the same uid works as before.
+    assert (
+        as_sandbox(f"cd {ws.worktree} && echo mine >> a.txt && rm keep.txt && cat dir/one.txt") == 0
+    )
+    assert (ws.worktree / "a.txt").read_text() == "a\nmine\n"
+    assert (folder / "tree" / "a.txt").read_text() == "a\n"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.sandbox.spec import home_id
+from bridge.workspace.bases import bases_root, private_folder
 from bridge.workspace.fs import remove_tree, walk_all
 from bridge.workspace.locks import bases_lock
 
@@ -277,8 +278,9 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
     digest = str(record.record.get("digest", "")) if record is not None else ""
     uid = owner[0] if owner is not None else os.geteuid()
     name = hashlib.sha256(f"{outputs}\0{digest}".encode()).hexdigest()[:24]
-    folder = home / "bases" / "env" / f"{name}-{uid}"
+    folder = bases_root(home) / "env" / f"{name}-{uid}"
     with bases_lock(home):  # as a base tree: prune never removes it while a task picks it
+        private_folder(bases_root(home))
         if (folder / "ready").is_file():
             os.utime(folder / "ready")
             return folder / "tree"

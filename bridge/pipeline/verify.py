@@ -27,7 +27,7 @@ from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace import overlay
-from bridge.workspace.bases import base_tree
+from bridge.workspace.bases import base_tree, private_folder
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.overlay import mount_point, overlay_usable
@@ -131,6 +131,7 @@ class VerifyCheckout:
         folder = base_tree(self.home, self.ws.repository, self.base, owner)
         try:
             layers = overlay.Layers((folder / "tree",), self.scratch / "layers", self.mount)
+            private_folder(layers.root)  # reached by the sandbox through the mount alone
             overlay.mount(layers, owner)  # the merged root (the upper dir) is the sandbox's
         except OSError:
             self._unmount()
@@ -183,6 +184,7 @@ class VerifyCheckout:
         overlay.unmount(self.mount)
         upper_root = self.scratch / "layers"
         remove_tree(upper_root)  # nothing was written into it yet
+        private_folder(upper_root)
         layers = overlay.Layers((folder / "tree", view), upper_root, self.mount)
         overlay.mount(layers, owner)
 

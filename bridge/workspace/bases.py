@@ -33,6 +33,20 @@ def bases_root(home: Path) -> Path:
     return home / "bases"
 
 
+def private_folder(path: Path) -> Path:
+    """``path`` (made when missing) as the bridge's own, mode 0700. What is under it (base trees
+    and upper dirs, files of the sandbox uid) is reached by a sandbox only through an overlay
+    mount (the kernel reads the layers with the mounter's rights), never by path: so no other
+    host process, not one running as the sandbox uid either, can change a shared base."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.geteuid():  # made by something else before (an older bridge, by hand)
+        os.chown(path, os.geteuid(), os.getegid())
+    if st.st_mode & 0o7777 != 0o700:
+        path.chmod(0o700)
+    return path
+
+
 def base_folder(home: Path, repo: Path, commit: str, owner: tuple[int, int] | None) -> Path:
     uid = owner[0] if owner is not None else os.geteuid()
     return bases_root(home) / repo_id(repo) / f"{commit}-{uid}"
@@ -42,6 +56,7 @@ def base_tree(home: Path, repo: Path, commit: str, owner: tuple[int, int] | None
     """The folder holding ``tree`` (the checkout of ``commit``) and ``index``; made once."""
     folder = base_folder(home, repo, commit, owner)
     with bases_lock(home):
+        private_folder(bases_root(home))
         if (folder / _READY).is_file():
             os.utime(folder / _READY)  # in use: prune leaves it for IDLE_S
             return folder

@@ -143,6 +143,7 @@ def _mount_layers(
     folder = bases.base_tree(home, ws.repository, base_commit, owner)
     try:
         # The worktree's own `.git` (the host's gitfile) stays visible in the merged view.
+        bases.private_folder(ws.layers.parent)
         (ws.layers / "upper").mkdir(parents=True)
         shutil.copy2(ws.worktree / ".git", ws.layers / "upper" / ".git")
         _mount_over(ws, (folder / "tree",), owner)
