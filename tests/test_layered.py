@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.fake_mount import fake_mount
 from support.repos import commit_all, git
 
 from bridge.workspace import overlay
@@ -35,7 +36,7 @@ def _workspace(home, repo, task_id, layered):
     ws = TaskWorkspace.plan(home, repo, task_id)
     base = Git(repo).resolve_commit("HEAD")
     made = create_workspace(home, ws, base, None, layered=layered)
-    assert made is layered
+    assert made.kind == ("layered" if layered else "full"), made
     return ws, base
 
 
@@ -221,7 +222,7 @@ _KILLED = textwrap.dedent(
     from bridge.workspace.worktree import TaskWorkspace, create_workspace
     home, repo, base = Path({home!r}), Path({repo!r}), {base!r}
     ws = TaskWorkspace.plan(home, repo, "killed")
-    assert create_workspace(home, ws, base, None, layered=True)
+    assert create_workspace(home, ws, base, None, layered=True).kind == "layered"
     folder = base_tree(home, repo, base, None)
     point = overlay.mount_point(home, "killed", "verify-0")
     overlay.mount(overlay.Layers((folder / "tree",), home / "tasks" / "killed" / "v", point))
@@ -398,7 +399,7 @@ def test_prune_waits_for_the_lock_another_process_holds_while_it_picks_a_base(
     )
     try:
         assert holder.stdout.readline() == b"held\n"
-        monkeypatch.setattr("bridge.workspace.bases.PRUNE_WAIT_S", 0.3)
+        monkeypatch.setattr("bridge.workspace.bases.LOCK_WAIT_S", 0.3)
         (done,) = apply_prune(bridge.context(), planned)
         assert done.failed and "lock on the base trees" in done.failed[0]
         assert (folder / "tree" / "a.txt").is_file()
@@ -455,7 +456,7 @@ def test_a_host_process_as_the_sandbox_uid_reaches_its_worktree_but_not_the_shar
     uid = 10001  # the default sandbox_uid: what a root bridge hands the base tree to
     ws = TaskWorkspace.plan(home, tricky_repo, "one")
     base = Git(tricky_repo).resolve_commit("HEAD")
-    assert create_workspace(home, ws, base, (uid, uid), layered=True)
+    assert create_workspace(home, ws, base, (uid, uid), layered=True).kind == "layered"
     folder = base_folder(home, tricky_repo, base, (uid, uid))
     assert (folder / "tree" / "a.txt").stat().st_uid == uid  # it may copy up any base file
     for root in (home / "bases", home / "layers"):
@@ -479,3 +480,54 @@ def test_a_host_process_as_the_sandbox_uid_reaches_its_worktree_but_not_the_shar
     )
     assert (ws.worktree / "a.txt").read_text() == "a\nmine\n"
     assert (folder / "tree" / "a.txt").read_text() == "a\n"
+
+
+@pytest.mark.parametrize("failure", ["base lock held", "mount hangs"])
+def test_a_worktree_whose_base_or_mount_fails_is_a_full_checkout_saying_why(
+    workdir, home, tricky_repo, monkeypatch, failure
+):
+    holder = None
+    if failure == "base lock held":  # another process making a base takes too long
+        script = _HOLD_BASES_LOCK.format(
+            root=str(Path(__file__).resolve().parents[1]), home=str(home)
+        )
+        holder = subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setattr("bridge.workspace.bases.LOCK_WAIT_S", 0.3)
+    else:  # the mount is made, but the command never returns
+        fake_mount(workdir, monkeypatch, "/worktrees/", hang=True)
+        monkeypatch.setattr("bridge.workspace.overlay.MOUNT_TIMEOUT_S", 1)
+    try:
+        ws = TaskWorkspace.plan(home, tricky_repo, "one")
+        base = Git(tricky_repo).resolve_commit("HEAD")
+        made = create_workspace(home, ws, base, None, layered=True)
+    finally:
+        if holder is not None:
+            holder.communicate(b"", timeout=60)
+    assert made.kind == "full" and made.fallback
+    assert ("lock on the base trees" if holder else "did not finish") in made.fallback
+    assert not overlay.mounted(ws.worktree) and ws.upper is None  # nothing left mounted
+    assert (ws.worktree / "dir" / "sub" / "two.txt").read_text() == "2\n"
+    assert os.readlink(ws.worktree / "link") == "a.txt"
+    _tricky_edit(ws.worktree)  # and it is a worktree like any other
+    snap = snapshot_worktree(ws, base, base, "m", LIMITS)
+    assert "renamed/m.txt" in git(tricky_repo, "ls-tree", "-r", "--name-only", snap.commit)
+
+
+def test_a_verification_whose_layered_checkout_is_refused_runs_on_a_full_one_and_says_so(
+    docker_images, workdir, bridge, repo, monkeypatch
+):
+    from support.tasks import mock_task
+
+    fake_mount(workdir, monkeypatch, "/mounts/")  # verification checkouts, not worktrees
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["test -f a.txt"])
+    result = bridge.run_task(bridge.create_task(spec).task_id)
+    assert result.status == "succeeded"
+    events = bridge.task_logs(result.task_id).events
+    (ready,) = [e.data for e in events if e.kind == "workspace.ready"]
+    assert ready["checkout"] == "layered" and "fallback" not in ready
+    (checkout,) = [e.data for e in events if e.kind == "verification.checkout"]
+    assert checkout["checkout"] == "full" and "refused by the test" in checkout["fallback"]
+    assert [p for p in overlay.mount_points() if "/mounts/" in p and str(workdir) in p] == []

@@ -12,6 +12,7 @@ can add to and unlink from but never write through to the cache.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -184,7 +185,8 @@ def seal(outputs: Path) -> None:
 def materialize(outputs: Path, dest: Path, owner: tuple[int, int] | None) -> int:
     """Put the cached files into ``dest`` (a worktree or checkout no container is using): each
     folder made (the sandbox user's), each file hard-linked (copied when the bridge is not
-    root: the sandbox user would own the cache's files and could write through a link), each
+    root: the sandbox user would own the cache's files and could write through a link; and
+    where no link can cross into ``dest``, an overlay's merged view), each
     link copied as a link. What ``dest`` already holds wins (a tracked file is the snapshot's).
     Returns the number of entries added."""
     added = 0
@@ -214,14 +216,24 @@ def materialize(outputs: Path, dest: Path, owner: tuple[int, int] | None) -> int
             if owner is not None:
                 os.chown(target, *owner, follow_symlinks=False)
         elif stat.S_ISREG(st.st_mode):
-            if owner is not None:
-                os.link(source, target, follow_symlinks=False)
-            else:
+            if owner is None or not _linked(source, target):
                 shutil.copy2(source, target, follow_symlinks=False)
         else:
             continue  # FIFOs, sockets, devices are never cached (see capture)
         added += 1
     return added
+
+
+def _linked(source: Path, target: Path) -> bool:
+    """Hard-link ``source`` as ``target``; False where no link can cross (a layered worktree
+    whose environment view could not be mounted under it: the copy is the host's as well)."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        return False
+    return True
 
 
 def entries(home: Path) -> list[Entry | Path]:

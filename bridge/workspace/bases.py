@@ -26,7 +26,7 @@ _READY = "ready"
 _REMOVING = ".removing-"  # a base folder renamed aside by prune, being deleted
 LOWERS_FILE = "lowers"  # in a layered worktree's layers folder: its lower dirs, one a line
 IDLE_S = 3600  # a base tree unused for this long may be pruned
-PRUNE_WAIT_S = 600.0  # how long prune waits for the bases lock (a base being made holds it)
+LOCK_WAIT_S = 600.0  # how long base_tree() and prune wait for the bases lock (making holds it)
 
 
 def bases_root(home: Path) -> Path:
@@ -53,9 +53,10 @@ def base_folder(home: Path, repo: Path, commit: str, owner: tuple[int, int] | No
 
 
 def base_tree(home: Path, repo: Path, commit: str, owner: tuple[int, int] | None) -> Path:
-    """The folder holding ``tree`` (the checkout of ``commit``) and ``index``; made once."""
+    """The folder holding ``tree`` (the checkout of ``commit``) and ``index``; made once.
+    BridgeError when the lock is not had in time; callers fall back to a full checkout."""
     folder = base_folder(home, repo, commit, owner)
-    with bases_lock(home):
+    with bases_lock(home, LOCK_WAIT_S):
         private_folder(bases_root(home))
         if (folder / _READY).is_file():
             os.utime(folder / _READY)  # in use: prune leaves it for IDLE_S
@@ -106,7 +107,7 @@ def remove_unused(home: Path, folder: Path, timeout: float | None = None) -> lis
     """Remove the base folder ``folder`` if it is unused still: checked under the bases lock
     (no task can pick it meanwhile) and renamed aside there, then deleted outside the lock.
     Returns what could not be removed, or why it was kept."""
-    with bases_lock(home, PRUNE_WAIT_S if timeout is None else timeout):
+    with bases_lock(home, LOCK_WAIT_S if timeout is None else timeout):
         if not _unused(folder, _in_use(home, set()), time.time()):
             return (
                 [f"{folder}: in use again (a task started on it), kept"] if folder.exists() else []

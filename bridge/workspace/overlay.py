@@ -32,6 +32,8 @@ OPAQUE_XATTR = "trusted.overlay.opaque"
 # copied, a chmod copies the data), which is what reading the change set relies on.
 _OPTIONS = "redirect_dir=off,metacopy=off,index=off"
 _UNSAFE = (",", ":", "\\", "\n", "=")
+MOUNT_TIMEOUT_S = 60  # a mount past this is undone and taken as refused (callers fall back)
+NO_OVERLAY = "this process cannot make overlay mounts (not root, or not allowed to mount)"
 MOUNT_SEP = "--"  # <home>/mounts/<task id>--<name>: a mount point outside the task's folders
 
 
@@ -85,7 +87,8 @@ def _probe(scratch: str) -> bool:
 def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
     """Mount ``layers`` at its target (made, with fresh upper and work dirs, when missing; an
     existing upper dir is used again, as after a reboot). The merged root takes the upper dir's
-    owner: ``owner`` when given. OSError when the kernel refuses."""
+    owner: ``owner`` when given. OSError when the kernel refuses or the mount does not finish
+    in time (undone then)."""
     for folder in (layers.upper, layers.work, layers.target):
         folder.mkdir(parents=True, exist_ok=True)
     if owner is not None:
@@ -96,11 +99,15 @@ def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
     if any(ch in p for p in (*lowers, upper, work) for ch in _UNSAFE):
         raise OSError(f"overlay options cannot name {layers.root}")
     options = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work},{_OPTIONS}"
-    proc = subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", options, real(layers.target)],
-        capture_output=True,
-        timeout=60,
-    )
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", options, real(layers.target)],
+            capture_output=True,
+            timeout=MOUNT_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        unmount(layers.target)  # made after all, maybe, when the command was stopped
+        raise OSError(f"overlay mount did not finish within {MOUNT_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         raise OSError(f"overlay mount failed: {proc.stderr.decode(errors='replace').strip()}")
 
