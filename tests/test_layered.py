@@ -531,3 +531,34 @@ def test_a_verification_whose_layered_checkout_is_refused_runs_on_a_full_one_and
     (checkout,) = [e.data for e in events if e.kind == "verification.checkout"]
     assert checkout["checkout"] == "full" and "refused by the test" in checkout["fallback"]
     assert [p for p in overlay.mount_points() if "/mounts/" in p and str(workdir) in p] == []
+
+
+def test_a_task_in_a_state_root_reached_through_a_link_is_layered_and_pruned_unmounted(
+    docker_images, workdir, repo
+):
+    from support.tasks import mock_task
+
+    from bridge import WorkerBridge
+    from bridge.pipeline.prune import prune
+
+    real = workdir / "real-home"
+    real.mkdir()
+    link = workdir / "linked-home"
+    link.symlink_to(real)
+    bridge = WorkerBridge(home=link)
+    try:
+        spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["test -f a.txt"])
+        result = bridge.run_task(bridge.create_task(spec).task_id)
+        assert result.status == "succeeded"
+        events = bridge.task_logs(result.task_id).events
+        kinds = {e.kind: e.data.get("checkout") for e in events if "checkout" in e.data}
+        assert kinds == {"workspace.ready": "layered", "verification.checkout": "layered"}
+        assert _mounts_at(real / "worktrees" / result.task_id) == 1
+        bridge.reject_task(result.task_id)
+        done = prune(bridge.context(), apply=True)
+        assert [a for a in done["actions"] if a["failed"]] == []
+    finally:
+        bridge.close()
+    assert [p for p in overlay.mount_points() if p.startswith(f"{real}/")] == []
+    assert not (real / "worktrees" / result.task_id).exists()
+    assert not (real / "layers" / result.task_id).exists()
