@@ -381,7 +381,7 @@ _HOLD_BASES_LOCK = textwrap.dedent(
 )
 
 
-def test_prune_waits_for_the_lock_another_process_holds_while_it_picks_a_base(
+def test_prune_leaves_a_base_while_another_process_holds_the_lock_base_tree_takes(
     home, tricky_repo, bridge, monkeypatch
 ):
     from bridge.pipeline.prune import apply_prune, plan_prune
