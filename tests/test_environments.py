@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.env_images import busybox_image
 from support.env_specs import NPM_CI, ROUTE_KEY_VAR, kinds, node_spec, tarball_requests
+from support.fake_mount import fake_mount
 from support.projects import bump_dependency, python_project
 from support.repos import commit_all, git, make_repo
 from support.tasks import create_spec, mock_task, run_spec, task_events
@@ -77,6 +78,26 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
     listed = json.loads(cli("environments", "list", "--json", env=env).stdout)
     assert len(listed) == 2 and all(item["state"] == "ready" for item in listed)
     assert all(item["key_files"] == ["package-lock.json", "package.json"] for item in listed)
+
+
+def test_cached_files_are_linked_where_layering_them_is_refused_and_verification_says_so(
+    cli, workdir, env, node_repo, env_image, monkeypatch
+):
+    # Every mount over the environment's shared view fails: the worktree's and verification's
+    # (each mounted again over the view), not the plain layered ones before them.
+    fake_mount(workdir, monkeypatch, "/bases/env/")
+    mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
+    done = run_spec(cli, workdir, node_spec(node_repo, env_image, mock), env)
+    assert done["status"] == "succeeded", done["error"]
+    assert "ok: wb-left-pad 1.0.0" in done["verification"]["commands"][0]["stdout_tail"]
+    result = git(node_repo, "show", f"{done['branch']}:result.txt")
+    assert "ok: wb-left-pad 1.0.0" in result and "status 0" in result  # linked for the worker
+    log = task_events(cli, done["task_id"], env)
+    assert [e["data"]["checkout"] for e in log if e["kind"] == "workspace.ready"] == ["layered"]
+    assert "environment.outputs" not in kinds(log)  # linked one by one, not layered
+    (checkout,) = [e["data"] for e in log if e["kind"] == "verification.checkout"]
+    assert checkout["checkout"] == "full"
+    assert "environment's files could not be layered" in checkout["fallback"]
 
 
 def test_a_python_project_with_a_dependency_the_verify_image_lacks(

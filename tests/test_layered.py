@@ -12,9 +12,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+from support.fake_mount import fake_mount
 from support.repos import commit_all, git
 
 from bridge.workspace import overlay
@@ -34,7 +36,7 @@ def _workspace(home, repo, task_id, layered):
     ws = TaskWorkspace.plan(home, repo, task_id)
     base = Git(repo).resolve_commit("HEAD")
     made = create_workspace(home, ws, base, None, layered=layered)
-    assert made is layered
+    assert made.kind == ("layered" if layered else "full"), made
     return ws, base
 
 
@@ -220,7 +222,7 @@ _KILLED = textwrap.dedent(
     from bridge.workspace.worktree import TaskWorkspace, create_workspace
     home, repo, base = Path({home!r}), Path({repo!r}), {base!r}
     ws = TaskWorkspace.plan(home, repo, "killed")
-    assert create_workspace(home, ws, base, None, layered=True)
+    assert create_workspace(home, ws, base, None, layered=True).kind == "layered"
     folder = base_tree(home, repo, base, None)
     point = overlay.mount_point(home, "killed", "verify-0")
     overlay.mount(overlay.Layers((folder / "tree",), home / "tasks" / "killed" / "v", point))
@@ -300,6 +302,8 @@ def test_a_hostile_worker_and_verifier_in_layered_checkouts_change_only_their_ow
     kinds = [e.data.get("checkout") for e in bridge.task_logs(created.task_id).events]
     assert "layered" in kinds  # the worktree (workspace.ready) and verification's checkout
     assert (_digest(folder / "tree"), _digest(other), _digest(repo)) == before
+    for root in ("bases", "layers"):  # the sandbox reached them through its mounts alone
+        assert (home_of(bridge) / root).stat().st_mode & 0o777 == 0o700
     changed = {c["path"]: c["change"] for c in result["changed_files"]}
     assert changed["deep/er/file.txt"] == "added" and changed["tests/test_calc.py"] == "deleted"
     assert changed["calc.py"] == "modified" and "rootlink" in changed
@@ -336,3 +340,225 @@ def test_a_task_says_which_checkout_it_got_and_the_switch_turns_layers_off(
             assert (worktree / "a.txt").read_text() == "a\n"
         finally:
             bridge.close()
+
+
+def _idle(folder: Path) -> None:
+    """Make a base folder look unused for longer than prune waits."""
+    from bridge.workspace.bases import IDLE_S
+
+    old = time.time() - IDLE_S - 60
+    os.utime(folder / "ready", (old, old))
+
+
+def test_prune_keeps_a_base_a_task_started_on_between_its_plan_and_its_apply(
+    home, tricky_repo, bridge
+):
+    from bridge.pipeline.prune import apply_prune, plan_prune
+
+    one, base = _workspace(home, tricky_repo, "one", layered=True)
+    assert remove_workspace(home, one, delete_branch=True) == []
+    folder = base_folder(home, tricky_repo, base, None)
+    _idle(folder)
+    planned = [a for a in plan_prune(bridge.context()) if a.target == str(folder)]
+    assert [a.kind for a in planned] == ["object_cache"]  # unused, so far
+    two, _ = _workspace(home, tricky_repo, "two", layered=True)  # a task starts on it
+    (done,) = apply_prune(bridge.context(), planned)
+    assert done.failed and "in use again" in done.failed[0]
+    assert (folder / "tree" / "a.txt").read_text() == "a\n"
+    assert (two.worktree / "dir" / "sub" / "two.txt").read_text() == "2\n"
+
+
+_HOLD_BASES_LOCK = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from bridge.workspace.locks import bases_lock
+    with bases_lock(Path({home!r})):  # as base_tree() does while it picks or makes a base
+        print("held", flush=True)
+        sys.stdin.read()
+    """
+)
+
+
+def test_prune_leaves_a_base_while_another_process_holds_the_lock_base_tree_takes(
+    home, tricky_repo, bridge, monkeypatch
+):
+    from bridge.pipeline.prune import apply_prune, plan_prune
+
+    one, base = _workspace(home, tricky_repo, "one", layered=True)
+    assert remove_workspace(home, one, delete_branch=True) == []
+    folder = base_folder(home, tricky_repo, base, None)
+    _idle(folder)
+    planned = [a for a in plan_prune(bridge.context()) if a.target == str(folder)]
+    assert planned
+    root = str(Path(__file__).resolve().parents[1])
+    script = _HOLD_BASES_LOCK.format(root=root, home=str(home))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setattr("bridge.workspace.bases.LOCK_WAIT_S", 0.3)
+        (done,) = apply_prune(bridge.context(), planned)
+        assert done.failed and "lock on the base trees" in done.failed[0]
+        assert (folder / "tree" / "a.txt").is_file()
+    finally:
+        holder.communicate(b"", timeout=60)
+    (done,) = apply_prune(bridge.context(), planned)  # the lock is free: removed, in one step
+    assert done.failed is None and not folder.exists()
+    assert list(folder.parent.iterdir()) == []  # nothing left aside either
+
+
+def _mounts_at(point: Path) -> int:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return sum(1 for line in lines if line.split(" ")[4] == str(point))
+
+
+def test_a_state_root_reached_through_a_link_mounts_once_and_unmounts_before_removing(
+    workdir, tricky_repo
+):
+    from bridge import WorkerBridge
+    from bridge.workspace.worktree import ensure_mounted
+
+    real = workdir / "real-home"
+    real.mkdir()
+    link = workdir / "linked-home"
+    link.symlink_to(real)
+    ws, base = _workspace(link, tricky_repo, "one", layered=True)
+    assert overlay.mounted(ws.worktree)
+    ensure_mounted(link, ws, base, None)  # a later phase: it is mounted, nothing piles up
+    assert _mounts_at(real / "worktrees" / "one") == 1
+    (ws.worktree / "new.txt").write_text("x\n")
+    assert remove_workspace(link, ws, delete_branch=True) == []
+    assert [p for p in overlay.mount_points() if p.startswith(f"{real}/")] == []
+    # A verification checkout's mount (no lowers file) keeps its base from prune, and the
+    # one a killed runner of an unknown task left is undone by recovery.
+    folder = base_folder(link, tricky_repo, base, None)
+    _idle(folder)
+    point = overlay.mount_point(link, "ghost", "verify-0")
+    overlay.mount(overlay.Layers((folder / "tree",), link / "tasks" / "ghost" / "v", point))
+    assert overlay.mounted(point) and unused_bases(link) == []
+    bridge = WorkerBridge(home=link)
+    try:
+        assert bridge.store.statuses(["ghost"]) == {}  # the store exists; "ghost" is no task
+        bridge.recover()
+    finally:
+        bridge.close()
+    assert not overlay.mounted(point) and not point.exists()
+    assert unused_bases(link) == [folder]
+    assert (tricky_repo / "a.txt").read_text() == "a\n"
+
+
+def test_a_host_process_as_the_sandbox_uid_reaches_its_worktree_but_not_the_shared_layers(
+    home, tricky_repo
+):
+    uid = 10001  # the default sandbox_uid: what a root bridge hands the base tree to
+    ws = TaskWorkspace.plan(home, tricky_repo, "one")
+    base = Git(tricky_repo).resolve_commit("HEAD")
+    assert create_workspace(home, ws, base, (uid, uid), layered=True).kind == "layered"
+    folder = base_folder(home, tricky_repo, base, (uid, uid))
+    assert (folder / "tree" / "a.txt").stat().st_uid == uid  # it may copy up any base file
+    for root in (home / "bases", home / "layers"):
+        st = root.stat()
+        assert (st.st_mode & 0o7777, st.st_uid) == (0o700, os.geteuid()), root
+
+    def as_sandbox(command: str) -> int:
+        run = subprocess.run(["sh", "-c", command], user=uid, group=uid, extra_groups=[])
+        return run.returncode
+
+    before = _digest(folder / "tree")
+    assert as_sandbox(f"echo pwn >> {folder}/tree/a.txt") != 0  # the shared base, in place
+    assert as_sandbox(f"rm -f {folder}/tree/keep.txt") != 0
+    assert as_sandbox(f"ln -s /etc {folder}/tree/dir/planted") != 0
+    assert as_sandbox(f"echo pwn > {ws.layers}/upper/planted.txt") != 0  # another's change set
+    assert _digest(folder / "tree") == before
+    assert not (ws.worktree / "planted.txt").exists()
+    # Through the mount, as a sandbox sees it, the same uid works as before.
+    assert (
+        as_sandbox(f"cd {ws.worktree} && echo mine >> a.txt && rm keep.txt && cat dir/one.txt") == 0
+    )
+    assert (ws.worktree / "a.txt").read_text() == "a\nmine\n"
+    assert (folder / "tree" / "a.txt").read_text() == "a\n"
+
+
+@pytest.mark.parametrize("failure", ["base lock held", "mount hangs"])
+def test_a_worktree_whose_base_or_mount_fails_is_a_full_checkout_saying_why(
+    workdir, home, tricky_repo, monkeypatch, failure
+):
+    holder = None
+    if failure == "base lock held":  # another process making a base takes too long
+        script = _HOLD_BASES_LOCK.format(
+            root=str(Path(__file__).resolve().parents[1]), home=str(home)
+        )
+        holder = subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setattr("bridge.workspace.bases.LOCK_WAIT_S", 0.3)
+    else:  # the mount is made, but the command never returns
+        fake_mount(workdir, monkeypatch, "/worktrees/", hang=True)
+        monkeypatch.setattr("bridge.workspace.overlay.MOUNT_TIMEOUT_S", 1)
+    try:
+        ws = TaskWorkspace.plan(home, tricky_repo, "one")
+        base = Git(tricky_repo).resolve_commit("HEAD")
+        made = create_workspace(home, ws, base, None, layered=True)
+    finally:
+        if holder is not None:
+            holder.communicate(b"", timeout=60)
+    assert made.kind == "full" and made.fallback
+    assert ("lock on the base trees" if holder else "did not finish") in made.fallback
+    assert not overlay.mounted(ws.worktree) and ws.upper is None  # nothing left mounted
+    assert (ws.worktree / "dir" / "sub" / "two.txt").read_text() == "2\n"
+    assert os.readlink(ws.worktree / "link") == "a.txt"
+    _tricky_edit(ws.worktree)  # and it is a worktree like any other
+    snap = snapshot_worktree(ws, base, base, "m", LIMITS)
+    assert "renamed/m.txt" in git(tricky_repo, "ls-tree", "-r", "--name-only", snap.commit)
+
+
+def test_a_verification_whose_layered_checkout_is_refused_runs_on_a_full_one_and_says_so(
+    docker_images, workdir, bridge, repo, monkeypatch
+):
+    from support.tasks import mock_task
+
+    fake_mount(workdir, monkeypatch, "/mounts/")  # verification checkouts, not worktrees
+    spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["test -f a.txt"])
+    result = bridge.run_task(bridge.create_task(spec).task_id)
+    assert result.status == "succeeded"
+    events = bridge.task_logs(result.task_id).events
+    (ready,) = [e.data for e in events if e.kind == "workspace.ready"]
+    assert ready["checkout"] == "layered" and "fallback" not in ready
+    (checkout,) = [e.data for e in events if e.kind == "verification.checkout"]
+    assert checkout["checkout"] == "full" and "refused by the test" in checkout["fallback"]
+    assert [p for p in overlay.mount_points() if "/mounts/" in p and str(workdir) in p] == []
+
+
+def test_a_task_in_a_state_root_reached_through_a_link_is_layered_and_pruned_unmounted(
+    docker_images, workdir, repo
+):
+    from support.tasks import mock_task
+
+    from bridge import WorkerBridge
+    from bridge.pipeline.prune import prune
+
+    real = workdir / "real-home"
+    real.mkdir()
+    link = workdir / "linked-home"
+    link.symlink_to(real)
+    bridge = WorkerBridge(home=link)
+    try:
+        spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["test -f a.txt"])
+        result = bridge.run_task(bridge.create_task(spec).task_id)
+        assert result.status == "succeeded"
+        events = bridge.task_logs(result.task_id).events
+        kinds = {e.kind: e.data.get("checkout") for e in events if "checkout" in e.data}
+        assert kinds == {"workspace.ready": "layered", "verification.checkout": "layered"}
+        assert _mounts_at(real / "worktrees" / result.task_id) == 1
+        bridge.reject_task(result.task_id)
+        done = prune(bridge.context(), apply=True)
+        assert [a for a in done["actions"] if a["failed"]] == []
+    finally:
+        bridge.close()
+    assert [p for p in overlay.mount_points() if p.startswith(f"{real}/")] == []
+    assert not (real / "worktrees" / result.task_id).exists()
+    assert not (real / "layers" / result.task_id).exists()

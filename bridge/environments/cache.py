@@ -12,6 +12,7 @@ can add to and unlink from but never write through to the cache.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.sandbox.spec import home_id
+from bridge.workspace.bases import bases_root, private_folder
 from bridge.workspace.fs import remove_tree, walk_all
+from bridge.workspace.locks import bases_lock
 
 KEY_VERSION = 2
 ENTRY_FILE = "entry.json"
@@ -182,7 +185,8 @@ def seal(outputs: Path) -> None:
 def materialize(outputs: Path, dest: Path, owner: tuple[int, int] | None) -> int:
     """Put the cached files into ``dest`` (a worktree or checkout no container is using): each
     folder made (the sandbox user's), each file hard-linked (copied when the bridge is not
-    root: the sandbox user would own the cache's files and could write through a link), each
+    root: the sandbox user would own the cache's files and could write through a link; and
+    where no link can cross into ``dest``, an overlay's merged view), each
     link copied as a link. What ``dest`` already holds wins (a tracked file is the snapshot's).
     Returns the number of entries added."""
     added = 0
@@ -212,14 +216,24 @@ def materialize(outputs: Path, dest: Path, owner: tuple[int, int] | None) -> int
             if owner is not None:
                 os.chown(target, *owner, follow_symlinks=False)
         elif stat.S_ISREG(st.st_mode):
-            if owner is not None:
-                os.link(source, target, follow_symlinks=False)
-            else:
+            if owner is None or not _linked(source, target):
                 shutil.copy2(source, target, follow_symlinks=False)
         else:
             continue  # FIFOs, sockets, devices are never cached (see capture)
         added += 1
     return added
+
+
+def _linked(source: Path, target: Path) -> bool:
+    """Hard-link ``source`` as ``target``; False where no link can cross (a layered worktree
+    whose environment view could not be mounted under it: the copy is the host's as well)."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        return False
+    return True
 
 
 def entries(home: Path) -> list[Entry | Path]:
@@ -276,21 +290,21 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
     digest = str(record.record.get("digest", "")) if record is not None else ""
     uid = owner[0] if owner is not None else os.geteuid()
     name = hashlib.sha256(f"{outputs}\0{digest}".encode()).hexdigest()[:24]
-    folder = home / "bases" / "env" / f"{name}-{uid}"
-    if (folder / "ready").is_file():
-        os.utime(folder / "ready")
-        return folder / "tree"
-    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
-    try:
-        (tmp / "tree").mkdir(parents=True)
-        materialize(outputs, tmp / "tree", owner)
-        (tmp / "ready").write_text(f"{outputs}\n")
+    folder = bases_root(home) / "env" / f"{name}-{uid}"
+    with bases_lock(home):  # as a base tree: prune never removes it while a task picks it
+        private_folder(bases_root(home))
+        if (folder / "ready").is_file():
+            os.utime(folder / "ready")
+            return folder / "tree"
+        tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
         try:
+            (tmp / "tree").mkdir(parents=True)
+            materialize(outputs, tmp / "tree", owner)
+            (tmp / "ready").write_text(f"{outputs}\n")
+            if folder.exists():
+                remove_tree(folder)  # a half-made one (a crash)
             tmp.rename(folder)
-        except OSError:  # another runner made it first
-            if not (folder / "ready").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            remove_tree(tmp)
+        finally:
+            if tmp.exists():
+                remove_tree(tmp)
     return folder / "tree"

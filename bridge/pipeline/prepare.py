@@ -24,7 +24,7 @@ def prepare_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, sweep: bool) ->
         remove_workspace(ctx.home, ws, delete_branch=True)
     handle.update(worktree=str(ws.worktree), branch=ws.branch)
     _, owner = ctx.sandbox_identity()
-    layered = create_workspace(
+    made = create_workspace(
         ctx.home,
         ws,
         handle.record.base_commit or "",
@@ -33,15 +33,12 @@ def prepare_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, sweep: bool) ->
         layered=ctx.config.layered_checkouts,
     )
     handle.timed("prepare_s", t0)
-    handle.emit(
-        "workspace.ready",
-        {
-            "worktree": str(ws.worktree),
-            "branch": ws.branch,
-            # which way it was made: an overlay over the base's cached tree, or a full checkout
-            "checkout": "layered" if layered else "full",
-        },
-    )
+    # Which way it was made (an overlay over the base's cached tree, or a full checkout), and
+    # why it is full where a layered one was asked for.
+    data = {"worktree": str(ws.worktree), "branch": ws.branch, "checkout": made.kind}
+    if made.fallback:
+        data["fallback"] = made.fallback
+    handle.emit("workspace.ready", data)
 
 
 def remount_workspace(handle: PhaseHandle, ws: TaskWorkspace) -> None:

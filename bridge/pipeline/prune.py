@@ -25,7 +25,7 @@ from bridge.records import TaskRecord
 from bridge.scope import RepositoryScope
 from bridge.store.db import now_iso
 from bridge.workspace import fs, overlay, trash
-from bridge.workspace.bases import unused_bases
+from bridge.workspace.bases import bases_root, remove_unused, unused_bases
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.objects import stores_in_use
@@ -281,6 +281,8 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
         return _remove_orphan_dir(ctx, Path(action.target))
     if action.kind == "trash":
         return trash.reap(ctx.home)
+    if action.kind == "object_cache" and Path(action.target).is_relative_to(bases_root(ctx.home)):
+        return remove_unused(ctx.home, Path(action.target))  # unless a task started on it since
     if action.kind in ("orphan_log", "object_cache", "job_scratch"):
         return fs.remove_tree(Path(action.target))
     if action.kind == "container":

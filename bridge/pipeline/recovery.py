@@ -53,7 +53,7 @@ def reclaim_mounts(ctx: Context) -> list[str]:
     """Undo what a killed process left mounted: verification checkouts (`<home>/mounts/`) of
     tasks that are over or unknown (a live task's own runner redoes its own), and worktree
     mounts whose layers are gone. Returns the mount points undone."""
-    home = ctx.home
+    home = Path(overlay.real(ctx.home))  # as mountinfo names it (a state root through a link)
     points = [Path(p) for p in overlay.mount_points() if p.startswith(f"{home}/")]
     if not points:
         return []

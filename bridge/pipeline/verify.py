@@ -16,9 +16,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import SubprocessError
 from typing import TYPE_CHECKING
 
 from bridge.environments.task import materialize, shared_view
+from bridge.errors import BridgeError
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.specs import task_container
@@ -27,7 +29,7 @@ from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace import overlay
-from bridge.workspace.bases import base_tree
+from bridge.workspace.bases import base_tree, private_folder
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.overlay import mount_point, overlay_usable
@@ -98,7 +100,10 @@ class VerifyCheckout:
         # Layered: an overlay over the base's cached tree, mounted outside the task folder,
         # its upper dir in the scratch folder (what the disk watchdog measures).
         self.mount = mount_point(self.home, ws.task_id, f"verify-{turn}")
-        self.layered = handle.ctx.config.layered_checkouts and overlay_usable(self.home)
+        wanted = handle.ctx.config.layered_checkouts
+        self.layered = wanted and overlay_usable(self.home)
+        # Why the checkout is a full one where a layered one was asked for.
+        self.fallback = overlay.NO_OVERLAY if wanted and not self.layered else None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -126,17 +131,19 @@ class VerifyCheckout:
             self._error = exc
 
     def _mount(self) -> bool:
-        """The base as an overlay (already the sandbox user's); False where it cannot be."""
+        """The base as an overlay (already the sandbox user's); False (and why) where it
+        cannot be: the base tree could not be had, the mount was refused or did not finish."""
         _, owner = self.handle.ctx.sandbox_identity()
-        folder = base_tree(self.home, self.ws.repository, self.base, owner)
         try:
+            folder = base_tree(self.home, self.ws.repository, self.base, owner)
             layers = overlay.Layers((folder / "tree",), self.scratch / "layers", self.mount)
+            private_folder(layers.root)  # reached by the sandbox through the mount alone
             overlay.mount(layers, owner)  # the merged root (the upper dir) is the sandbox's
-        except OSError:
+        except (OSError, BridgeError, SubprocessError) as exc:
             self._unmount()
+            self.fallback = f"the layered checkout could not be made: {exc}"
             return False
         self.path = self.mount
-        self.handle.emit("verification.checkout", {"checkout": "layered"})
         return True
 
     def _unmount(self) -> None:
@@ -153,7 +160,14 @@ class VerifyCheckout:
         """Make the folder hold exactly ``snapshot`` (``changes``: base -> snapshot)."""
         if self._thread is not None:
             self._thread.join()
-        if self._thread is None or self._error is not None:
+        fresh = self._thread is None or self._error is not None
+        if fresh and self.layered:  # the first reason wins
+            self.fallback = self.fallback or f"no checkout prepared ({self._error or 'resumed'})"
+        layered = not fresh and self.path == self.mount
+        # Layered: the environment's cached files under the base, in one step.
+        if layered and self.outputs is not None and not self._layer_outputs():
+            fresh, layered = True, False
+        if fresh:
             self._unmount()
             discard(self.home, self.scratch)
             self.scratch.mkdir(parents=True)
@@ -161,30 +175,34 @@ class VerifyCheckout:
             export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
             self._chown()
         else:  # the prepared base is already the sandbox user's: only new files need it
-            outputs = self.outputs is not None and self.path == self.mount
-            if outputs:  # layered: the cached files under the base, in one step
-                self._layer_outputs()
             written = update_checkout(
                 self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
             )
             self._chown(written)
-            if outputs:
-                return
-        if self.outputs is not None:  # after the chown: the cache's files stay the host's
+        data = {"checkout": "layered" if layered else "full"}
+        if self.fallback and not layered:
+            data["fallback"] = self.fallback
+        self.handle.emit("verification.checkout", data)
+        if self.outputs is not None and not layered:  # after the chown: the cache's files
             materialize(self.outputs, self.path, self.handle.ctx.sandbox_identity()[1])
 
-    def _layer_outputs(self) -> None:
+    def _layer_outputs(self) -> bool:
         """Mount the (still untouched) layered checkout again over the base's tree and the
-        environment's shared view of its cached files."""
+        environment's shared view of its cached files; False (and why) where it cannot be."""
         assert self.outputs is not None
         _, owner = self.handle.ctx.sandbox_identity()
-        folder = base_tree(self.home, self.ws.repository, self.base, owner)
-        view = shared_view(self.home, self.outputs, owner)
-        overlay.unmount(self.mount)
-        upper_root = self.scratch / "layers"
-        remove_tree(upper_root)  # nothing was written into it yet
-        layers = overlay.Layers((folder / "tree", view), upper_root, self.mount)
-        overlay.mount(layers, owner)
+        try:
+            folder = base_tree(self.home, self.ws.repository, self.base, owner)
+            view = shared_view(self.home, self.outputs, owner)
+            overlay.unmount(self.mount)
+            upper_root = self.scratch / "layers"
+            remove_tree(upper_root)  # nothing was written into it yet
+            private_folder(upper_root)
+            overlay.mount(overlay.Layers((folder / "tree", view), upper_root, self.mount), owner)
+        except (OSError, BridgeError, SubprocessError) as exc:
+            self.fallback = f"the environment's files could not be layered: {exc}"
+            return False
+        return True
 
     def discard(self) -> None:
         """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees):

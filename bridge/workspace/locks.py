@@ -1,5 +1,5 @@
-"""Per-repository and per-job locks that hold across processes (flock on a file under the state
-root)."""
+"""Per-repository, per-job and base-tree locks that hold across processes (flock on a file under
+the state root)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ def job_lock(home: Path, job_id: str, timeout: float = 120.0) -> Iterator[None]:
     processes); waits up to ``timeout`` seconds for another holder."""
     digest = hashlib.sha256(job_id.encode()).hexdigest()[:24]
     with _flock(home / "locks" / f"job-{digest}.lock", f"job {job_id}", timeout):
+        yield
+
+
+@contextmanager
+def bases_lock(home: Path, timeout: float = 600.0) -> Iterator[None]:
+    """Hold the lock of the base trees (`<home>/bases`): held while one is picked or made and
+    marked in use, and while prune checks one is unused and takes it out of the way, so that
+    no task starts on a base between prune's check and its removal. Making a base (a whole
+    checkout) happens under it, hence the longer wait."""
+    with _flock(home / "locks" / "bases.lock", "the base trees", timeout):
         yield
 
 

@@ -32,6 +32,8 @@ OPAQUE_XATTR = "trusted.overlay.opaque"
 # copied, a chmod copies the data), which is what reading the change set relies on.
 _OPTIONS = "redirect_dir=off,metacopy=off,index=off"
 _UNSAFE = (",", ":", "\\", "\n", "=")
+MOUNT_TIMEOUT_S = 60  # a mount past this is undone and taken as refused (callers fall back)
+NO_OVERLAY = "this process cannot make overlay mounts (not root, or not allowed to mount)"
 MOUNT_SEP = "--"  # <home>/mounts/<task id>--<name>: a mount point outside the task's folders
 
 
@@ -56,7 +58,7 @@ class Layers:
 def overlay_usable(scratch: Path) -> bool:
     """Whether this process can make overlay mounts with upper dirs under ``scratch`` (asked
     once per process and folder: a real mount of a tiny overlay)."""
-    return _probe(str(scratch))
+    return _probe(real(scratch))  # resolved: a state root through a link is a folder here
 
 
 @lru_cache(maxsize=16)
@@ -85,27 +87,38 @@ def _probe(scratch: str) -> bool:
 def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
     """Mount ``layers`` at its target (made, with fresh upper and work dirs, when missing; an
     existing upper dir is used again, as after a reboot). The merged root takes the upper dir's
-    owner: ``owner`` when given. OSError when the kernel refuses."""
-    paths = [*layers.lowers, layers.upper, layers.work]
-    if any(ch in str(p) for p in paths for ch in _UNSAFE):
-        raise OSError(f"overlay options cannot name {layers.root}")
+    owner: ``owner`` when given. OSError when the kernel refuses or the mount does not finish
+    in time (undone then)."""
     for folder in (layers.upper, layers.work, layers.target):
         folder.mkdir(parents=True, exist_ok=True)
     if owner is not None:
         os.chown(layers.upper, *owner)
-    lower = ":".join(str(p) for p in layers.lowers)
-    options = f"lowerdir={lower},upperdir={layers.upper},workdir={layers.work},{_OPTIONS}"
-    proc = subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", options, str(layers.target)],
-        capture_output=True,
-        timeout=60,
-    )
+    # Every path resolved (a state root reached through a link): mountinfo names the mount
+    # point resolved, and its options as given, and both are compared with `real` paths.
+    lowers, upper, work = [real(p) for p in layers.lowers], real(layers.upper), real(layers.work)
+    if any(ch in p for p in (*lowers, upper, work) for ch in _UNSAFE):
+        raise OSError(f"overlay options cannot name {layers.root}")
+    options = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work},{_OPTIONS}"
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", options, real(layers.target)],
+            capture_output=True,
+            timeout=MOUNT_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        unmount(layers.target)  # made after all, maybe, when the command was stopped
+        raise OSError(f"overlay mount did not finish within {MOUNT_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         raise OSError(f"overlay mount failed: {proc.stderr.decode(errors='replace').strip()}")
 
 
+def real(path: Path) -> str:
+    """``path`` with every link in it resolved, as mountinfo names mount points."""
+    return os.path.realpath(path)
+
+
 def mounted(target: Path) -> bool:
-    return str(target) in mount_points()
+    return real(target) in mount_points()
 
 
 def mount_points() -> set[str]:
@@ -120,6 +133,26 @@ def mount_points() -> set[str]:
         if len(fields) > 4:
             points.add(_unescape(fields[4]))
     return points
+
+
+def lower_dirs() -> set[str]:
+    """The lower dirs of every overlay mount of this mount namespace (as `mount` named them:
+    resolved, see `mount`)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        _, sep, rest = line.partition(" - ")
+        fields = rest.split(" ")
+        if not sep or fields[0] != "overlay" or len(fields) < 3:
+            continue
+        for option in fields[2].split(","):
+            name, _, value = option.partition("=")
+            if name in ("lowerdir", "lowerdir+"):
+                found.update(_unescape(p) for p in value.split(":") if p)
+    return found
 
 
 def _unescape(text: str) -> str:
@@ -139,15 +172,15 @@ def unmount(target: Path) -> None:
     it open: a container being removed, a process of ours). Idempotent."""
     if not mounted(target):
         return
-    proc = subprocess.run(["umount", str(target)], capture_output=True, timeout=60)
+    proc = subprocess.run(["umount", real(target)], capture_output=True, timeout=60)
     if proc.returncode != 0 and mounted(target):
-        subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=60)
+        subprocess.run(["umount", "-l", real(target)], capture_output=True, timeout=60)
 
 
 def unmount_under(root: Path) -> list[str]:
     """Undo every mount under ``root`` (inner ones first): before a whole state root is
     removed, which would otherwise delete through the merged views and leave the mounts."""
-    prefix = f"{root}/"
+    prefix = f"{real(root)}/"
     points = sorted((p for p in mount_points() if p.startswith(prefix)), reverse=True)
     for point in points:
         unmount(Path(point))

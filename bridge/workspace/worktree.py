@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.errors import ConfigError, InvalidSpec
+from bridge.errors import BridgeError, ConfigError, InvalidSpec
 from bridge.workspace import bases, fs, overlay, trash
 from bridge.workspace.fs import chown_tree
 from bridge.workspace.git import Git, common_git_dir, validate_branch_name
@@ -61,6 +62,15 @@ class TaskWorkspace:
         return upper if upper.is_dir() else None
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """How a worktree was made: ``layered`` (an overlay over the base's kept tree) or
+    ``full``; ``fallback`` says why it is full where a layered one was asked for."""
+
+    kind: str
+    fallback: str | None = None
+
+
 def check_allowed(roots: list[Path], repo: Path) -> None:
     """InvalidSpec unless ``repo`` (resolved) is inside one of ``roots`` (none: any)."""
     if not roots:
@@ -94,11 +104,11 @@ def create_workspace(
     timeout: float = 300,
     *,
     layered: bool = False,
-) -> bool:
+) -> Checkout:
     """Add the worktree (its files the base commit's blobs, byte for byte) and the container's
     private git dir. With ``layered``, the worktree is an overlay over the base commit's cached
-    tree where the host can mount one (see `bridge.workspace.overlay`). Returns whether it is
-    layered. On any failure, undo both."""
+    tree where the host can mount one (see `bridge.workspace.overlay`), else a full checkout
+    (the reason in what is returned). On any failure, undo both."""
     check_disjoint(home, ws.repository)
     ws.worktree.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -119,7 +129,8 @@ def create_workspace(
                 f"git registered the worktree of task {ws.task_id} under an unexpected name; "
                 "run `git worktree prune` in the repository and try again."
             )
-        if not (layered and _mount_layers(home, ws, base_commit, owner)):
+        made = _mount_layers(home, ws, base_commit, owner) if layered else Checkout("full")
+        if made.kind == "full":
             raw_checkout(home, ws.repository, base_commit, ws.worktree, ws.index, keep_index=True)
             if owner is not None:
                 chown_tree(ws.worktree, *owner)
@@ -130,28 +141,30 @@ def create_workspace(
     except BaseException:
         remove_workspace(home, ws, delete_branch=True)
         raise
-    return ws.upper is not None
+    return made
 
 
 def _mount_layers(
     home: Path, ws: TaskWorkspace, base_commit: str, owner: tuple[int, int] | None
-) -> bool:
-    """The worktree as an overlay over the base commit's tree, its index the tree's; False
-    (nothing left behind) where overlay mounts are not available here."""
+) -> Checkout:
+    """The worktree as an overlay over the base commit's tree, its index the tree's; else
+    (nothing left behind) a full one, and why: no overlay mounts here, the base tree could not
+    be had (its lock, the disk), the kernel refused the mount or it did not finish."""
     if not overlay.overlay_usable(home):
-        return False
-    folder = bases.base_tree(home, ws.repository, base_commit, owner)
+        return Checkout("full", overlay.NO_OVERLAY)
     try:
+        folder = bases.base_tree(home, ws.repository, base_commit, owner)
         # The worktree's own `.git` (the host's gitfile) stays visible in the merged view.
+        bases.private_folder(ws.layers.parent)
         (ws.layers / "upper").mkdir(parents=True)
         shutil.copy2(ws.worktree / ".git", ws.layers / "upper" / ".git")
         _mount_over(ws, (folder / "tree",), owner)
-    except OSError:
+        bases.copy_index(folder, ws.index)
+    except (OSError, BridgeError, subprocess.SubprocessError) as exc:
         overlay.unmount(ws.worktree)
         fs.remove_tree(ws.layers)
-        return False
-    bases.copy_index(folder, ws.index)
-    return True
+        return Checkout("full", f"the layered checkout could not be made: {exc}")
+    return Checkout("layered")
 
 
 def _mount_over(ws: TaskWorkspace, lowers: tuple[Path, ...], owner: tuple[int, int] | None) -> None:
@@ -170,14 +183,18 @@ def _lowers(ws: TaskWorkspace) -> tuple[Path, ...]:
 def layer_under(ws: TaskWorkspace, lower: Path, owner: tuple[int, int] | None) -> bool:
     """Put ``lower`` (a read-only tree: an environment's cached files) under a layered
     worktree that no container uses yet, in one step: what the worktree holds wins. False for
-    a full worktree."""
+    a full worktree, and where the mount over ``lower`` fails (mounted again as it was)."""
     lowers = _lowers(ws)
     if ws.upper is None or not lowers:
         return False
     if lower in lowers:
         return True
     overlay.unmount(ws.worktree)
-    _mount_over(ws, (*lowers, lower), owner)
+    try:
+        _mount_over(ws, (*lowers, lower), owner)
+    except OSError:
+        _mount_over(ws, lowers, owner)
+        return False
     return True
 
 
