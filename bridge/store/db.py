@@ -353,6 +353,22 @@ class Store:
             Event.model_validate({**row, "data": json.loads(row["data"] or "{}")}) for row in rows
         ]
 
+    def events_after(self, after: int = 0, limit: int = 200) -> list[Event]:
+        """Every task's and job's events after ``after`` in order, at most ``limit`` (a live
+        view of them all)."""
+        rows = self.query(
+            "SELECT event_id, task_id, kind, at, data FROM events WHERE event_id > ?"
+            " ORDER BY event_id LIMIT ?",
+            (after, limit),
+        )
+        return [
+            Event.model_validate({**row, "data": json.loads(row["data"] or "{}")}) for row in rows
+        ]
+
+    def last_event(self) -> int:
+        """The newest event id of the store (0 when there is none)."""
+        return int(self.query("SELECT max(event_id) AS n FROM events")[0]["n"] or 0)
+
     def status_and_phase(self, task_id: str) -> tuple[str, str | None]:
         """What a live view's status line shows, without decoding the whole row."""
         rows = self.query("SELECT status, phase FROM tasks WHERE task_id = ?", (task_id,))
