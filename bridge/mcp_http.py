@@ -3,8 +3,10 @@ behind a bearer-token gate, served with uvicorn.
 
 The tools are the stdio server's (bridge/mcp_server.py builds them); this module only adds what a
 network listener needs. Every request must carry `Authorization: Bearer <token>` except
-`GET /healthz`, which the container healthcheck calls. Tokens are compared in constant time and
-never logged; a refusal is logged with the client, the path and why (missing, malformed, wrong).
+`GET /healthz`, which the container healthcheck calls, and the web view under `/ui`
+(bridge/ui), which takes the same token once and gives the browser a session cookie. Tokens are
+compared in constant time and never logged; a refusal is logged with the client, the path and
+why (missing, malformed, wrong).
 
 The token comes from `--token-file PATH`, else `$WORKER_BRIDGE_MCP_TOKEN_FILE` (a compose secret),
 else `$WORKER_BRIDGE_MCP_TOKEN`; it is removed from the environment once read, so the task
@@ -151,9 +153,9 @@ def _long_enough(token: str, host: str) -> str:
     return token
 
 
-def parse_bind(text: str) -> tuple[str, int]:
+def parse_bind(text: str, flag: str = "--http") -> tuple[str, int]:
     """`HOST:PORT` with HOST an IP address ([::1] for IPv6) or a hostname, PORT 1-65535."""
-    usage = f"--http wants HOST:PORT such as 127.0.0.1:8765 or 0.0.0.0:8765, not {text!r}."
+    usage = f"{flag} wants HOST:PORT such as 127.0.0.1:8765 or 0.0.0.0:8765, not {text!r}."
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ConfigError(usage)
@@ -218,8 +220,9 @@ class BearerGate:
     through only with the right bearer token. Lifespan events pass straight through, so the
     SDK's session manager starts and stops with the server."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, ui: ASGIApp | None = None) -> None:
         self.app = app
+        self.ui = ui  # the web view (bridge/ui) under /ui: it signs in with the same token
         self._token = token.encode() if token is not None else None
         self._health = json.dumps({"ok": True, "version": __version__}).encode()
         self._refusals = RefusalLog()
@@ -230,6 +233,8 @@ class BearerGate:
             return await self.app(scope, receive, send)
         if kind == "http" and scope["path"] == HEALTH_PATH and scope["method"] == "GET":
             return await _respond(send, 200, self._health)
+        if self.ui is not None and kind == "http" and _is_ui(scope["path"]):
+            return await self.ui(scope, receive, send)
         refusal = self._refusal(scope)
         if refusal is None:
             return await self.app(scope, receive, send)
@@ -268,6 +273,10 @@ class BearerGate:
         return None
 
 
+def _is_ui(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
+
+
 def _printable(text: str, limit: int = 200) -> str:
     """What a client sent, fit for a log line: escapes for anything outside printable ASCII
     (no forged lines, no terminal escapes), and bounded."""
@@ -302,9 +311,11 @@ def _rebinding_guard(host: str) -> Any:
     )
 
 
-def serve(server: Any, options: HttpOptions, limits: HttpConfig | None = None) -> int:
+def serve(
+    server: Any, options: HttpOptions, limits: HttpConfig | None = None, ui: ASGIApp | None = None
+) -> int:
     """Serve the MCP server object (the SDK's MCPServer) until SIGINT/SIGTERM, within the
-    listener's bounds (config `http`)."""
+    listener's bounds (config `http`); with ``ui``, the web view beside it under /ui."""
     import uvicorn
 
     limits = limits or HttpConfig()
@@ -333,7 +344,7 @@ def serve(server: Any, options: HttpOptions, limits: HttpConfig | None = None) -
     )
     log.info("listener bounds (config http): %s", describe_bounds(limits))
     config = uvicorn.Config(
-        BearerGate(WholeBody(SessionCapNotice(app, limits), limits), options.token),
+        BearerGate(WholeBody(SessionCapNotice(app, limits), limits), options.token, ui),
         host=options.host,
         port=options.port,
         log_config=None,  # uvicorn's loggers propagate to ours: stderr and logs/mcp-server.log

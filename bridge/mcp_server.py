@@ -115,7 +115,10 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
     _keep_recovering(bridge)
     server = build_server(bridge)
     if http is not None:
-        return mcp_http.serve(server, http, bridge.config.http)
+        from bridge.ui.app import build_app  # the web view under /ui, same token
+
+        ui = build_app(bridge, token=http.token, host=http.host)
+        return mcp_http.serve(server, http, bridge.config.http, ui)
     server.run("stdio")
     return 0
 

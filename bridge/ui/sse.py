@@ -1,0 +1,160 @@
+"""Server-sent events for the pages, fed from the store's events: a loop on the server reads the
+events after its cursor (the event id, also the SSE `id`, so a reconnecting EventSource resumes
+where it was) and pushes what changed; the page only listens.
+
+- `/ui/api/stream`: every task and job in scope; a `task` message carries the task's new list
+  row, a `job` message the job's.
+- `/ui/api/tasks/{id}/stream`: one task's events as the CLI's live view prints them (`line`),
+  and `changed` when the task's result may have moved on (its page then reads it again).
+
+Streams are bounded in number per server; each ends when its client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from bridge.errors import BridgeError, JobNotFound, TaskNotFound
+from bridge.records import Event
+from bridge.ui import views
+from bridge.ui.routes import UiState, api
+
+POLL_S = 0.25
+KEEPALIVE_S = 15.0
+PAGE = 200
+MAX_STREAMS = 32
+QUIET_KINDS = {"worker.progress", "environment.output", "network.request"}  # no result change
+
+
+def _message(kind: str, data: Any, event_id: int) -> str:
+    return f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(data, ensure_ascii=True)}\n\n"
+
+
+def _cursor(request: Request) -> int:
+    text = request.headers.get("last-event-id") or request.query_params.get("after") or "-1"
+    try:
+        return max(-1, int(text))
+    except ValueError:
+        return -1
+
+
+def stream_routes(state: UiState, prefix: str) -> list[Route]:
+    bridge = state.bridge
+
+    async def everything(request: Request) -> Response:
+        return _open(state, _all_events(state, _cursor(request)))
+
+    async def one_task(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        await state.call(bridge.get_task, task_id)  # 404 before the stream opens
+        return _open(state, _task_events(state, task_id, max(0, _cursor(request))))
+
+    return [
+        Route(f"{prefix}/api/stream", api(state, everything)),
+        Route(f"{prefix}/api/tasks/{{task_id}}/stream", api(state, one_task)),
+    ]
+
+
+def _open(state: UiState, messages: AsyncIterator[str]) -> Response:
+    if state.streams >= MAX_STREAMS:
+        return JSONResponse(
+            {"error": f"This server already has {MAX_STREAMS} live views open; close some."},
+            status_code=503,
+        )
+    return StreamingResponse(
+        _counted(state, messages),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+    )
+
+
+async def _counted(state: UiState, messages: AsyncIterator[str]) -> AsyncIterator[str]:
+    state.streams += 1
+    try:
+        yield "retry: 2000\n\n"
+        async for message in messages:
+            yield message
+    finally:
+        state.streams -= 1
+
+
+async def _follow(
+    state: UiState, cursor: int, read: Any
+) -> AsyncIterator[tuple[list[Event], int] | None]:
+    """Pages of new events as they come (None now and then: time for a keep-alive)."""
+    quiet = 0.0
+    while True:
+        try:
+            page = await state.call(read, cursor)
+        except BridgeError:  # the task went out of reach (pruned, scope changed): stream ends
+            return
+        cursor = page.next_after
+        if page.events:
+            quiet = 0.0
+            yield page.events, cursor
+            if len(page.events) >= PAGE:
+                continue
+        await asyncio.sleep(POLL_S)
+        quiet += POLL_S
+        if quiet >= KEEPALIVE_S:
+            quiet = 0.0
+            yield None
+
+
+async def _all_events(state: UiState, cursor: int) -> AsyncIterator[str]:
+    bridge = state.bridge
+    if cursor < 0:
+        cursor = (await state.call(bridge.events_since, -1)).next_after
+
+    def read(after: int) -> Any:
+        return bridge.events_since(after, PAGE)
+
+    async for batch in _follow(state, cursor, read):
+        if batch is None:
+            yield ": keep-alive\n\n"
+            continue
+        events, last = batch
+        for owner in dict.fromkeys(e.task_id for e in events if e.kind not in QUIET_KINDS):
+            kind, row = await state.call(_row_of, state, owner)
+            if row is not None:
+                yield _message(kind, row, last)
+        yield f"id: {last}\n\n"  # the cursor moves past quiet events too
+
+
+def _row_of(state: UiState, owner: str) -> tuple[str, dict[str, Any] | None]:
+    try:
+        return "task", views.task_row(state.bridge.get_task(owner))
+    except TaskNotFound:
+        pass
+    try:
+        return "job", views.job_row(state.bridge.job_status(owner))
+    except (JobNotFound, BridgeError):
+        return "job", None
+
+
+async def _task_events(state: UiState, task_id: str, cursor: int) -> AsyncIterator[str]:
+    def read(after: int) -> Any:
+        return state.bridge.task_logs(task_id, after=after, limit=PAGE)
+
+    async for batch in _follow(state, cursor, read):
+        if batch is None:
+            yield ": keep-alive\n\n"
+            continue
+        events, last = batch
+        changed = False
+        for event in events:
+            line = views.event_line(event)
+            if line is not None:
+                yield _message("line", line, event.event_id)
+            changed = changed or event.kind not in QUIET_KINDS
+        if changed:
+            yield _message("changed", {"task_id": task_id}, last)
+        else:
+            yield f"id: {last}\n\n"

@@ -1,0 +1,139 @@
+"""The web view for the tests: `worker-bridge ui` on a free loopback port until its login page
+answers, always stopped by its pid; an HTTP client signed in the way a browser is (the token
+exchanged for the session cookie, the CSRF token read from the session API); Debian's chromium
+driven by Playwright (never a downloaded browser), and where screenshots go."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import pytest
+from support.cli import CLI
+from support.mcp_http_server import free_port
+
+START_DEADLINE_S = 30
+REQUIRE_BROWSER = os.environ.get("WORKER_BRIDGE_REQUIRE_BROWSER") == "1"
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("WORKER_BRIDGE_TEST_ARTIFACTS") or ROOT / "tests" / "artifacts")
+
+
+@dataclass
+class UiServer:
+    proc: subprocess.Popen
+    url: str  # http://127.0.0.1:PORT
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def ui_server(home: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[UiServer]:
+    """`worker-bridge ui --listen 127.0.0.1:PORT ARGS...` against HOME until its login page
+    answers; stopped by its pid (SIGTERM, then SIGKILL) on the way out."""
+    port = free_port()
+    log_path = home.parent / f"ui-{port}.log"
+    full_env = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*CLI, "ui", "--listen", f"127.0.0.1:{port}", *args],
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    server = UiServer(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while not _answers(server.url):
+            assert proc.poll() is None, f"the ui exited {proc.returncode}: {server.log_text()}"
+            assert time.monotonic() < deadline, f"no answer from the ui: {server.log_text()}"
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, 15)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, 9)
+                proc.wait(timeout=10)
+    assert "Traceback" not in server.log_text(), server.log_text()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx2.get(f"{url}/ui/login", timeout=2).status_code in (200, 303)
+    except httpx2.HTTPError:
+        return False
+
+
+@dataclass
+class SignedIn:
+    client: httpx2.Client
+    csrf: str
+    origin: str
+
+    def act(self, path: str, body: dict | None = None, **headers: str) -> httpx2.Response:
+        """An action as the page sends it: its Origin and the session's CSRF token."""
+        sent = {"origin": self.origin, "x-csrf-token": self.csrf, **headers}
+        return self.client.post(path, json=body or {}, headers=sent)
+
+
+@contextmanager
+def signed_in(url: str, token: str) -> Iterator[SignedIn]:
+    with httpx2.Client(base_url=url, timeout=30) as client:
+        login = client.get("/ui/login", params={"token": token})
+        assert login.status_code == 303, login.text
+        session = client.get("/ui/api/session")
+        assert session.status_code == 200, session.text
+        yield SignedIn(client, session.json()["csrf"], url)
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def launch_browser():
+    """Playwright's chromium driver on Debian's chromium, headless; skipped (failed under
+    WORKER_BRIDGE_REQUIRE_BROWSER=1) when either is missing. Returns (playwright, browser)."""
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    path = chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        path = None
+    if path is None:
+        why = "the browser tests need Playwright (pip) and chromium (apt-get install chromium)"
+        if REQUIRE_BROWSER:
+            pytest.fail(f"WORKER_BRIDGE_REQUIRE_BROWSER=1 but: {why}")
+        pytest.skip(why)
+    playwright = sync_playwright().start()
+    try:
+        # No sandbox of chromium's own: it cannot make one as root in a container.
+        browser = playwright.chromium.launch(
+            executable_path=path, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
+    except Exception:
+        playwright.stop()
+        raise
+    return playwright, browser
+
+
+def screenshot(page, name: str) -> Path:
+    """A full-page screenshot into the test artifacts (and, with WORKER_BRIDGE_UPDATE_DOCS=1,
+    into docs/ when NAME is one the README shows)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("WORKER_BRIDGE_UPDATE_DOCS") == "1" and name in ("ui-job",):
+        shutil.copyfile(path, ROOT / "docs" / f"{name}.png")
+    return path
