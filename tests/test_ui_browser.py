@@ -1,0 +1,245 @@
+"""The web view in a real browser (Debian's chromium, headless, driven by Playwright): the list
+updating live while a mock task runs, a task's diff and verification, a follow-up and accept from
+the page, a compete job's ranking with two candidates' diffs side by side, answering a pending
+request, and a worker's HTML and script shown as text with nothing of it run. One browser for
+the module; every page is checked for dialogs and Content-Security-Policy reports on the way
+out (our own pages must need no exception to the policy). Screenshots go to the test artifacts."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from support.jobs import compete_task, wait_job
+from support.repos import git
+from support.tasks import TERMINAL, mock_task
+from support.ui import launch_browser, screenshot, ui_server
+from support.waiting import poll
+
+from bridge import WorkerBridge
+
+LONG_MS = 120_000  # a mock task from start to verified, on a busy host
+XSS = '<img src=x onerror="window.__pwned=1;alert(1)">'
+SCRIPT = "<script>window.__pwned=2;alert(2)</script>"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright, running = launch_browser()
+    yield running
+    running.close()
+    playwright.stop()
+
+
+@pytest.fixture
+def ui(home, token_file, docker_images, no_task_outlives_the_test):
+    with ui_server(home, "--token-file", str(token_file)) as server:
+        yield server
+
+
+@pytest.fixture
+def page(browser, ui, token):
+    """A signed-in page (the token exchanged, then out of the URL); on the way out, no dialog
+    was opened and no Content-Security-Policy report was made."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    tab = context.new_page()
+    dialogs: list[str] = []
+    reports: list[str] = []
+    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    tab.on("console", lambda m: reports.append(m.text) if "Content Security" in m.text else None)
+    tab.on("pageerror", lambda e: reports.append(f"page error: {e}"))
+    tab.goto(f"{ui.url}/ui/login?token={token}")
+    assert tab.url == f"{ui.url}/ui/"
+    try:
+        yield tab
+    finally:
+        context.close()
+    assert dialogs == [], dialogs
+    assert reports == [], reports
+
+
+def _expect():
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect
+
+
+def _confirm(page) -> None:
+    """Our own confirmation (a <dialog> element, never a browser dialog): confirm it."""
+    page.locator("#confirm-yes").click()
+
+
+def _ended(bridge: WorkerBridge, task_id: str, status: str = "succeeded"):
+    result = poll(
+        lambda: (r := bridge.get_task(task_id)).status in TERMINAL and r,
+        f"task {task_id} to end",
+        180,
+    )
+    assert result.status == status, result.document()
+    return result
+
+
+def test_the_list_updates_live_while_a_mock_task_runs(page, ui, bridge, repo):
+    expect = _expect()
+    expect(page.locator("#live")).to_have_text("live")
+    # What the rows showed, as they changed, and proof the page never reloaded.
+    page.evaluate(
+        """() => { window.__samePage = true; window.__seen = [];
+        new MutationObserver(() => document.querySelectorAll('#tasks td.status')
+          .forEach((td) => window.__seen.push(td.textContent)))
+        .observe(document.querySelector('#tasks tbody'), {childList: true, subtree: true}); }"""
+    )
+    spec = mock_task(repo, {"sleep": 2, "write": {"NEW.md": "hi\n"}}, verify=["test -f NEW.md"])
+    task = bridge.create_task(spec)
+    bridge.start_detached(task.task_id)
+    row = page.locator(f'tr[data-task-id="{task.task_id}"]')
+    expect(row).to_be_visible()
+    expect(row.locator(".status")).to_have_text("succeeded", timeout=LONG_MS)
+    expect(row.locator(".verification")).to_have_text("passed (1)")
+    seen = page.evaluate("window.__seen")
+    assert "running" in seen and page.evaluate("window.__samePage") is True, seen
+    page.select_option("#filter-status", "failed")
+    expect(row).to_be_hidden()
+    page.select_option("#filter-status", "")
+    page.fill("#filter-text", "no such words")
+    expect(row).to_be_hidden()
+    page.fill("#filter-text", task.task_id[-6:])
+    expect(row).to_be_visible()
+    screenshot(page, "ui-list")
+
+
+def test_the_task_page_shows_diff_and_verification_and_follow_up_and_accept_work(
+    page, ui, bridge, repo
+):
+    expect = _expect()
+    mock = {
+        "write": {"NEW.md": "hello from the worker\n"},
+        "summary": "Wrote NEW.md",
+        "on_follow_up": {"write": {"SECOND.md": "second turn\n"}},
+    }
+    task = bridge.create_task(mock_task(repo, mock, verify=["cat NEW.md"]))
+    bridge.start_detached(task.task_id)
+    _ended(bridge, task.task_id)
+    page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
+    expect(page.locator("#status")).to_have_text("succeeded")
+    expect(page.locator("#summary")).to_have_text("Wrote NEW.md")
+    diff = page.locator("#diff")
+    expect(diff.locator(".d2h-file-name").first).to_have_text("NEW.md")
+    expect(diff.locator(".d2h-ins").first).to_be_visible()
+    checks = page.locator("#verification")
+    expect(checks.locator(".check-head code")).to_have_text("cat NEW.md")
+    expect(checks.locator(".check-head")).to_contain_text("passed")
+    expect(checks.locator("pre").first).to_have_text(re.compile("hello from the worker"))
+    expect(page.locator("#events")).to_contain_text("worker exited with status 0")
+    page.click("#view-split")
+    expect(diff.locator(".d2h-file-side-diff")).to_have_count(2)
+    screenshot(page, "ui-task")
+
+    page.fill("#follow-up-text", "add a second file")
+    page.click("#follow-up")
+    _confirm(page)
+    expect(page.locator("#notice")).to_have_text("Follow-up queued.")
+    expect(page.locator("#changed-files")).to_contain_text("SECOND.md", timeout=LONG_MS)
+    expect(page.locator("#status")).to_have_text("succeeded", timeout=LONG_MS)
+    expect(diff.locator(".d2h-file-wrapper")).to_have_count(2)
+
+    page.click("#accept")
+    _confirm(page)
+    expect(page.locator("#notice")).to_have_text(re.compile(r"Accepted: 2 file\(s\) written"))
+    expect(page.locator("#status")).to_have_text("accepted")
+    assert (repo / "NEW.md").read_text() == "hello from the worker\n"
+    assert (repo / "SECOND.md").read_text() == "second turn\n"
+    assert "NEW.md" in git(repo, "status", "--porcelain")  # uncommitted, as the CLI writes it
+    expect(page.locator("#reject")).to_be_disabled()  # an accepted change is not offered again
+
+
+def test_a_compete_jobs_page_ranks_candidates_and_shows_two_diffs_side_by_side(
+    page, ui, bridge, repo
+):
+    expect = _expect()
+    subtract = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    candidates = [
+        {"write": {"calc.py": subtract}},
+        {"write": {"calc.py": "def add(a, b):\n    return b + a\n", "NOTES.md": "fail\n"}},
+    ]
+    spec = compete_task(repo, candidates, verify=["test ! -f NOTES.md"])
+    job = bridge.compete(spec, ["mock", "mock"])
+    ended = wait_job(bridge, job.job_id)
+    assert ended.status in ("succeeded", "unresolved"), ended.document()
+    page.goto(f"{ui.url}/ui/jobs/{job.job_id}")
+    expect(page.locator("#status")).to_have_text(ended.status)
+    rows = page.locator("#candidates tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0).locator(".rank")).to_have_text("1")
+    expect(rows.nth(0)).to_contain_text("1/1 passed")
+    expect(rows.nth(1)).to_contain_text("ineligible")
+    expect(page.locator("#job-summary")).to_contain_text("1 of 2 candidates eligible")
+    expect(page.locator("#across")).to_contain_text("NOTES.md")
+    left, right = page.locator("#left-diff"), page.locator("#right-diff")
+    expect(left.locator(".d2h-file-wrapper")).to_have_count(1)
+    expect(right.locator(".d2h-file-wrapper")).to_have_count(2)
+    expect(left).to_contain_text("return a - b")
+    expect(right).to_contain_text("return b + a")
+    box_l, box_r = left.bounding_box(), right.bounding_box()
+    assert box_l["x"] + box_l["width"] <= box_r["x"]  # next to each other, left then right
+    assert abs(box_l["y"] - box_r["y"]) < 5
+    page.select_option("#left", ended.candidates[1]["task_id"])  # the choice is the page's
+    expect(left).to_contain_text("return b + a")
+    page.select_option("#left", ended.candidates[0]["task_id"])
+    screenshot(page, "ui-job")
+
+
+def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, repo):
+    expect = _expect()
+    name = "<img src=x onerror=window.__pwned=3>.txt"
+    mock = {
+        "write": {name: f"{SCRIPT}\n{XSS}\n"},
+        "script": f"echo '{XSS}'; echo '{SCRIPT}'",
+        "summary": f"Done {XSS} {SCRIPT}",
+    }
+    task = bridge.create_task(mock_task(repo, mock, objective=f"objective {XSS}"))
+    bridge.start_detached(task.task_id)
+    _ended(bridge, task.task_id)
+    expect(page.locator(f'tr[data-task-id="{task.task_id}"] .objective')).to_have_text(
+        f"objective {XSS}"
+    )
+    page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
+    expect(page.locator("#summary")).to_have_text(f"Done {XSS} {SCRIPT}")
+    expect(page.locator("#objective")).to_have_text(f"objective {XSS}")
+    expect(page.locator("#events")).to_contain_text(XSS)
+    expect(page.locator("#events")).to_contain_text(SCRIPT)
+    expect(page.locator("#changed-files")).to_contain_text(name)
+    expect(page.locator("#diff .d2h-file-name").first).to_have_text(name)
+    expect(page.locator("#diff")).to_contain_text("window.__pwned=2")
+    page.click("#view-split")
+    expect(page.locator("#diff .d2h-file-side-diff")).to_have_count(2)
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.locator('img[src="x"]').count() == 0  # no element was made of it either
+    sources = page.evaluate("[...document.scripts].map((s) => s.src)")
+    assert all(src.startswith(f"{ui.url}/ui/static/") for src in sources), sources
+    screenshot(page, "ui-hostile")
+
+
+@pytest.mark.skipif(
+    not hasattr(WorkerBridge, "answer"), reason="worker requests (WorkerBridge.answer) not merged"
+)
+def test_a_pending_question_is_answered_from_the_page(page, ui, bridge, repo):
+    expect = _expect()
+    ask = {"kind": "question", "text": "Which database?", "choices": ["sqlite", "redis"]}
+    mock = {
+        "summary": f"I need to know.\n\n```worker-bridge-request\n{json.dumps(ask)}\n```",
+        "on_follow_up": {"write": {"DB.md": "sqlite\n"}},
+    }
+    task = bridge.create_task(mock_task(repo, mock))
+    bridge.start_detached(task.task_id)
+    poll(lambda: bridge.get_task(task.task_id).status == "waiting_input", "a question", 180)
+    page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
+    request = page.locator(".request-pending")
+    expect(request).to_contain_text("Which database?")
+    request.locator("button.choice", has_text="sqlite").click()
+    request.locator("button.answer").click()
+    _confirm(page)
+    expect(page.locator(".request").first).to_contain_text("answered", timeout=LONG_MS)
+    expect(page.locator("#status")).to_have_text("succeeded", timeout=LONG_MS)
+    expect(page.locator("#changed-files")).to_contain_text("DB.md")
