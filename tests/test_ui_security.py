@@ -11,6 +11,7 @@ import json
 
 import httpx2
 import pytest
+from support.mcp_http_server import http_server
 from support.repos import calc_repo
 from support.tasks import bare_spec
 from support.ui import signed_in, ui_server
@@ -107,6 +108,44 @@ def test_a_refused_action_says_the_bridges_one_sentence(ui, token, created):
         )
         unknown = browser.act("/ui/api/tasks/nope/cancel")
         assert unknown.status_code == 404 and "nope" in unknown.json()["error"]
+
+
+def test_an_answer_is_checked_for_its_shape_before_the_bridge_sees_it(ui, token, created):
+    with signed_in(ui.url, token) as browser:
+        path = f"/ui/api/tasks/{created}/answer"
+        cases = {
+            "'decision' must be approve or deny.": {"request_id": "r1", "decision": "yes"},
+            "Give a decision (approve or deny) or a text answer, one of them.": {
+                "request_id": "r1",
+                "decision": "approve",
+                "text": "also this",
+            },
+            "'text' must be text.": {"request_id": "r1", "text": 3},
+            "The request must be a JSON object.": ["r1"],
+        }
+        for message, body in cases.items():
+            refused = browser.client.post(
+                path, json=body, headers={"origin": ui.url, "x-csrf-token": browser.csrf}
+            )
+            assert (refused.status_code, refused.json()["error"]) == (409, message)
+
+
+def test_the_mcp_http_listener_serves_the_same_pages_behind_the_same_token(
+    home, token, token_file, created
+):
+    with http_server(home, "--token-file", str(token_file)) as mcp:
+        with httpx2.Client(base_url=mcp.url) as client:
+            bearer = {"authorization": f"Bearer {token}"}
+            assert client.get("/ui/api/tasks", headers=bearer).status_code == 401  # a session
+            assert client.get("/ui/login", params={"token": "wrong-token-1234"}).status_code == 401
+        with signed_in(mcp.url, token) as browser:
+            listed = browser.client.get("/ui/api/tasks").json()["tasks"]
+            assert [t["task_id"] for t in listed] == [created]
+            assert browser.client.get("/ui/", headers={"host": "evil.example"}).status_code == 421
+            # The cookie is no bearer token: /mcp still wants the header.
+            assert browser.client.post("/mcp", json={}).status_code == 401
+            done = browser.act(f"/ui/api/tasks/{created}/cancel")
+            assert done.status_code == 200 and done.json()["status"] == "cancelled"
 
 
 def test_a_request_for_another_host_name_is_refused_whatever_it_carries(ui, token, created):

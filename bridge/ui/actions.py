@@ -117,9 +117,6 @@ def follow_up(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, A
 def answer(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
     """`answer(task_id, request_id, decision=..., text=...)`, as `tasks answer` calls it."""
     state.bridge.task_status(task_id)  # absent (unknown, outside the scope) before all else
-    verb = getattr(state.bridge, "answer", None)
-    if verb is None:
-        raise InvalidSpec("This worker-bridge cannot answer requests (no `answer` verb).")
     decision = body.get("decision")
     if decision not in (None, "approve", "deny"):
         raise InvalidSpec("'decision' must be approve or deny.")
@@ -128,6 +125,9 @@ def answer(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]
         raise InvalidSpec("'text' must be text.")
     if (decision is None) == (text is None):
         raise InvalidSpec("Give a decision (approve or deny) or a text answer, one of them.")
+    verb = getattr(state.bridge, "answer", None)
+    if verb is None:
+        raise InvalidSpec("This worker-bridge cannot answer requests (no `answer` verb).")
     result = verb(task_id, _text(body, "request_id"), decision=decision, text=text)
     return views.task_page(result)
 
