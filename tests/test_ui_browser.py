@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import pytest
 from support.jobs import compete_task, wait_job
 from support.repos import git
+from support.scratch import TEST_ROOT
 from support.tasks import TERMINAL, mock_task
-from support.ui import launch_browser, screenshot, ui_server
+from support.ui import launch_browser, screenshot, shared_site
 from support.waiting import poll
 
 from bridge import WorkerBridge
@@ -32,14 +34,32 @@ def browser():
     playwright.stop()
 
 
-@pytest.fixture
-def ui(home, token_file, docker_images, no_task_outlives_the_test):
-    with ui_server(home, "--token-file", str(token_file)) as server:
-        yield server
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, docker_images):
+    """One state root, repository and `worker-bridge ui` for the module; each test makes its
+    own tasks there (and cancels none of the others')."""
+    base = TEST_ROOT or tmp_path_factory.getbasetemp()
+    with shared_site(base / f"wb-ui-{uuid.uuid4().hex[:10]}") as running:
+        yield running
 
 
 @pytest.fixture
-def page(browser, ui, token):
+def ui(site):
+    return site.server
+
+
+@pytest.fixture
+def bridge(site):
+    return site.bridge
+
+
+@pytest.fixture
+def repo(site):
+    return site.repo
+
+
+@pytest.fixture
+def page(browser, ui, site):
     """A signed-in page (the token exchanged, then out of the URL); on the way out, no dialog
     was opened and no Content-Security-Policy report was made."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -49,7 +69,7 @@ def page(browser, ui, token):
     tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     tab.on("console", lambda m: reports.append(m.text) if "Content Security" in m.text else None)
     tab.on("pageerror", lambda e: reports.append(f"page error: {e}"))
-    tab.goto(f"{ui.url}/ui/login?token={token}")
+    tab.goto(f"{ui.url}/ui/login?token={site.token}")
     assert tab.url == f"{ui.url}/ui/"
     try:
         yield tab

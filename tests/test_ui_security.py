@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import uuid
 
 import httpx2
 import pytest
 from support.mcp_http_server import http_server
 from support.repos import calc_repo
+from support.scratch import TEST_ROOT
 from support.tasks import bare_spec
-from support.ui import signed_in, ui_server
+from support.ui import shared_site, signed_in, ui_server
 
 from bridge.errors import ConfigError
 from bridge.ui.serve import ui_options
@@ -22,16 +24,28 @@ from bridge.ui.serve import ui_options
 ACTIONS = ("accept", "reject", "cancel", "follow-up", "answer")
 
 
-@pytest.fixture
-def created(bridge, repo):
-    """A created task (never started: nothing runs) in the test's repository."""
-    return bridge.create_task(bare_spec(repo)).task_id
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """One `worker-bridge ui` for the module's tests that need no state of their own."""
+    base = TEST_ROOT or tmp_path_factory.getbasetemp()
+    with shared_site(base / f"wb-ui-{uuid.uuid4().hex[:10]}") as running:
+        yield running
 
 
 @pytest.fixture
-def ui(home, token_file, created):
-    with ui_server(home, "--token-file", str(token_file)) as server:
-        yield server
+def ui(site):
+    return site.server
+
+
+@pytest.fixture
+def token(site):
+    return site.token
+
+
+@pytest.fixture
+def created(site):
+    """A task of this test's own, created and never started (nothing runs)."""
+    return site.bridge.create_task(bare_spec(site.repo)).task_id
 
 
 def test_signing_in_exchanges_the_token_for_a_session_cookie_that_is_not_the_token(ui, token):
@@ -69,8 +83,9 @@ def test_nothing_but_the_login_and_static_files_is_served_without_a_session(ui, 
 
 
 def test_an_action_without_the_cookie_or_with_a_wrong_csrf_token_is_refused(
-    ui, token, created, bridge
+    ui, token, created, site
 ):
+    bridge = site.bridge
     with signed_in(ui.url, token) as browser:
         with httpx2.Client(base_url=ui.url) as stranger:  # no cookie, even with the CSRF token
             for verb in ACTIONS:
@@ -131,8 +146,10 @@ def test_an_answer_is_checked_for_its_shape_before_the_bridge_sees_it(ui, token,
 
 
 def test_the_mcp_http_listener_serves_the_same_pages_behind_the_same_token(
-    home, token, token_file, created
+    home, token_file, bridge, repo
 ):
+    token = token_file.read_text().strip()
+    created = bridge.create_task(bare_spec(repo)).task_id
     with http_server(home, "--token-file", str(token_file)) as mcp:
         with httpx2.Client(base_url=mcp.url) as client:
             bearer = {"authorization": f"Bearer {token}"}
@@ -196,7 +213,10 @@ def test_no_token_is_refused_off_loopback_and_a_missing_token_is_made_for_the_ru
         options(listen="nowhere")
 
 
-def test_without_a_token_a_session_is_handed_out_but_actions_still_need_its_csrf(home, created):
+def test_without_a_token_a_session_is_handed_out_but_actions_still_need_its_csrf(
+    home, bridge, repo
+):
+    created = bridge.create_task(bare_spec(repo)).task_id
     with ui_server(home, "--no-token") as ui, httpx2.Client(base_url=ui.url) as client:
         assert client.get("/ui/").status_code == 200  # a session made on the spot
         csrf = client.get("/ui/api/session").json()["csrf"]
@@ -210,8 +230,9 @@ def test_without_a_token_a_session_is_handed_out_but_actions_still_need_its_csrf
 
 
 def test_a_task_outside_repositories_is_absent_from_list_page_stream_and_actions(
-    home, workdir, token, token_file, bridge
+    home, workdir, token_file, bridge
 ):
+    token = token_file.read_text().strip()
     for folder in ("allowed", "elsewhere"):
         (workdir / folder).mkdir()
     inside = calc_repo(workdir / "allowed" / "repo")

@@ -137,3 +137,53 @@ def screenshot(page, name: str) -> Path:
     if os.environ.get("WORKER_BRIDGE_UPDATE_DOCS") == "1" and name in ("ui-job",):
         shutil.copyfile(path, ROOT / "docs" / f"{name}.png")
     return path
+
+
+@dataclass
+class Site:
+    """One state root, repository and `worker-bridge ui` shared by a test module (each test
+    makes its own tasks in it); ``bridge`` is the library on the same state root."""
+
+    server: UiServer
+    home: Path
+    repo: Path
+    token: str
+    token_file: Path
+    bridge: object
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@contextmanager
+def shared_site(workdir: Path) -> Iterator[Site]:
+    """A Site in WORKDIR; on the way out every unfinished task is cancelled (which kills its
+    containers), the state root's containers removed and the folder too."""
+    import secrets
+
+    from support.engine import remove_home_artifacts
+    from support.mcp_session import cancel_unfinished
+    from support.repos import calc_repo
+
+    from bridge import WorkerBridge
+    from bridge.workspace.fs import remove_tree
+    from bridge.workspace.trash import reap
+
+    home = workdir / "home"
+    home.mkdir(parents=True)
+    repo = calc_repo(workdir / "repo")
+    token = secrets.token_hex(24)
+    token_file = workdir / "ui-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    bridge = WorkerBridge(home=home)
+    try:
+        with ui_server(home, "--token-file", str(token_file)) as server:
+            yield Site(server, home, repo, token, token_file, bridge)
+    finally:
+        bridge.close()
+        cancel_unfinished(home)
+        remove_home_artifacts(home)
+        reap(home)
+        remove_tree(workdir)
