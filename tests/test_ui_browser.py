@@ -100,6 +100,29 @@ def _ended(bridge: WorkerBridge, task_id: str, status: str = "succeeded"):
     return result
 
 
+def test_signing_in_with_the_form_lands_on_the_list_with_no_token_in_url_or_page(browser, site):
+    expect = _expect()
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(f"{site.url}/ui/")
+        assert tab.url == f"{site.url}/ui/login"  # no session yet
+        tab.fill("input[name=token]", site.token + "x")
+        tab.click("button[type=submit]")
+        expect(tab.locator(".error")).to_have_text("That is not this server's token.")
+        tab.fill("input[name=token]", site.token)
+        tab.click("button[type=submit]")
+        expect(tab.locator("#live")).to_have_text("live")
+        assert tab.url == f"{site.url}/ui/"
+        assert site.token not in tab.content()
+        (cookie,) = context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["value"] != site.token
+        assert tab.evaluate("document.cookie") == ""  # out of the page's scripts' reach
+    finally:
+        context.close()
+
+
 def test_the_list_updates_live_while_a_mock_task_runs(page, ui, bridge, repo):
     expect = _expect()
     expect(page.locator("#live")).to_have_text("live")

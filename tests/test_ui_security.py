@@ -19,6 +19,7 @@ from support.tasks import bare_spec
 from support.ui import shared_site, signed_in, ui_server
 
 from bridge.errors import ConfigError
+from bridge.ui.security import HostPolicy
 from bridge.ui.serve import ui_options
 
 ACTIONS = ("accept", "reject", "cancel", "follow-up", "answer")
@@ -163,6 +164,27 @@ def test_the_mcp_http_listener_serves_the_same_pages_behind_the_same_token(
             assert browser.client.post("/mcp", json={}).status_code == 401
             done = browser.act(f"/ui/api/tasks/{created}/cancel")
             assert done.status_code == 200 and done.json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("bind", "host", "answered"),
+    [
+        ("127.0.0.1", "127.0.0.1:8770", True),
+        ("127.0.0.1", "localhost", True),
+        ("127.0.0.1", "[::1]:8770", True),
+        ("127.0.0.1", "LOCALHOST:1", True),
+        ("127.0.0.1", "127.0.0.1.nip.io:8770", False),  # a name that resolves to loopback
+        ("127.0.0.1", "attacker.example", False),
+        ("127.0.0.1", "localhost:80x", False),
+        ("127.0.0.1", "[::1]x", False),
+        ("127.0.0.1", "", False),
+        ("192.168.1.5", "192.168.1.5:8770", True),
+        ("192.168.1.5", "localhost:8770", False),
+        ("0.0.0.0", "bridge.internal:8770", True),  # a wildcard address: the token decides
+    ],
+)
+def test_the_host_policy_answers_only_the_listeners_own_names(bind, host, answered):
+    assert HostPolicy(bind).allows(host) is answered
 
 
 def test_a_request_for_another_host_name_is_refused_whatever_it_carries(ui, token, created):

@@ -9,7 +9,7 @@
   rebound to 127.0.0.1 gets nothing), a request from a foreign Origin or a cross-site fetch is
   refused, and an action must come from the page's own Origin.
 - Every answer carries a strict Content-Security-Policy (no inline script, no eval), nosniff,
-  no framing and no referrer.
+  no framing and no referrer sent to other sites.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SECURITY_HEADERS = (
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make a form's Origin "null"
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
 )
