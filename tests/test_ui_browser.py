@@ -264,6 +264,35 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     screenshot(page, "ui-hostile")
 
 
+def test_a_review_jobs_page_shows_its_rounds_with_their_findings_as_text(page, ui, bridge, repo):
+    expect = _expect()
+    finding = {"path": "calc.py", "line": 2, "severity": "minor", "text": f"rename {XSS}"}
+    verdict = json.dumps({"verdict": "approve", "findings": [finding]})
+    spec = {
+        "objective": "Add sub() to calc.py",
+        "worker": "mock",
+        "workspace": {"repository": str(repo)},
+        "verification": {"commands": ["python3 -c 'import calc'"]},
+        "metadata": {
+            "mock": {"write": {"calc.py": "def add(a, b):\n    return a + b\n"}},
+            "reviewer": {
+                "mock": {"summary": f"Reviewed.\n```worker-bridge-review\n{verdict}\n```"}
+            },
+        },
+    }
+    job = bridge.review(spec, "mock", "mock", rounds=1)
+    ended = wait_job(bridge, job.job_id)
+    assert ended.status == "succeeded", ended.document()
+    page.goto(f"{ui.url}/ui/jobs/{job.job_id}")
+    rounds = page.locator("#rounds .round")
+    expect(rounds).to_have_count(1)
+    expect(rounds.first).to_contain_text("round 1: approve")
+    expect(rounds.first.locator(".finding")).to_have_text(f"minor calc.py:2 rename {XSS}")
+    expect(page.locator("#job-tasks li")).to_have_count(2)
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.locator('img[src="x"]').count() == 0
+
+
 @pytest.mark.skipif(
     not hasattr(WorkerBridge, "answer"), reason="worker requests (WorkerBridge.answer) not merged"
 )
