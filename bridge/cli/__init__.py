@@ -15,6 +15,7 @@ from typing import Any
 from bridge.cli import commands as c
 from bridge.cli import jobs as j
 from bridge.cli.render import SafeStream
+from bridge.cli.ui import add_arguments as add_ui_arguments
 from bridge.cli.ui import cmd_ui
 from bridge.errors import BridgeError
 from bridge.mcp_http import add_arguments as add_mcp_transport_arguments
@@ -341,27 +342,7 @@ COMMANDS = (
         ),
     ),
     Command("doctor", None, "check that tasks can run here", c.cmd_doctor, (JSON,)),
-    Command(
-        "ui",
-        None,
-        "serve the local web view: tasks and jobs live, their diffs, accept from the page",
-        cmd_ui,
-        (
-            arg("--listen", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8770)"),
-            arg(
-                "--token-file",
-                metavar="PATH",
-                help="file holding the token to sign in with (default: the MCP server's token "
-                "variables, else one made for this run and printed in the login URL)",
-            ),
-            arg(
-                "--no-token",
-                action="store_true",
-                help="sign in without a token; allowed only on loopback",
-            ),
-        ),
-        acts=True,
-    ),
+    Command("ui", None, "serve the local web view (tasks, jobs, diffs, accept)", cmd_ui, acts=True),
     Command("mcp", None, "run the MCP server (stdio, or streamable HTTP with --http)", c.cmd_mcp),
 )
 
@@ -384,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(*argument.flags, **argument.options)
         if command.group == "mcp":
             add_mcp_transport_arguments(p)
+        if command.group == "ui":
+            add_ui_arguments(p)
         p.set_defaults(func=command.run, acts=command.acts)
     return parser
 
