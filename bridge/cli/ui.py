@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from bridge.service import WorkerBridge
+if TYPE_CHECKING:  # parsing `worker-bridge --help` loads neither the facade nor the web stack
+    from bridge.service import WorkerBridge
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
