@@ -1,14 +1,17 @@
-"""Shared helpers: a generated repository, timing, medians and percentiles."""
+"""Shared helpers: a generated repository, timing and CPU time, medians and percentiles."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -74,3 +77,41 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one run cost the host: wall time, CPU time (user + system) of the processes it
+    waited for, and the largest resident set among them."""
+
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float | None = None
+
+
+def run_process(cmd: list[str], env: dict[str, str]) -> tuple[Usage, str]:
+    """Run ``cmd`` to its end: its usage (its own and its waited-for children's CPU, from
+    wait4, so nothing else the bench does is counted) and its stdout."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        stdout = out.read().decode()
+    cpu = usage.ru_utime + usage.ru_stime
+    return Usage(wall, cpu, round(usage.ru_maxrss / 1024, 1)), stdout
+
+
+def measured(fn: Callable[[], object], *, in_process: bool = False) -> tuple[Usage, object]:
+    """Call ``fn``: its wall time and the CPU time of the processes it ran and waited for (a
+    floor's git and docker CLI), plus this process's own when ``in_process`` (the library)."""
+    kinds = [resource.RUSAGE_CHILDREN] + ([resource.RUSAGE_SELF] if in_process else [])
+
+    def cpu() -> float:
+        return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, kinds))
+
+    c0, t0 = cpu(), time.perf_counter()
+    value = fn()
+    return Usage(time.perf_counter() - t0, cpu() - c0), value

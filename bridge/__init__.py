@@ -1,5 +1,11 @@
 """worker-bridge: delegate coding tasks to CLI agents in disposable containers, verified on
-the host. The library facade is `WorkerBridge`; errors derive from `BridgeError`."""
+the host. The library facade is `WorkerBridge`; errors derive from `BridgeError`.
+
+`WorkerBridge` and `TaskResult` load on first use: every `bridge.*` import (the CLI's
+`--help`, a detached runner, the trash remover) starts here, and the facade pulls in pydantic
+and the whole pipeline, which most of those never need."""
+
+from typing import TYPE_CHECKING, Any
 
 from bridge.errors import (
     BridgeError,
@@ -10,9 +16,11 @@ from bridge.errors import (
     TaskNotFound,
     UnknownWorker,
 )
-from bridge.records import TaskResult
-from bridge.service import WorkerBridge
 from bridge.version import __version__
+
+if TYPE_CHECKING:
+    from bridge.records import TaskResult
+    from bridge.service import WorkerBridge
 
 __all__ = [
     "BridgeError",
@@ -26,3 +34,15 @@ __all__ = [
     "WorkerBridge",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WorkerBridge":
+        from bridge.service import WorkerBridge
+
+        return WorkerBridge
+    if name == "TaskResult":
+        from bridge.records import TaskResult
+
+        return TaskResult
+    raise AttributeError(f"module 'bridge' has no attribute {name!r}")

@@ -5,26 +5,36 @@ then `WORKER_BRIDGE_*` environment variables (env wins), then a library caller's
 detached one) runs with the configuration recorded for it, not with its own environment.
 Loading is pydantic-settings' job: every key can come from the environment as
 `WORKER_BRIDGE_<KEY>` (nested keys as `WORKER_BRIDGE_<KEY>__<SUBKEY>`, mappings and lists as JSON).
+When no variable sets a nested or structured key, there is nothing for its environment parsing
+to do (a plain key's value is the string itself), and the sources are merged here, the same way,
+without importing it: pydantic-settings (and the asyncio it loads) is a quarter of a CLI
+command's start-up otherwise (tests/test_config.py checks both ways give the same config).
 """
 
 from __future__ import annotations
 
 import os
+import types
+import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bridge.config_sections import GatewayConfig, HttpConfig, JobsConfig, RouteConfig
+from bridge.config_sections import (
+    CircuitConfig,
+    GatewayConfig,
+    HttpConfig,
+    JobsConfig,
+    LimitDefaults,
+    LinkedWorker,
+    RouteConfig,
+    TaskProfile,
+    WorkerSettings,
+)
 from bridge.errors import ConfigError
 from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
@@ -59,6 +69,7 @@ OTHER_VARIABLES = {
 
 
 __all__ = [
+    "CircuitConfig",
     "Config",
     "GatewayConfig",
     "HttpConfig",
@@ -66,61 +77,10 @@ __all__ = [
     "LimitDefaults",
     "LinkedWorker",
     "RouteConfig",
+    "TaskProfile",
     "WorkerSettings",
     "load_config",
 ]
-
-
-class LimitDefaults(BaseModel):
-    """Limits applied when a task's spec leaves them out."""
-
-    model_config = ConfigDict(extra="forbid")
-    timeout_seconds: int = Field(1800, ge=1, description="Deadline for the whole task.")
-    memory_mb: int = Field(2048, ge=16, description="Memory limit of each task container.")
-    cpus: float = Field(1.0, gt=0, description="CPU quota of each task container.")
-    pids: int = Field(512, ge=16, description="Process limit of each task container.")
-    disk_mb: int = Field(
-        8192,
-        ge=1,
-        description="Disk the worktree and verification checkout may use, enforced "
-        "while containers run (error kind `disk`).",
-    )
-    file_mb: int = Field(
-        100,
-        ge=1,
-        description="Largest file a change may hold (`disk`, before anything is "
-        "written into the repository's object store).",
-    )
-    change_mb: int = Field(
-        1024, ge=1, description="Largest whole change, all its files together (`disk`)."
-    )
-    files: int = Field(
-        500_000, ge=100, description="Files (and links) a worktree may hold when collected."
-    )
-    log_mb: int = Field(16, ge=1, description="What the engine keeps of one container's output.")
-    line_kb: int = Field(64, ge=1, description="Longest output line read; the rest is cut.")
-    secrets: int = Field(
-        1000, ge=10, description="Secret values learned from output and remembered per task."
-    )
-
-
-class LinkedWorker(BaseModel):
-    """A command-line agent registered with `worker-bridge workers link`."""
-
-    model_config = ConfigDict(extra="forbid")
-    command: list[str] = Field(min_length=1, description="argv; '{prompt}' is replaced.")
-    image: str | None = Field(None, description="Image to run it in; default the base image.")
-    routes: list[str] = Field(default_factory=list, description="Gateway model routes it uses.")
-
-
-class WorkerSettings(BaseModel):
-    """Settings of a built-in worker (codex, claude-code, opencode, zcode-glm)."""
-
-    model_config = ConfigDict(extra="forbid")
-    route: str | None = Field(
-        None, description="Gateway model route it uses; default the worker's own (see workers.md)."
-    )
-    model: str | None = Field(None, description="Model the CLI asks for; default the CLI's own.")
 
 
 class Config(BaseModel):
@@ -194,6 +154,29 @@ class Config(BaseModel):
         description="Bounds of the MCP server's HTTP listener (deadlines, connection and "
         "session caps).",
     )
+    circuit: CircuitConfig = Field(
+        default_factory=CircuitConfig,
+        description="The circuit breaker per worker: failures that open it, their window, and "
+        "the cool-down before one task is tried again.",
+    )
+    profiles: dict[str, TaskProfile] = Field(
+        default_factory=dict,
+        description="Task types (`metadata.type`, `--type`) added to the built-in ones "
+        "(chore, feature, hotfix, refactor), or fields of a built-in one overridden: what each "
+        "fills in when the caller left it unset (bridge/profiles.py).",
+    )
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, value: dict[str, TaskProfile]) -> dict[str, TaskProfile]:
+        import re
+
+        for name in value:
+            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+                raise ValueError(
+                    f"task type '{name}' must be a lower-case word (letters, digits, - and _)"
+                )
+        return value
 
     @property
     def store_path(self) -> Path:
@@ -222,33 +205,46 @@ class Config(BaseModel):
 _LOADING: ContextVar[tuple[Mapping[str, str], Path]] = ContextVar("_LOADING")
 
 
-class _EnvSource(EnvSettingsSource):
-    """WORKER_BRIDGE_* variables from the mapping given to `load_config` (os.environ by default)."""
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        env, _ = _LOADING.get()
-        return {key.lower(): value for key, value in env.items() if value != ""}
-
-
-class _Settings(BaseSettings, Config):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+@cache
+def _settings_class() -> type[Config]:
+    """Config as pydantic-settings' BaseSettings, with our sources: built on first use."""
+    from pydantic_settings import (
+        BaseSettings,
+        EnvSettingsSource,
+        PydanticBaseSettingsSource,
+        SettingsConfigDict,
+        YamlConfigSettingsSource,
     )
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        _, path = _LOADING.get()
-        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
-        if path.exists():
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        return tuple(sources)
+    class _EnvSource(EnvSettingsSource):
+        """WORKER_BRIDGE_* variables from the mapping given to `load_config` (os.environ by
+        default)."""
+
+        def _load_env_vars(self) -> Mapping[str, str | None]:
+            env, _ = _LOADING.get()
+            return {key.lower(): value for key, value in env.items() if value != ""}
+
+    class _Settings(BaseSettings, Config):
+        model_config = SettingsConfigDict(
+            env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+        )
+
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            _, path = _LOADING.get()
+            sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
+            if path.exists():
+                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            return tuple(sources)
+
+    return _Settings
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -263,22 +259,68 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
     home = Path(overrides.pop("home", None) or default_home(env)).expanduser().absolute()
     path = home / "config.yaml"
     _check_variables(env)
-    _check_yaml(path)
-    token = _LOADING.set((env, path))
+    from_file = _read_yaml(path)
+    plain = _plain_variables(env)
     try:
-        loaded = _Settings(**overrides, home=home)
+        if plain is None:
+            return _load_by_settings(env, path, {**overrides, "home": home})
+        # the three sources merged as pydantic-settings merges them
+        return Config.model_validate(_deep_update(from_file, plain, {**overrides, "home": home}))
     except ValidationError as exc:
         raise _config_error(exc, env, path, overrides) from exc
+
+
+def _load_by_settings(env: Mapping[str, str], path: Path, init: dict[str, Any]) -> Config:
+    """The config through pydantic-settings' sources: ``init``, then ``env``, then ``path``."""
+    token = _LOADING.set((env, path))
+    try:
+        loaded = _settings_class()(**init)
     finally:
         _LOADING.reset(token)
     return Config.model_validate(loaded.model_dump())
 
 
+def _plain_variables(env: Mapping[str, str]) -> dict[str, str] | None:
+    """The keys WORKER_BRIDGE_* variables set, when each sets a plain top-level key (a string,
+    number, flag or path: pydantic-settings hands such a value over as the string it is), else
+    None: a nested (`KEY__SUB`) or structured key (JSON) is left to pydantic-settings."""
+    found: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.upper().startswith(ENV_PREFIX) or value == "":
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key.upper() in OTHER_VARIABLES and key not in Config.model_fields:
+            continue
+        if key not in _PLAIN_KEYS:
+            return None
+        found[key] = value
+    return found
+
+
+def _is_plain(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return all(_is_plain(arg) for arg in typing.get_args(annotation))
+    return annotation in (str, int, float, bool, Path, type(None))
+
+
+_PLAIN_KEYS = frozenset(k for k, f in Config.model_fields.items() if _is_plain(f.annotation))
+
+
+def _deep_update(base: dict[str, Any], *updates: Mapping[str, Any]) -> dict[str, Any]:
+    """pydantic-settings' merge of its sources: later ones win, mappings merged key by key."""
+    merged = dict(base)
+    for update in updates:
+        for key, value in update.items():
+            if isinstance(merged.get(key), dict) and isinstance(value, dict):
+                merged[key] = _deep_update(merged[key], value)
+            else:
+                merged[key] = value
+    return merged
+
+
 def _check_variables(env: Mapping[str, str]) -> None:
     """ConfigError naming a WORKER_BRIDGE_* variable that is neither a key (nested keys as
     KEY__SUBKEY, which the key's own model checks) nor one of OTHER_VARIABLES."""
-    import difflib
-
     keys = set(Config.model_fields)
     for name in sorted(env):
         if not name.upper().startswith(ENV_PREFIX):
@@ -286,6 +328,8 @@ def _check_variables(env: Mapping[str, str]) -> None:
         rest = name[len(ENV_PREFIX) :]
         if rest.split("__", 1)[0].lower() in keys or rest.upper() in OTHER_VARIABLES:
             continue
+        import difflib
+
         known = [f"{ENV_PREFIX}{k.upper()}" for k in keys] + [
             f"{ENV_PREFIX}{k}" for k in OTHER_VARIABLES
         ]
@@ -297,10 +341,11 @@ def _check_variables(env: Mapping[str, str]) -> None:
         )
 
 
-def _check_yaml(path: Path) -> None:
-    """A config file that is not a YAML mapping is named as such, before pydantic sees it."""
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """The config file's mapping ({} when there is none); one that is not a YAML mapping is
+    named as such, before pydantic sees it."""
     if not path.exists():
-        return
+        return {}
     import yaml
 
     try:
@@ -309,6 +354,7 @@ def _check_yaml(path: Path) -> None:
         raise ConfigError(f"{path} is not valid YAML ({exc.__class__.__name__}); fix it.") from exc
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path} must hold a mapping of keys to values.")
+    return loaded or {}
 
 
 def _config_error(

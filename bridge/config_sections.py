@@ -1,8 +1,12 @@
 """Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
-server's HTTP listener (`http`) and the bounds of jobs (`jobs`). bridge/config.py loads them as
-part of `Config`; they live apart so that module stays the loader."""
+server's HTTP listener (`http`), the bounds of jobs (`jobs`), the workers' circuit breaker
+(`circuit`), the task types' profiles (`profiles`), the default limits (`limits`) and the
+workers' own settings (`workers`, `linked_workers`). bridge/config.py loads them as part of
+`Config`; they live apart so that module stays the loader."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,6 +63,18 @@ class GatewayConfig(BaseModel):
     total_timeout_s: float = Field(1800, gt=0, description="Longest one request may take.")
     connect_timeout_s: float = Field(15, gt=0, description="Connecting to an upstream.")
     max_events: int = Field(2000, ge=10, description="network.* events stored per task.")
+    on_refused: Literal["refuse", "ask"] = Field(
+        "refuse",
+        description="Default of a task's network.on_refused: `ask` turns a refused name (never "
+        "a private, loopback or metadata address) into a request the caller may approve.",
+    )
+    max_requests: int = Field(
+        16,
+        ge=1,
+        le=1000,
+        description="Network requests one task may raise (pending or answered); past it, a "
+        "refused name is just refused.",
+    )
     max_connections: int = Field(64, ge=1, description="Connections open at once per gateway.")
     setup_max_connections: int = Field(
         1024,
@@ -165,3 +181,93 @@ class JobsConfig(BaseModel):
         description="File contents one integration step may carry (they ride in its task's "
         "spec, stored in the store, and step k carries the first k tasks' files).",
     )
+
+
+class CircuitConfig(BaseModel):
+    """The circuit breaker kept per worker (docs/workers.md): after ``failures`` failures of a
+    worker within ``window_s`` that no repair fixed, new tasks for it are refused for
+    ``cooldown_s``; then one task is let through, and its outcome closes or reopens it."""
+
+    model_config = ConfigDict(extra="forbid")
+    failures: int = Field(
+        3,
+        ge=0,
+        description="Worker failures (its CLI exiting with an error, a refused key, a turn "
+        "timeout) within window_s that open the worker's circuit; 0 disables the breaker.",
+    )
+    window_s: float = Field(600, gt=0, description="How far back failures are counted.")
+    cooldown_s: float = Field(
+        300, ge=0, description="How long an open circuit refuses new tasks before one is tried."
+    )
+
+
+class TaskProfile(BaseModel):
+    """What a task type (`metadata.type`, `--type`) fills in when the caller left it unset;
+    a field left out here fills nothing (the spec's and config's defaults apply)."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: int | None = Field(None, ge=0, le=100, description="The task's `priority`.")
+    timeout_seconds: int | None = Field(
+        None, ge=1, description="The task's deadline, `limits.timeout_seconds`."
+    )
+    auto_repair: int | None = Field(
+        None, ge=0, description="Repair turns after failed verification, `metadata.auto_repair`."
+    )
+
+
+class LimitDefaults(BaseModel):
+    """Limits applied when a task's spec leaves them out."""
+
+    model_config = ConfigDict(extra="forbid")
+    timeout_seconds: int = Field(1800, ge=1, description="Deadline for the whole task.")
+    memory_mb: int = Field(2048, ge=16, description="Memory limit of each task container.")
+    cpus: float = Field(1.0, gt=0, description="CPU quota of each task container.")
+    pids: int = Field(512, ge=16, description="Process limit of each task container.")
+    disk_mb: int = Field(
+        8192,
+        ge=1,
+        description="Disk the worktree and verification checkout may use, enforced "
+        "while containers run (error kind `disk`).",
+    )
+    file_mb: int = Field(
+        100,
+        ge=1,
+        description="Largest file a change may hold (`disk`, before anything is "
+        "written into the repository's object store).",
+    )
+    change_mb: int = Field(
+        1024, ge=1, description="Largest whole change, all its files together (`disk`)."
+    )
+    files: int = Field(
+        500_000, ge=100, description="Files (and links) a worktree may hold when collected."
+    )
+    log_mb: int = Field(16, ge=1, description="What the engine keeps of one container's output.")
+    line_kb: int = Field(64, ge=1, description="Longest output line read; the rest is cut.")
+    secrets: int = Field(
+        1000, ge=10, description="Secret values learned from output and remembered per task."
+    )
+    input_timeout_seconds: int = Field(
+        3600,
+        ge=1,
+        description="How long a worker's request or question waits for an answer; unanswered "
+        "past it, it counts as denied.",
+    )
+
+
+class LinkedWorker(BaseModel):
+    """A command-line agent registered with `worker-bridge workers link`."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1, description="argv; '{prompt}' is replaced.")
+    image: str | None = Field(None, description="Image to run it in; default the base image.")
+    routes: list[str] = Field(default_factory=list, description="Gateway model routes it uses.")
+
+
+class WorkerSettings(BaseModel):
+    """Settings of a built-in worker (codex, claude-code, opencode, zcode-glm)."""
+
+    model_config = ConfigDict(extra="forbid")
+    route: str | None = Field(
+        None, description="Gateway model route it uses; default the worker's own (see workers.md)."
+    )
+    model: str | None = Field(None, description="Model the CLI asks for; default the CLI's own.")

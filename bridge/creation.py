@@ -1,7 +1,8 @@
 """Creating a task: everything a spec is checked against before a row is written (the spec,
 the worker and its metadata, the network and routes, the repository, its scope and base ref,
 the images it names, its environment), and the row itself with the effective configuration.
-Nothing is allocated for a rejected spec; each refusal is one sentence naming what is wrong."""
+Nothing is allocated for a rejected spec; each refusal is one sentence naming what is wrong.
+The worker's circuit breaker has the last word, in the transaction that writes the row."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bridge.circuit import admission
 from bridge.config import Config
 from bridge.errors import InvalidSpec
 from bridge.gateway.policy import check_network
 from bridge.models import Status, TaskSpec, parse_spec
+from bridge.profiles import apply_profile
 from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
 from bridge.scope import RepositoryScope, check_image
+from bridge.store import Store
 from bridge.workers import Worker, get_worker
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import check_disjoint
@@ -25,9 +29,11 @@ from bridge.workspace.worktree import check_disjoint
 def new_task_row(
     config: Config, sandbox: Sandbox, scope: RepositoryScope, spec: dict[str, Any] | TaskSpec
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row of a new task and its `task.created` event, or InvalidSpec."""
+    """The row of a new task and its `task.created` event, or InvalidSpec. The spec's type
+    fills what it left unset first (bridge/profiles.py); the row records what it filled."""
     if isinstance(spec, TaskSpec):
-        spec = spec.model_dump()
+        spec = spec.model_dump(exclude_unset=True)  # a field left at its default is unset
+    spec, profile = apply_profile(config, spec)
     parsed = parse_spec(spec)
     worker = get_worker(config, parsed.worker)
     worker.check_metadata(parsed.metadata, config)
@@ -42,6 +48,7 @@ def new_task_row(
     limits.update(parsed.limits.model_dump(exclude_none=True))
     effective = config.model_dump(mode="json")
     effective["effective_limits"] = limits
+    effective["task_profile"] = profile
     row = {
         "task_id": os.urandom(6).hex(),
         "status": str(Status.CREATED),
@@ -55,7 +62,18 @@ def new_task_row(
         "spec": parsed.model_dump(mode="json"),
         "config": effective,
     }
-    return row, {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit}
+    event = {"worker": parsed.worker, "repository": str(repo), "base_commit": base_commit}
+    if profile is not None:
+        event["profile"] = profile
+    return row, event
+
+
+def record_task(
+    store: Store, config: Config, row: dict[str, Any], event: dict[str, Any]
+) -> tuple[str, bool]:
+    """Write a new task's row (see Store.insert_task), admitted by its worker's circuit
+    breaker in the same transaction: CircuitOpen, and nothing written, when it refuses."""
+    return store.insert_task(row, event, admit=admission(store, config, row))
 
 
 def check_environment(

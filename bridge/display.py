@@ -1,11 +1,14 @@
 """What a person is shown of what a worker wrote, the same in every front end (the CLI's live
 view and `tasks show`, the web view's event stream): text made safe for a terminal or a page
-(`terminal_safe`), one field kept to one line (`one_line`), and an event as one line for a person
-(`describe`)."""
+(`terminal_safe`), one field kept to one line (`one_line`), an event as one line for a person
+(`describe`) and a worker's request in a few words (`describe_request`)."""
 
 from __future__ import annotations
 
-from bridge.records import Event
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pydantic there
+    from bridge.records import Event
 
 # What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts
 # escape sequences, CR rewrites a line), DEL, C1 controls (0x9b is CSI), and the bidirectional
@@ -29,6 +32,18 @@ def one_line(text: object) -> str:
     """A field of one line: newlines in what a worker wrote cannot start lines of their own
     (a summary cannot print a fake `verification: ok` under the real one)."""
     return str(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def describe_request(request: dict[str, Any]) -> str:
+    """What a request asks for, in a few words (tasks show, the live view, the web view)."""
+    detail = request.get("detail") or {}
+    if request["kind"] == "network":
+        attempts = request.get("attempts", 1)
+        return f"reach {detail.get('host')}:{detail.get('port')} ({attempts} attempt(s))"
+    if request["kind"] == "paths":
+        return f"change {', '.join(detail.get('paths') or [])}: {detail.get('reason', '')}"
+    choices = detail.get("choices")
+    return str(detail.get("text", "")) + (f" [{' | '.join(choices)}]" if choices else "")
 
 
 def describe(event: Event) -> str | None:
@@ -66,6 +81,17 @@ def describe(event: Event) -> str | None:
         return f"environment cache not trusted ({data.get('reason', '')}): setting up again"
     if kind == "environment.build":
         return f"building the environment image from {data.get('dockerfile', '')}"
+    if kind == "task.request":
+        request = {"kind": data.get("kind", ""), "detail": data.get("detail") or {}}
+        return (
+            f"request {data.get('request_id', '')} ({request['kind']}): "
+            f"{describe_request(request)}; answer with `worker-bridge tasks answer "
+            f"{event.task_id} {data.get('request_id', '')} (--approve | --deny | --text TEXT)`"
+        )
+    if kind == "task.answer":
+        return f"request {data.get('request_id', '')}: {data.get('status', '')}"
+    if kind == "task.status" and data.get("to") == "waiting_input":
+        return "waiting for input (the task resumes once its requests are answered)"
     if kind == "network.refused":
         return f"  network refused: {data.get('host', '')} ({data.get('reason', '')})"
     # Status changes are not lines of their own: the terminal's status line shows them, the

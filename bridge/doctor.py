@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+from bridge.circuit import circuits_of
 from bridge.config import Config
 from bridge.errors import BridgeError
 from bridge.sandbox import Sandbox
@@ -69,10 +70,15 @@ def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
         for name, ok, detail in deployment_checks(config.home):  # only in a container
             add(name, ok, detail)
     # A worker that cannot reach its model (a route's key missing) is a warning: the others run.
-    for name, worker in sorted(all_workers(config).items()):
+    workers = all_workers(config)
+    for name, worker in sorted(workers.items()):
         problem = worker.health(config)
         if problem is not None:
             add(f"worker:{name}", False, problem, "warning")
+    # So is one whose circuit breaker refuses new tasks (read without writing to the store).
+    for name, circuit in sorted(circuits_of(config, workers).items()):
+        if not circuit.admits:
+            add(f"circuit:{name}", False, circuit.refusal(), "warning")
     existing = next(p for p in (config.home, *config.home.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")

@@ -13,6 +13,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── InvalidTransition                            a status change the table forbids
     ├── TaskStateError                               the task is not in a state that allows it
     ├── DiskFull                     (OSError)       free disk below the reserve, or a limit
+    ├── CircuitOpen                                  the worker's circuit breaker refuses -> exit 1
     ├── EngineUnavailable            (ConnectionError) the Docker engine cannot be reached -> exit 1
     ├── ImageMissing                 (LookupError)   an image a task needs is not built  -> exit 1
     ├── GitError                                     a git command failed unexpectedly
@@ -88,6 +89,16 @@ class TaskStateError(BridgeError):
     """The call does not fit the task's status (start a running task, follow up a queued one)."""
 
     kind = "invalid_spec"
+
+
+class CircuitOpen(BridgeError):
+    """A new task for a worker whose circuit breaker is open (or half-open with its one task
+    already let through): the message names the worker, its recent failures and when it is
+    tried again (bridge/circuit.py)."""
+
+    def __init__(self, message: str, *, worker: str) -> None:
+        super().__init__(message, worker=worker)
+        self.worker = worker
 
 
 class DiskFull(BridgeError, OSError):

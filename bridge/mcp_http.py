@@ -40,6 +40,7 @@ from typing import Any
 
 from bridge.config import HttpConfig
 from bridge.errors import ConfigError
+from bridge.mcp_flags import HEALTH_PATH, MCP_PATH, TOKEN_ENV, TOKEN_FILE_ENV
 from bridge.mcp_http_limits import (
     ASGIApp,
     Receive,
@@ -55,10 +56,6 @@ from bridge.version import __version__
 
 log = logging.getLogger("worker_bridge.mcp.http")
 
-TOKEN_ENV = "WORKER_BRIDGE_MCP_TOKEN"
-TOKEN_FILE_ENV = "WORKER_BRIDGE_MCP_TOKEN_FILE"
-MCP_PATH = "/mcp"
-HEALTH_PATH = "/healthz"
 SHUTDOWN_GRACE_S = 5
 MIN_TOKEN_CHARS = 16
 
@@ -70,27 +67,6 @@ _GIVE_TOKEN = (
     "(e.g. from `openssl rand -hex 32`)"
 )
 _HOW_TO_GIVE = f"{_GIVE_TOKEN}, or pass --no-token on a loopback address"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The transport flags, shared by `worker-bridge-mcp` and `worker-bridge mcp`."""
-    parser.add_argument(
-        "--http",
-        metavar="HOST:PORT",
-        help=f"serve streamable HTTP at http://HOST:PORT{MCP_PATH} instead of stdio "
-        f"(health check: GET {HEALTH_PATH})",
-    )
-    parser.add_argument(
-        "--token-file",
-        metavar="PATH",
-        help=f"file holding the bearer token clients must send (default: ${TOKEN_FILE_ENV}, "
-        f"else the token itself in ${TOKEN_ENV})",
-    )
-    parser.add_argument(
-        "--no-token",
-        action="store_true",
-        help="serve without a token; allowed only on loopback (127.0.0.1, ::1, localhost)",
-    )
 
 
 @dataclass(frozen=True)

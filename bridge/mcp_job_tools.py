@@ -17,6 +17,15 @@ JOB_ENDED = {"succeeded", "unresolved", "failed", "cancelled", "accepted"}
 POLL_SECONDS = 0.5
 
 
+def _typed(metadata: dict[str, Any] | None, kind: str | None) -> dict[str, Any]:
+    """The tasks' metadata, with the type the call names (an argument wins over the same key
+    in the metadata it was given)."""
+    given = dict(metadata or {})
+    if kind:
+        given["type"] = kind
+    return given
+
+
 class JobTools:
     """worker_compete, worker_review, worker_job_status, worker_job_accept, worker_job_cancel."""
 
@@ -87,6 +96,14 @@ class JobTools:
                 "return when the job has ended (several task runs: often minutes)."
             ),
         ] = False,
+        type: Annotated[
+            str | None,
+            Field(
+                description="Kind of change (metadata.type): chore, feature, hotfix, refactor "
+                "or one the server's config adds; its profile fills what you leave unset in "
+                "every task of the job."
+            ),
+        ] = None,
         metadata: Annotated[
             dict[str, Any] | None,
             Field(
@@ -110,7 +127,7 @@ class JobTools:
             "workspace": {"repository": repository, "base_ref": base_ref},
             "verification": {"commands": list(verify), "protected_paths": protected_paths or []},
             "permission": permission,
-            "metadata": dict(metadata or {}),
+            "metadata": _typed(metadata, type),
         }
         job = await self.call(self.bridge.compete, spec, workers, attempts=attempts, judge=judge)
         if wait:
@@ -146,6 +163,14 @@ class JobTools:
                 "return when the job has ended (several worker turns: often minutes)."
             ),
         ] = False,
+        type: Annotated[
+            str | None,
+            Field(
+                description="Kind of change (metadata.type): chore, feature, hotfix, refactor "
+                "or one the server's config adds; its profile fills what you leave unset in "
+                "every task of the job."
+            ),
+        ] = None,
         metadata: Annotated[
             dict[str, Any] | None,
             Field(
@@ -166,7 +191,7 @@ class JobTools:
             "worker": worker,
             "workspace": {"repository": repository, "base_ref": base_ref},
             "verification": {"commands": list(verify)},
-            "metadata": dict(metadata or {}),
+            "metadata": _typed(metadata, type),
         }
         job = await self.call(self.bridge.review, spec, worker, reviewer, rounds=rounds)
         if wait:

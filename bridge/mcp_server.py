@@ -16,7 +16,7 @@ import threading
 
 from mcp.server.mcpserver import MCPServer
 
-from bridge import mcp_http
+from bridge import mcp_flags, mcp_http
 from bridge.errors import BridgeError
 from bridge.mcp_tools import TOOLS, BridgeTools
 from bridge.service import WorkerBridge
@@ -35,7 +35,9 @@ changes in the repository until you call worker_accept.
 Typical flow: worker_delegate (returns a task_id at once) -> keep working -> poll worker_status
 with the task_id until status is succeeded/failed/... -> read changed_files and
 artifacts.diff -> worker_accept to write the verified change into the working tree, or
-worker_follow_up to ask for more changes on the same worktree.
+worker_follow_up to ask for more changes on the same worktree. A task in status waiting_input
+has a pending entry in `requests` (a network name, protected paths or a question of its worker):
+answer it with worker_answer, and the worker carries on in its own session.
 """
 
 
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="worker-bridge-mcp",
         description="Serve worker-bridge's MCP tools on stdio, or streamable HTTP with --http.",
     )
-    mcp_http.add_arguments(parser)
+    mcp_flags.add_arguments(parser)
     return run(parser.parse_args(argv))
 
 

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from bridge.errors import BridgeError
 from bridge.mcp_job_tools import JobTools
-from bridge.models import TERMINAL
+from bridge.models import SETTLED
 from bridge.service import WorkerBridge
 
 log = logging.getLogger("worker_bridge.mcp")
@@ -59,7 +59,7 @@ class BridgeTools(JobTools):
     async def wait_for_end(self, task_id: str) -> dict[str, Any]:
         while True:
             result = await self.call(self.bridge.get_task, task_id)
-            if result.status in TERMINAL:
+            if result.status in SETTLED:  # ended, or waiting for an answer
                 return result.document()
             await anyio.sleep(POLL_SECONDS)
 
@@ -113,8 +113,13 @@ class BridgeTools(JobTools):
             ),
         ] = False,
         type: Annotated[
-            Literal["chore", "feature", "hotfix", "refactor"] | None,
-            _describe("Kind of change, recorded as metadata.type."),
+            str | None,
+            _describe(
+                "Kind of change, recorded as metadata.type: chore, feature, hotfix, refactor "
+                "(or a type the server's config adds). Its profile fills what you leave unset "
+                "(e.g. hotfix: high priority, a tight deadline, repairs on); the result's "
+                "`profile` says which fields it filled."
+            ),
         ] = None,
         metadata: Annotated[
             dict[str, Any] | None,
@@ -141,6 +146,9 @@ class BridgeTools(JobTools):
         on its own git worktree with no network; your repository is not changed until you call
         worker_accept. Returns the task result (task_id, status, ...); with wait=false the status
         is 'queued': poll worker_status with the task_id, and page worker_logs for progress.
+        A task whose worker asks something (a network name, protected paths, a question) shows
+        status 'waiting_input' with a pending entry in `requests`: answer it with
+        worker_answer.
         """
         spec: dict[str, Any] = {
             "objective": objective,
@@ -167,10 +175,13 @@ class BridgeTools(JobTools):
         ] = None,
     ) -> dict[str, Any]:
         """Show a delegated task's result: status (created, queued, running, verifying, then
-        succeeded, failed, cancelled, timed_out, accepted or rejected), the worker's summary,
+        succeeded, failed, cancelled, timed_out, accepted or rejected; or waiting_input when
+        the worker asked something and waits for your answer), the worker's summary,
         changed_files, verification (ok, and each command's exit code and output tail), the
-        diff's path in artifacts, and error {kind, message} when it failed. Cheap: poll it.
-        Without task_id: {"tasks": [...]} for the most recent tasks, newest first."""
+        diff's path in artifacts, error {kind, message} when it failed, and `requests` (what
+        the worker asked: request_id, kind network|paths|question, detail, status; a pending
+        one waits for worker_answer). Cheap: poll it. Without task_id: {"tasks": [...]} for
+        the most recent tasks, newest first."""
         if task_id:
             return (await self.call(self.bridge.get_task, task_id)).document()
         tasks = await self.call(self.bridge.list_tasks, None, STATUS_LIST_LIMIT)
@@ -178,7 +189,10 @@ class BridgeTools(JobTools):
 
     async def list_workers(self) -> dict[str, Any]:
         """List the workers that can run tasks here, with whether their image is installed and
-        healthy, the image, and what they can do. Pick `worker` for worker_delegate from it."""
+        healthy, the image, and what they can do. Pick `worker` for worker_delegate from it.
+        Each has a `circuit`: `open` means it failed repeatedly (its key refused, its CLI
+        crashing, turns timing out) and new tasks for it are refused until `retry_at`;
+        `half_open` means one task is trying it again. Prefer another worker meanwhile."""
         return {"workers": [w.document() for w in await self.call(self.bridge.list_workers)]}
 
     async def worker_cancel(
@@ -283,6 +297,43 @@ class BridgeTools(JobTools):
             return await self.wait_for_end(task_id)
         return result.document()
 
+    async def worker_answer(
+        self,
+        task_id: Annotated[str, _describe("The task whose worker asked.")],
+        request_id: Annotated[
+            str, _describe("The request to answer: a pending entry of the task's `requests`.")
+        ],
+        decision: Annotated[
+            Literal["approve", "deny"] | None,
+            _describe(
+                "For a network or paths request: approve (for this task only) or deny. deny "
+                "also declines a question. Leave out when giving text."
+            ),
+        ] = None,
+        text: Annotated[
+            str | None,
+            _describe(
+                "For a question: your answer (one of its choices, or your own words). Leave "
+                "out when giving a decision."
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Answer what a delegated worker asked. When worker_status shows status
+        'waiting_input' (or a running task) with an entry of `requests` whose status is
+        'pending', the worker needs your decision: kind 'network' (detail host, port: a name
+        its proxy refused; approve lets this task reach it, at once if it is still running),
+        kind 'paths' (detail paths, reason: protected paths it wants to change; approve lets
+        this task change exactly those) or kind 'question' (detail text, choices: answer with
+        text). Give exactly one of decision or text. Once nothing is pending, the worker
+        resumes its own session with your answers (status 'queued', then running); if every
+        answer was deny, the task finishes as it would have without asking. Unanswered
+        requests expire after the input timeout and count as denied. Returns the task
+        result."""
+        result = await self.call(
+            self.bridge.answer, task_id, request_id, decision=decision, text=text
+        )
+        return result.document()
+
 
 # Every tool, with what it does to the world (MCP's hints, which clients use to decide what may
 # run without asking): adding a tool is a method above and one entry here.
@@ -314,6 +365,7 @@ TOOLS: dict[str, ToolAnnotations] = {
     # writes into the user's working tree; a second call changes nothing more
     "worker_accept": _hints("Write a verified change", destructive=True, idempotent=True),
     "worker_follow_up": _hints("Another turn on a task", open_world=True),
+    "worker_answer": _hints("Answer a worker's request", open_world=True),
     "worker_compete": _hints("One task on several workers, ranked", open_world=True),
     "worker_review": _hints("Implement, then review read-only", open_world=True),
     "worker_job_status": _hints("A job's result", read_only=True),

@@ -43,11 +43,20 @@ class Limits(_Strict):
     log_mb: int | None = Field(None, ge=1)
     line_kb: int | None = Field(None, ge=1)
     secrets: int | None = Field(None, ge=10)
+    input_timeout_seconds: int | None = Field(
+        None, ge=1, description="How long a request or question waits for an answer."
+    )
 
 
 class Network(_Strict):
     mode: Literal["none", "allowlist"] = "none"
     domains: list[str] = Field(default_factory=list)
+    on_refused: Literal["refuse", "ask"] | None = Field(
+        None,
+        description="What a refusal of a name not in `domains` does: `refuse`, or `ask` (it "
+        "becomes a pending request the caller may approve; never for private, loopback or "
+        "metadata addresses). Default: config gateway.on_refused.",
+    )
 
 
 class Environment(_Strict):
@@ -79,7 +88,6 @@ class Environment(_Strict):
 
 
 Permission = Literal["read_only", "workspace_write", "full_access"]
-TaskType = Literal["chore", "feature", "hotfix", "refactor"]
 
 
 class TaskSpec(_Strict):
@@ -109,9 +117,16 @@ class TaskSpec(_Strict):
     @field_validator("metadata")
     @classmethod
     def _metadata_type(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Which types exist is the configuration's (bridge/profiles.py checks it at creation);
+        # here only the shapes the runner relies on.
         kind = value.get("type")
-        if kind is not None and kind not in ("chore", "feature", "hotfix", "refactor"):
-            raise ValueError("metadata.type must be one of chore, feature, hotfix, refactor")
+        if kind is not None and (not isinstance(kind, str) or not kind):
+            raise ValueError("metadata.type must be the name of a task type")
+        repairs = value.get("auto_repair")
+        if repairs is not None and (
+            isinstance(repairs, bool) or not isinstance(repairs, int) or repairs < 0
+        ):
+            raise ValueError("metadata.auto_repair must be a whole number, 0 or more")
         return value
 
 
@@ -147,6 +162,7 @@ class Status(StrEnum):
     TIMED_OUT = "timed_out"
     ACCEPTED = "accepted"
     REJECTED = "rejected"
+    WAITING_INPUT = "waiting_input"
 
 
 TERMINAL = frozenset(
@@ -162,14 +178,25 @@ TERMINAL = frozenset(
 
 _ENDINGS = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT}
 
+# Where waiting for a task stops: it ended, or it waits for an answer to a request (no process
+# runs it until then; see bridge/pipeline/answer.py).
+SETTLED = TERMINAL | {Status.WAITING_INPUT}
+
 # The only status changes the store will write; each is a compare-and-set against the keys.
 # A terminal status is never left, except succeeded -> accepted|rejected and a follow-up turn
 # (succeeded|failed -> queued) that is asked for explicitly.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.CREATED: frozenset({Status.QUEUED, Status.CANCELLED, Status.FAILED}),
     Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED} | _ENDINGS),
-    Status.RUNNING: frozenset({Status.VERIFYING, Status.SUCCEEDED} | _ENDINGS),
-    Status.VERIFYING: frozenset({Status.SUCCEEDED, Status.RUNNING} | _ENDINGS),
+    Status.RUNNING: frozenset(
+        {Status.VERIFYING, Status.SUCCEEDED, Status.WAITING_INPUT} | _ENDINGS
+    ),
+    Status.VERIFYING: frozenset(
+        {Status.SUCCEEDED, Status.RUNNING, Status.WAITING_INPUT} | _ENDINGS
+    ),
+    # A turn ended with a pending request: an answer queues the next turn, a denial (or the
+    # input timeout) ends the task with the outcome the turn had, a cancel ends it.
+    Status.WAITING_INPUT: frozenset({Status.QUEUED, Status.SUCCEEDED} | _ENDINGS),
     Status.SUCCEEDED: frozenset({Status.ACCEPTED, Status.REJECTED, Status.QUEUED}),
     Status.FAILED: frozenset({Status.QUEUED}),
     Status.CANCELLED: frozenset(),
@@ -178,10 +205,16 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.REJECTED: frozenset(),
 }
 
-# Leaving a terminal status needs the caller to say so (accept, reject, follow-up).
+# Leaving a terminal status needs the caller to say so (accept, reject, follow-up); so does
+# leaving `waiting_input` other than by a cancel (an answer, a denial, the input timeout), so
+# no runner's finish can overwrite a task that waits.
 EXPLICIT_ONLY = {
     (Status.SUCCEEDED, Status.QUEUED),
     (Status.FAILED, Status.QUEUED),
+    (Status.WAITING_INPUT, Status.QUEUED),
+    (Status.WAITING_INPUT, Status.SUCCEEDED),
+    (Status.WAITING_INPUT, Status.FAILED),
+    (Status.WAITING_INPUT, Status.TIMED_OUT),
 }
 
 

@@ -81,6 +81,23 @@ class WorkerExit(_Doc):
     failure: str | None = None  # the CLI's own account of why it failed, one sentence
 
 
+class RequestRecord(_Doc):
+    """One request of a task (a row of the requests table): a network name the gateway
+    refused, or the protected paths or question of the worker's final message."""
+
+    request_id: str
+    task_id: str
+    kind: str  # network | paths | question
+    detail: dict[str, Any] = Field(default_factory=dict)
+    status: str  # pending | approved | denied | answered | expired
+    at: str
+    attempts: int = 1
+    turn: int = 0
+    expires_at: float | None = None
+    answer: dict[str, Any] | None = None  # as given (never shown unredacted)
+    delivered_turn: int | None = None
+
+
 class _StoredRow(BaseModel):
     """A record read from a store row: NULL columns are absent, so the fields' defaults apply."""
 
@@ -136,6 +153,7 @@ class TaskRecord(_StoredRow):
     job_id: str | None = None
     job_role: str | None = None
     job_label: str | None = None
+    held_outcome: dict[str, Any] | None = None
 
     @cached_property
     def spec(self) -> TaskSpec:
@@ -150,6 +168,12 @@ class TaskRecord(_StoredRow):
     def limits(self) -> LimitDefaults:
         recorded = self.config_doc.get("effective_limits")
         return LimitDefaults.model_validate(recorded) if recorded else self.config.limits
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        """The task type's profile as applied at creation: its type and the spec fields it
+        filled (bridge/profiles.py); None for a task without a type."""
+        return self.config_doc.get("task_profile")
 
     @property
     def follow_up_message(self) -> str | None:
@@ -186,6 +210,25 @@ class TaskResult(BaseModel):
     finished_at: str | None = None
     job_id: str | None = Field(None, description="The job this task is part of, if any.")
     job_role: str | None = Field(None, description="Its role there: candidate, judge...")
+    profile: dict[str, Any] | None = Field(
+        None,
+        description="The task type's profile: {type, filled: the spec fields it filled, "
+        "because the caller left them unset}; null without a type.",
+    )
+    requests: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="What the worker asked for: request_id, kind (network, paths, question), "
+        "detail, status (pending, approved, denied, answered, expired), at; answer with "
+        "`worker-bridge tasks answer` / worker_answer while the status is pending.",
+    )
+    allowlist: list[str] = Field(
+        default_factory=list,
+        description="Names the task's proxy lets through: network.domains and approved names.",
+    )
+    approved_paths: list[str] = Field(
+        default_factory=list,
+        description="Protected paths this task was allowed to change (approved path requests).",
+    )
 
     def document(self) -> dict[str, Any]:
         """The JSON document (for the CLI, the MCP server and files)."""
@@ -194,7 +237,7 @@ class TaskResult(BaseModel):
 
 class AcceptResult(BaseModel):
     """What accepting a task did: the files written, or why nothing was (``kind``: `status`,
-    `unverified`, `conflict`, `symlink_escape`, `verification_failed`)."""
+    `unverified`, `conflict`, `symlink_escape`, `verification_failed`, `protected_path`)."""
 
     accepted: bool
     task_id: str
@@ -225,6 +268,12 @@ class WorkerInfo(BaseModel):
     capabilities: list[str] = Field(default_factory=list)
     cli_version: str | None = Field(None, description="The CLI's version, from its image.")
     reason: str | None = None
+    circuit: dict[str, Any] = Field(
+        default_factory=lambda: {"state": "closed"},
+        description="Its circuit breaker (bridge/circuit.py): state (closed, open, half_open, "
+        "disabled), failures and their kinds, retry_at (when an open one is tried again) and "
+        "probe_task (the one task trying it).",
+    )
 
     @model_serializer(mode="wrap")
     def _without_empty_reason(self, handler: Any) -> dict[str, Any]:
@@ -318,6 +367,11 @@ class JobResult(BaseModel):
         description="Why a review ended: approved, no new findings, round limit, or a failure.",
     )
     summary: dict[str, Any] = Field(default_factory=dict)
+    skipped: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Workers the job did not use because their circuit breaker refused them: "
+        "{worker, role, reason} (and the slot's label when it was refused mid-job).",
+    )
     error: ErrorInfo | None = None
     created_at: str
     finished_at: str | None = None

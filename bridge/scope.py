@@ -17,7 +17,6 @@ from pathlib import Path
 
 from bridge.config import Config
 from bridge.errors import InvalidSpec
-from bridge.sandbox.spec import home_id
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,8 @@ class RepositoryScope:
 def own_images(config: Config) -> list[str]:
     """The images a spec may always name: those `images build` makes, and the project
     environments this state root set up or built."""
+    from bridge.sandbox.spec import home_id  # only creation asks; reads need not load it
+
     home = home_id(config.home)
     return [
         f"worker-bridge/*:{config.image_tag}",

@@ -8,33 +8,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge.config import Config, LinkedWorker, load_config, save_linked_worker
-from bridge.creation import new_task_row, recheck_permissions
+from bridge.config import Config, load_config
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
-from bridge.gateway.policy import all_routes
-from bridge.jobs import recover_jobs
 from bridge.jobs.verbs import JobVerbs
 from bridge.models import Status, TaskSpec
-from bridge.phase.context import Context
-from bridge.phase.handle import PipelineHooks
-from bridge.pipeline.accepting import accept_task
-from bridge.pipeline.cancel import cancel_task
-from bridge.pipeline.detached import spawn_runner
-from bridge.pipeline.follow_up import queue_follow_up
-from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
 from bridge.pipeline.results import redactor_for, task_result
-from bridge.pipeline.runner import TaskRunner
 from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, WorkerInfo
-from bridge.sandbox import Sandbox
-from bridge.sandbox.host_paths import require_state_root
 from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.store.db import now_iso
-from bridge.store.owners import Owner
-from bridge.workers import BUILTIN, all_workers
-from bridge.workers.info import worker_infos
+
+# What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers)
+# is imported inside them: a command that reads (`tasks show`, `tasks list`) loads the config,
+# the store and the records, and nothing of what runs a task.
+if TYPE_CHECKING:
+    from bridge.circuit import Reset
+    from bridge.phase.context import Context
+    from bridge.phase.handle import PipelineHooks
+    from bridge.sandbox import Sandbox
 
 
 class WorkerBridge(JobVerbs):
@@ -80,6 +73,8 @@ class WorkerBridge(JobVerbs):
         return self._sandbox
 
     def context(self) -> Context:
+        from bridge.phase.context import Context
+
         return Context(self.config, self.store, self.sandbox)
 
     @property
@@ -99,6 +94,8 @@ class WorkerBridge(JobVerbs):
     def _still_allowed(self, record: TaskRecord, *, worker_turn: bool) -> None:
         """What the owner's configuration allows now still covers the task (its mock routes,
         the images it names): InvalidSpec naming the setting otherwise."""
+        from bridge.creation import recheck_permissions
+
         recheck_permissions(self.config, self.sandbox, record, worker_turn=worker_turn)
 
     def close(self) -> None:
@@ -109,10 +106,15 @@ class WorkerBridge(JobVerbs):
     # -- tasks ------------------------------------------------------------------------------
 
     def create_task(self, spec: dict[str, Any] | TaskSpec) -> TaskResult:
-        """Validate a spec and record the task (status `created`). Raises InvalidSpec naming
-        what is wrong; nothing is allocated for a rejected spec (see bridge/creation.py)."""
+        """Validate a spec (its type's profile filling what it left unset) and record the task
+        (status `created`). Raises InvalidSpec naming what is wrong, or CircuitOpen when the
+        worker's circuit breaker refuses new tasks; nothing is allocated for a rejected spec
+        (see bridge/creation.py)."""
+        from bridge.creation import new_task_row, record_task
+
         row, event = new_task_row(self.config, self.sandbox, self.scope, spec)
-        task_id, _ = self.store.insert_task(row, event)  # a key is its repository's alone
+        # a key is its repository's alone; the worker's circuit breaker may refuse it
+        task_id, _ = record_task(self.store, self.config, row, event)
         return self.get_task(task_id)
 
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
@@ -126,6 +128,9 @@ class WorkerBridge(JobVerbs):
                     "starts."
                 )
             self._still_allowed(record, worker_turn=True)
+        from bridge.pipeline.runner import TaskRunner
+        from bridge.store.owners import Owner
+
         owner = Owner(id=runner_id) if runner_id else Owner()
         TaskRunner(self.context(), task_id, owner, hooks=self.hooks).run()
         return self.get_task(task_id)
@@ -144,25 +149,35 @@ class WorkerBridge(JobVerbs):
                 f"Task {task_id} is already {task.status}; only a created task starts."
             )
         self._still_allowed(task, worker_turn=True)
+        from bridge.pipeline.detached import spawn_runner
+
         if not spawn_runner(self.config, self.store, task_id, replacing=task.runner_id):
             raise TaskStateError(f"Task {task_id} was started by another process meanwhile.")
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
         return self.get_task(task_id)
 
-    def follow_up(self, task_id: str, message: str) -> TaskResult:
+    def follow_up(self, task_id: str, message: str, *, wait: bool = False) -> TaskResult:
         """Queue another worker turn on the task's worktree (earlier changes kept), then collect
-        and verify again, in a detached runner. Returns the task result (status `queued`)."""
+        and verify again, in a detached runner; returns the task result (status `queued`).
+        ``wait``: run that turn here instead, until the task ends (no second process, as for
+        `run_task`), and return the final result."""
+        from bridge.pipeline.follow_up import queue_follow_up
+
         if not message.strip():
             raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
         task = self._task(task_id)
         if task.status in (Status.SUCCEEDED, Status.FAILED):
             self._still_allowed(task, worker_turn=True)
-        queue_follow_up(self.context(), task_id, message)
+        runner_id = queue_follow_up(self.context(), task_id, message, launch=not wait)
+        if wait:  # the reservation is ours: a crash here leaves it for recovery, as a runner's
+            return self.run_task(task_id, runner_id=runner_id)
         return self.get_task(task_id)
 
     def cancel_task(self, task_id: str) -> TaskResult:
         """Cancel from any process: the status becomes `cancelled` (final), then the task's
         containers are killed with everything in them. A finished task is left as it is."""
+        from bridge.pipeline.cancel import cancel_task
+
         self._task(task_id)
         cancel_task(self.context(), task_id)
         return self.get_task(task_id)
@@ -188,6 +203,9 @@ class WorkerBridge(JobVerbs):
         jobs)."""
         if self._store is None and not self.config.store_path.exists():
             return []  # no store yet: nothing to recover, and nothing to create
+        from bridge.jobs import recover_jobs
+        from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
+
         recovered = recover_stranded(self.context())
         jobs = recover_jobs(self.context())
         if recovered:
@@ -200,7 +218,30 @@ class WorkerBridge(JobVerbs):
         return tasks + [j for j in jobs if scope.allows(self.store.jobs.load(j)["repository"])]
 
     def get_task(self, task_id: str) -> TaskResult:
-        return task_result(self._task(task_id), self.store.artifacts(task_id))
+        record = self._task(task_id)
+        requests = self.store.requests.for_task(task_id)
+        return task_result(record, self.store.artifacts(task_id), requests=requests)
+
+    def answer(
+        self,
+        task_id: str,
+        request_id: str,
+        *,
+        decision: str | None = None,
+        text: str | None = None,
+    ) -> TaskResult:
+        """Answer a pending request of the task: ``decision`` `approve` or `deny` (a network
+        name, protected paths; `deny` also declines a question), or ``text`` (a question's
+        answer, one of its choices or free text). Once nothing is pending, the task resumes
+        the worker's session with the answers, or finishes as it would have without them
+        (only denials). Returns the task result."""
+        record = self._task(task_id)
+        if text is not None or decision == "approve":
+            self._still_allowed(record, worker_turn=True)
+        from bridge.pipeline.answer import answer_request
+
+        answer_request(self.context(), task_id, request_id, decision=decision, text=text)
+        return self.get_task(task_id)
 
     def task_status(self, task_id: str) -> str:
         """Just the status, for polling loops (TaskNotFound as for every verb)."""
@@ -218,8 +259,13 @@ class WorkerBridge(JobVerbs):
             for r in self.store.list_tasks(status=status, limit=limit, under=under)
             if scope.allows(r.repository)
         ]
-        artifacts = self.store.artifacts_of([r.task_id for r in records]) if records else {}
-        return [task_result(r, artifacts.get(r.task_id, {})) for r in records]
+        ids = [r.task_id for r in records]
+        artifacts = self.store.artifacts_of(ids) if records else {}
+        requests = self.store.requests.of(ids)
+        return [
+            task_result(r, artifacts.get(r.task_id, {}), requests=requests.get(r.task_id))
+            for r in records
+        ]
 
     def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> EventPage:
         self._task(task_id)  # TaskNotFound for an unknown id, or one outside the scope
@@ -232,7 +278,7 @@ class WorkerBridge(JobVerbs):
         outside the scope too, which are left out."""
         if after < 0:
             return EventPage(events=[], next_after=self.store.last_event())
-        events = self.store.events_after(after, limit)
+        events = self.store.events(None, after, limit)
         allowed: dict[str, bool] = {}
         for event in events:
             if event.task_id not in allowed:
@@ -285,6 +331,8 @@ class WorkerBridge(JobVerbs):
         """Write the verified snapshot into the user's working tree (uncommitted), or say why
         not (nothing is written then). When HEAD moved past the task's base, the checks run
         again on HEAD plus the change first (``reverify=False`` skips that)."""
+        from bridge.pipeline.accepting import accept_task
+
         record = self._task(task_id)
         self._still_allowed(record, worker_turn=False)
         diff = Path(self.store.artifacts(task_id).get("diff", ""))
@@ -295,7 +343,18 @@ class WorkerBridge(JobVerbs):
     # -- workers and images -------------------------------------------------------------------
 
     def list_workers(self) -> list[WorkerInfo]:
+        from bridge.workers.info import worker_infos
+
         return worker_infos(self.config, self.sandbox)
+
+    def reset_worker(self, name: str) -> Reset:
+        """Close the worker's circuit breaker (bridge/circuit.py), so new tasks for it are
+        taken again; UnknownWorker for a name that is no worker here."""
+        from bridge.circuit import reset as reset_circuit
+        from bridge.workers import get_worker
+
+        get_worker(self.config, name)
+        return reset_circuit(self.store, self.config, name)
 
     def build_images(
         self,
@@ -309,6 +368,7 @@ class WorkerBridge(JobVerbs):
         claude-code image; none: base, verify and mock; ``everything``: every image). Returns
         the tags built."""
         from bridge.sandbox.images import available_targets, build_images
+        from bridge.workers import all_workers
 
         if everything and names:
             raise InvalidSpec("Give image names or --all, not both.")
@@ -329,11 +389,17 @@ class WorkerBridge(JobVerbs):
     def check_state_root(self) -> None:
         """In a container: the state root is shared with the host at the same path (ConfigError
         naming the mount to use otherwise); nothing outside one."""
+        from bridge.sandbox.host_paths import require_state_root
+
         require_state_root(self.config.home)
 
     def link_worker(
         self, name: str, command: list[str], image: str | None = None, routes: tuple = ()
     ) -> None:
+        from bridge.config import LinkedWorker, save_linked_worker
+        from bridge.gateway.policy import all_routes
+        from bridge.workers import BUILTIN
+
         if name in BUILTIN:
             raise InvalidSpec(f"'{name}' is a built-in worker; choose another name.")
         if not command or not all(isinstance(part, str) for part in command):

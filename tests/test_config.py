@@ -104,3 +104,54 @@ def test_an_unknown_worker_bridge_variable_is_an_error_naming_it_like_an_unknown
     assert config.max_concurrency == 2 and config.limits.timeout_seconds == 60
     with pytest.raises(ConfigError, match="LIMITS__TIMEOUT_SECONDZ|timeout_secondz"):
         load_config(env={**fine, "WORKER_BRIDGE_LIMITS__TIMEOUT_SECONDZ": "1"})
+
+
+YAML_FILES = [
+    "",
+    "max_concurrency: 7\nlimits:\n  memory_mb: 512\ngateway:\n  max_connections: 9\n"
+    "repositories: [/srv/a, /srv/b]\nworkers:\n  mine: {command: [my-agent, '{prompt}']}\n",
+]
+PLAIN_ENVS = [
+    {},
+    {"WORKER_BRIDGE_MAX_CONCURRENCY": "2", "WORKER_BRIDGE_STORE": "/tmp/x.db"},
+    {"WORKER_BRIDGE_ALLOW_MOCK_ROUTES": "true", "WORKER_BRIDGE_RUNTIME": "", "OTHER": "1"},
+    {"worker_bridge_disk_reserve_gb": "1.5", "WORKER_BRIDGE_EXTRA_CA_FILE": "/etc/ca.pem"},
+    {"WORKER_BRIDGE_TEST_BASE_IMAGE": "base:1", "WORKER_BRIDGE_MCP_TOKEN": "t" * 20},
+]
+
+
+@pytest.mark.parametrize("text", YAML_FILES)
+@pytest.mark.parametrize("variables", PLAIN_ENVS)
+def test_plain_variables_load_as_pydantic_settings_loads_them(home, text, variables):
+    from bridge.config import _load_by_settings, _plain_variables
+
+    (home / "config.yaml").write_text(text)
+    env = {"WORKER_BRIDGE_HOME": str(home), **variables}
+    assert _plain_variables(env) is not None  # the path that does not import pydantic-settings
+    overrides = {"limits": {"cpus": 2.0}, "repo_concurrency": 1}
+    expected = _load_by_settings(env, home / "config.yaml", {**overrides, "home": home})
+    assert load_config(env=env, **overrides) == expected
+    assert expected.limits.cpus == 2.0 and expected.repo_concurrency == 1
+    if text:  # the file's nested keys are kept beside the override's, as pydantic-settings does
+        assert expected.limits.memory_mb == 512 and expected.gateway.max_connections == 9
+
+
+@pytest.mark.parametrize(
+    "name, value, key, expected",
+    [
+        ("WORKER_BRIDGE_GATEWAY__MAX_CONNECTIONS", "3", "gateway", {"max_connections": 3}),
+        ("WORKER_BRIDGE_REPOSITORIES", '["/srv/c"]', "repositories", ["/srv/c"]),
+        ("WORKER_BRIDGE_LIMITS", '{"pids": 64}', "limits", {"pids": 64}),
+    ],
+)
+def test_nested_or_structured_variables_go_through_pydantic_settings(
+    home, name, value, key, expected
+):
+    from bridge.config import _plain_variables
+
+    env = {"WORKER_BRIDGE_HOME": str(home), name: value}
+    assert _plain_variables(env) is None
+    got = load_config(env=env).model_dump(mode="json")[key]
+    if isinstance(expected, dict):
+        got = {k: got[k] for k in expected}
+    assert got == expected

@@ -134,8 +134,16 @@ def test_no_package_imports_a_package_that_imports_it_back():
 # Layers, lowest first: a package may import its own layer and those below, never one above.
 LAYERS = [
     {"bridge.version", "bridge.errors", "bridge.models", "bridge.config_sections"},
-    {"bridge.config", "bridge.redact", "bridge.records", "bridge.display"},
-    {"bridge.store", "bridge.sandbox", "bridge.workspace", "bridge.scope", "bridge.gateway"},
+    {"bridge.config", "bridge.redact", "bridge.records", "bridge.profiles", "bridge.display"},
+    {
+        "bridge.store",
+        "bridge.sandbox",
+        "bridge.workspace",
+        "bridge.scope",
+        "bridge.gateway",
+        "bridge.circuit",  # the breaker per worker, kept in the store
+        "bridge.requests",  # a worker's block and prompt text: read by workers and the store
+    },
     {"bridge.workers", "bridge.phase"},
     {"bridge.environments"},
     {"bridge.pipeline", "bridge.creation", "bridge.doctor"},
@@ -144,6 +152,7 @@ LAYERS = [
     {"bridge.smoke"},  # runs tasks through the facade
     {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
     {"bridge.mcp_job_tools"},  # mixed into the tools
+    {"bridge.mcp_flags"},  # the transport flags, for both front ends' parsers
     {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http", "bridge.ui"},
     {"bridge"},  # the public API: WorkerBridge and the records
 ]

@@ -30,7 +30,7 @@ from support.mcp_session import (
     wait_status,
 )
 
-from bridge import mcp_http
+from bridge import mcp_flags, mcp_http
 from bridge.errors import ConfigError
 from bridge.version import __version__
 
@@ -136,7 +136,7 @@ async def test_it_refuses_to_start_without_a_token_off_loopback(home):
 
 def options(*argv: str, env: dict[str, str] | None = None) -> mcp_http.HttpOptions | None:
     parser = argparse.ArgumentParser()
-    mcp_http.add_arguments(parser)
+    mcp_flags.add_arguments(parser)
     return mcp_http.resolve_options(parser.parse_args(argv), env if env is not None else {})
 
 

@@ -30,6 +30,8 @@ from support.real_workers import (
 from support.repos import commit_all, git
 from support.tasks import run_spec, task_events
 
+from bridge.workers import Turn
+
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 
@@ -262,7 +264,7 @@ def test_the_cli_writes_with_its_tool_resumes_its_session_and_keeps_the_key_away
     later = real.requests(model_server)[len(first) :]
     texts = real.user_texts(later[0])
     if real.exact_turns:
-        assert texts == [objective + "\n", "Say it again.\n"]
+        assert texts == [Turn(objective, {}).prompt, "Say it again.\n"]
     else:
         assert objective in texts[0] and texts[-1] == "Say it again.\n"
     again = f"hello from {real.worker}, again{real.eol}"
@@ -294,7 +296,7 @@ def test_a_failed_verification_gets_a_repair_turn_in_the_same_session(
     texts = [real.user_texts(r) for r in real.requests(model_server)]
     repair = next(t for t in texts if len(t) > 1)
     if real.exact_turns:
-        assert repair[0] == objective + "\n" and "Verification failed" in repair[1]
+        assert repair[0] == Turn(objective, {}).prompt and "Verification failed" in repair[1]
     else:
         assert objective in repair[0] and "Verification failed" in repair[-1]
 

@@ -293,9 +293,6 @@ def test_a_review_jobs_page_shows_its_rounds_with_their_findings_as_text(page, u
     assert page.locator('img[src="x"]').count() == 0
 
 
-@pytest.mark.skipif(
-    not hasattr(WorkerBridge, "answer"), reason="worker requests (WorkerBridge.answer) not merged"
-)
 def test_a_pending_question_is_answered_from_the_page(page, ui, bridge, repo):
     expect = _expect()
     ask = {"kind": "question", "text": "Which database?", "choices": ["sqlite", "redis"]}

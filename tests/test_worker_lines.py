@@ -25,7 +25,11 @@ def test_a_claude_code_or_zcode_glm_turn_maps_permissions_sessions_and_models(tm
     assert first.env["ANTHROPIC_API_KEY"] == "worker-bridge-placeholder"
     assert first.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert "ANTHROPIC_MODEL" not in first.env  # Claude Code's own default
-    assert first.files == {"prompt.txt": "Do it.\n"} and first.home_files == {}
+    assert first.files == {"prompt.txt": Turn("Do it.", {}).prompt} and first.home_files == {}
+    assert (
+        first.files["prompt.txt"].startswith("Do it.\n")
+        and "worker-bridge-request" in (first.files["prompt.txt"])
+    )
 
     turn = Turn("Do it.", {}, 1, "More.", "abc", permission="read_only")
     later = ClaudeCodeWorker().launch(turn, config)

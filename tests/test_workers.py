@@ -12,7 +12,9 @@ def test_workers_list_json_has_the_contract_shape(cli, docker_images):
     result = cli("workers", "list", "--json")
     assert result.code == 0, result.stderr
     workers = {w["name"]: w for w in result.json()["workers"]}
-    assert set(workers["mock"]) == {"name", "installed", "healthy", "image", "capabilities"}
+    contract = {"name", "installed", "healthy", "image", "capabilities"}
+    assert set(workers["mock"]) == contract | {"circuit"}  # its circuit breaker, issue 21
+    assert workers["mock"]["circuit"]["state"] == "closed"
     assert workers["mock"]["installed"] is True
     assert workers["mock"]["image"].startswith("worker-bridge/mock:")
 

@@ -1,4 +1,5 @@
-"""The CLI's commands: each turns parsed arguments into one WorkerBridge call and prints it."""
+"""The CLI's task commands: each turns parsed arguments into one WorkerBridge call and prints it
+(the jobs' are in jobs.py, those about the host in admin.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from bridge.cli.render import one_line, out_json, print_event, print_result
 from bridge.errors import InvalidSpec
-from bridge.models import TERMINAL
+from bridge.models import TERMINAL, Status
 from bridge.service import WorkerBridge
 
 
@@ -81,6 +82,18 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
         out_json(result)
     else:
         print_result(result)
+    if result["status"] == Status.WAITING_INPUT:
+        pending = [
+            r["request_id"] for r in result.get("requests") or [] if r["status"] == "pending"
+        ]
+        print(
+            f"worker-bridge: task {result['task_id']} is waiting for input; answer "
+            + ", ".join(pending)
+            + f" with `worker-bridge tasks answer {result['task_id']} REQUEST_ID "
+            "(--approve | --deny | --text TEXT)`",
+            file=sys.stderr,
+        )
+        return 1
     if result["status"] != "succeeded":
         reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
         print(
@@ -144,10 +157,25 @@ def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         out_json({"tasks": tasks})
         return 0
     for task in tasks:
+        pending = sum(1 for r in task.get("requests") or [] if r["status"] == "pending")
+        asks = f"{pending} ask" if pending else "-"
         print(
-            f"{task['task_id']}  {task['status']:<10} {task['worker']:<10} "
-            f"{task['created_at']}  {task['objective'].strip()[:60]}"
+            f"{task['task_id']}  {task['status']:<13} {task['worker']:<10} {asks:<6} "
+            f"{task['created_at']}  {one_line(task['objective'].strip()[:60])}"
         )
+    return 0
+
+
+def cmd_tasks_answer(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    chosen = [flag for flag in ("approve", "deny") if getattr(args, flag)]
+    if len(chosen) + (args.text is not None) != 1:
+        raise InvalidSpec("Answer with exactly one of --approve, --deny or --text TEXT.")
+    decision = chosen[0] if chosen else None
+    result = bridge.answer(args.task_id, args.request_id, decision=decision, text=args.text)
+    if args.json:
+        out_json(result.document())
+    else:
+        print(f"task {result.task_id}: {result.status} (request {args.request_id} answered)")
     return 0
 
 
@@ -204,12 +232,14 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
+    if args.wait:  # the turn runs in this process: Ctrl-C cancels it, as for `tasks run`
+        try:
+            with _live(bridge, args.task_id, args):
+                result = bridge.follow_up(args.task_id, args.message, wait=True)
+        except KeyboardInterrupt:
+            result = bridge.cancel_task(args.task_id)
+        return _finish(result.document(), args)
     result = bridge.follow_up(args.task_id, args.message)
-    if args.wait:
-        with _live(bridge, args.task_id, args):
-            while bridge.task_status(args.task_id) not in TERMINAL:
-                time.sleep(0.25)
-        return _finish(bridge.get_task(args.task_id).document(), args)
     if args.json:
         out_json(result.document())
     else:
@@ -260,115 +290,3 @@ def cmd_tasks_recover(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     else:
         print("no task had lost its runner")
     return 0
-
-
-def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    report = bridge.prune_workspaces(apply=args.apply, include_unaccepted=args.include_unaccepted)
-    return _show_prune(report, args)
-
-
-def _show_prune(report: dict[str, Any], args: argparse.Namespace) -> int:
-    if args.json:
-        out_json(report)
-    else:
-        print_prune(report["actions"], args.apply)
-    return 0
-
-
-def print_prune(actions: list[dict[str, Any]], applied: bool) -> None:
-    """What a prune removed (or would remove), one line each, and what to do next."""
-    verb = "removed" if applied else "would remove"
-    for action in actions:
-        owner = f" (task {action['task_id']})" if action.get("task_id") else ""
-        print(f"{verb} {action['kind']} {action['target']}{owner}: {action['reason']}")
-        for failure in action.get("failed") or []:
-            print(f"  could not remove: {failure}")
-    if not actions:
-        print("nothing to prune")
-    elif not applied:
-        print(f"{len(actions)} item(s); run again with --apply to remove them")
-
-
-def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    found = bridge.list_environments()
-    if args.json:
-        out_json(found)
-        return 0
-    if not found:
-        print("no environment caches")
-    for item in found:
-        if item["state"] != "ready":
-            print(f"{item['key'][:16]}  unreadable ({item['folder']})")
-            continue
-        size = f"{(item['bytes'] or 0) / 2**20:.1f} MiB, {item['files']} files"
-        print(f"{item['key'][:16]}  {item['image']}  {size}  last used {item['last_used']}")
-        print(f"    {item['source']} for {item['repository']}: {' && '.join(item['setup'] or [])}")
-    return 0
-
-
-def cmd_environments_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    return _show_prune(bridge.prune_environments(apply=args.apply, everything=args.all), args)
-
-
-def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    workers = [w.document() for w in bridge.list_workers()]
-    if args.json:
-        out_json({"workers": workers})
-        return 0
-    for w in workers:
-        state = "healthy" if w["healthy"] else ("installed" if w["installed"] else "not built")
-        version = f" (CLI {w['cli_version']})" if w.get("cli_version") else ""
-        print(f"{w['name']:<14} {state:<10} {w['image']}{version}")
-        if w.get("reason"):
-            print(f"{'':<14} {one_line(w['reason'])}")
-    return 0
-
-
-def cmd_workers_link(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    try:
-        command = json.loads(args.command_json)
-    except ValueError as exc:
-        raise InvalidSpec(f"--command-json is not valid JSON ({exc}).") from exc
-    if not isinstance(command, list):
-        raise InvalidSpec("--command-json must be a JSON list of strings.")
-    bridge.link_worker(args.name, command, args.image, tuple(args.route))
-    print(f"linked worker '{args.name}'")
-    return 0
-
-
-def cmd_images_build(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    tags = bridge.build_images(
-        args.names,
-        everything=args.all,
-        base_image=args.base_image,
-        on_line=lambda line: print(line, flush=True),
-    )
-    print("built: " + ", ".join(tags))
-    if not args.smoke:
-        return 0
-    from bridge.smoke import run_smoke, smoke_workers  # built on the facade, above it
-
-    built = [tag.split("/", 1)[1].split(":", 1)[0] for tag in tags]
-    results = run_smoke(bridge.config, smoke_workers(built), on_line=print)
-    failed = [r.worker for r in results if not r.ok]
-    if failed:
-        print(f"worker-bridge: the smoke task failed for {', '.join(failed)}.", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_doctor(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    checks = bridge.doctor()
-    failed = [c for c in checks if c["severity"] == "error"]
-    if args.json:
-        out_json({"ok": not failed, "checks": checks})
-    else:
-        for c in checks:
-            print(f"[{c['severity']:<7}] {c['check']:<13} {c['detail']}")
-    return 1 if failed else 0
-
-
-def cmd_mcp(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.mcp_server import run as run_mcp_server
-
-    return run_mcp_server(args, bridge)

@@ -34,6 +34,8 @@ def print_job(job: dict[str, Any]) -> None:
     print(f"  objective: {one_line(job['objective'])[:100]}")
     if job.get("error"):
         print(f"  {one_line(job['error']['message'])}")
+    for skip in job.get("skipped", []):
+        print(f"  skipped {skip['role']} {skip['worker']}: {one_line(skip['reason'])}")
     for c in job["candidates"]:
         place = f"#{c['rank']}" if c["eligible"] else "--"
         win = "  <- winner" if c["task_id"] == job.get("winner") else ""

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from bridge.display import one_line, terminal_safe
+from bridge.display import describe_request, one_line, terminal_safe
 
 
 class SafeStream:
@@ -33,6 +33,10 @@ def print_result(result: dict[str, Any]) -> None:
     f = one_line
     print(f"task {result['task_id']}: {result['status']}")
     print(f"  worker: {f(result['worker'])}   objective: {f(result['objective'].strip()[:200])}")
+    profile = result.get("profile")
+    if profile:
+        filled = ", ".join(profile["filled"]) or "nothing (every field was given)"
+        print(f"  type: {f(profile['type'])}   its profile filled: {f(filled)}")
     if result.get("summary"):
         print(f"  summary: {f(result['summary'].strip()[:500])}")
     if result.get("error"):
@@ -61,6 +65,21 @@ def print_result(result: dict[str, Any]) -> None:
         print(
             f"  network: {usage['requests']} request(s), {usage['bytes_up']} B up, "
             f"{usage['bytes_down']} B down" + (f"; tokens: {tokens}" if tokens else "")
+        )
+    if result.get("allowlist"):
+        print(f"  allowlist: {f(', '.join(result['allowlist']))}")
+    if result.get("approved_paths"):
+        print(f"  approved protected paths: {f(', '.join(result['approved_paths']))}")
+    for request in result.get("requests") or []:
+        print(
+            f"  request {request['request_id']} ({request['kind']}, {request['status']}): "
+            f"{f(describe_request(request))}"
+        )
+    pending = [r for r in result.get("requests") or [] if r["status"] == "pending"]
+    if pending:
+        print(
+            f"  answer: worker-bridge tasks answer {result['task_id']} "
+            f"{pending[0]['request_id']} (--approve | --deny | --text TEXT)"
         )
     for name, path in result.get("artifacts", {}).items():
         print(f"  {name}: {path}")

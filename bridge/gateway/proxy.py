@@ -7,7 +7,9 @@ either direction, takes a share of the gateway's byte budget until it is passed 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -23,6 +25,18 @@ from bridge.gateway.upstream import Outgoing, stream
 
 _HOP = HOP_BY_HOP | {b"proxy-authorization"}
 
+# Asked on the refusal of a name not on the list, with (host, port): the status of the task's
+# request for it (`approved` lets it through) and the request's id (see phase/network.py).
+Asker = Callable[[str, int], tuple[str, str | None]]
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
 
 class Proxy:
     def __init__(
@@ -32,8 +46,10 @@ class Proxy:
         config: GatewayConfig,
         accounts: Accounting,
         budget: ByteBudget,
+        asker: Asker | None = None,
     ) -> None:
         self.allowlist = allowlist
+        self.asker = asker
         self.trusted = trusted
         self.config = config
         self.accounts = accounts
@@ -50,7 +66,8 @@ class Proxy:
         if port not in ports:
             refuse("host", host, f"port {port} is not allowed", port=port)
             raise Refused(403, f"port {port} is not allowed (gateway.{which})")
-        if not name_allowed(host, self.allowlist):
+        listed = name_allowed(host, self.allowlist)
+        if not listed and (self.asker is None or _is_address(host)):
             refuse("host", host, "not in network.domains", port=port)
             raise Refused(403, f"{host} is not in this task's network.domains")
         addresses = await resolve(host, port, self.config.connect_timeout_s)
@@ -62,7 +79,31 @@ class Proxy:
             if why is not None:
                 refuse("host", host, f"resolves to {why} ({address})", port=port)
                 raise Refused(403, f"{host} resolves to {why} ({address}); refused")
+        if not listed:  # a public name off the list: the task's request for it decides
+            await self._ask(host, port)
         return addresses[0]
+
+    async def _ask(self, host: str, port: int) -> None:
+        """Let ``host`` through if the task's request for it is approved (it joins the live
+        allowlist); otherwise refuse, naming the request the caller may answer."""
+        assert self.asker is not None and self.allowlist is not None
+        loop = asyncio.get_running_loop()
+        status, request_id = await loop.run_in_executor(None, self.asker, host, port)
+        if status == "approved":
+            self.allowlist.append(host.lower().rstrip("."))
+            return
+        if request_id is None:
+            why = "not in network.domains (and the task has raised its most requests)"
+            self.accounts.refused("host", host, why, port=port)
+            raise Refused(403, f"{host} is not in this task's network.domains")
+        self.accounts.refused(
+            "host", host, f"not in network.domains; request {request_id} is {status}", port=port
+        )
+        raise Refused(
+            403,
+            f"{host} is not in this task's network.domains; asked for it as request "
+            f"{request_id} ({status}): try again once it is approved",
+        )
 
     async def tunnel(self, exchange: Exchange, request: h11.Request) -> None:
         host, _, port_text = request.target.decode("latin-1").rpartition(":")

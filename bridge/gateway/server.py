@@ -39,7 +39,7 @@ from bridge.gateway.conn import Conn
 from bridge.gateway.exchange import HOP_BY_HOP, Exchange, Refused, content_length, shown
 from bridge.gateway.paths import BadTarget, allowed, parse_target
 from bridge.gateway.policy import Route, check_ranges
-from bridge.gateway.proxy import Proxy
+from bridge.gateway.proxy import Asker, Proxy
 from bridge.gateway.upstream import READ_BUFSIZE, Outgoing, stream
 
 ROUTES_SOCKET = "routes.sock"
@@ -70,6 +70,7 @@ class Gateway:
         emit: Callable[[str, dict[str, Any]], None],
         owner: tuple[int, int] | None = None,
         recorded_events: int = 0,
+        asker: Asker | None = None,
     ) -> None:
         self.folder = folder
         self.routes = routes
@@ -78,7 +79,12 @@ class Gateway:
         self.accounts = Accounting(emit, config.max_events, recorded_events)
         self.budget = ByteBudget(config.memory_budget_mb * 2**20)
         self.proxy = Proxy(
-            allowlist, check_ranges(config.trusted_ranges), config, self.accounts, self.budget
+            allowlist,
+            check_ranges(config.trusted_ranges),
+            config,
+            self.accounts,
+            self.budget,
+            asker,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -2,9 +2,7 @@
 candidates, ranked by our own verification and optionally a judge). The facade
 (bridge/service.py) is the front ends' only door here; see docs/jobs.md."""
 
-from bridge.jobs.creation import new_compete_row
-from bridge.jobs.detached import recover_jobs, spawn_coordinator
-from bridge.jobs.results import chosen_candidate, job_result
+from typing import Any
 
 __all__ = [
     "chosen_candidate",
@@ -13,3 +11,22 @@ __all__ = [
     "recover_jobs",
     "spawn_coordinator",
 ]
+
+
+_HOMES = {
+    "new_compete_row": "bridge.jobs.creation",
+    "recover_jobs": "bridge.jobs.detached",
+    "spawn_coordinator": "bridge.jobs.detached",
+    "chosen_candidate": "bridge.jobs.results",
+    "job_result": "bridge.jobs.results",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The names above load with their module on first use: the facade's read verbs import
+    bridge.jobs.verbs (and so this package) without the coordinator behind them."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'bridge.jobs' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -2,13 +2,16 @@
 base commit), ranked by our own verification and the deterministic tie-breaks (ranking.py),
 then, when a judge is named, by the judge's ranking of the eligible ones, asked twice with the
 labels in reversed presentation order. A judge that fails, answers an invalid ranking or
-disagrees with itself leaves the job `unresolved`, with both orderings for the caller."""
+disagrees with itself leaves the job `unresolved`, with both orderings for the caller. A
+candidate (or the judge) whose worker's circuit breaker refuses its task is skipped, with an
+event and the breaker's sentence in the result's `skipped`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from bridge.errors import CircuitOpen
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.figures import candidate_of
 from bridge.jobs.judge import assign_labels, judge_prompt, parse_ranking
@@ -20,10 +23,24 @@ from bridge.models import JobStatus, Status
 def run_compete(co: JobCoordinator) -> None:
     job = co.job()
     task_ids = []
+    skipped: list[dict[str, str]] = []
     for n in range(len(job.spec["workers"])):
         co.alive()
         spec = candidate_spec(job.spec, job.job_id, n)
-        task_ids.append(co.ensure_task(spec, "candidate", candidate_label(n)))
+        label = candidate_label(n)
+        try:
+            task_ids.append(co.ensure_task(spec, "candidate", label))
+        except CircuitOpen as refused:  # its breaker opened since the job was made
+            skipped.append(co.skip(label, spec["worker"], "candidate", refused))
+    result: dict[str, Any] = {"skipped": skipped}
+    if not task_ids:
+        message = "Every candidate was refused by its worker's circuit breaker: "
+        co.finish(
+            JobStatus.FAILED,
+            result,
+            {"kind": "circuit_open", "message": message + skipped[0]["reason"]},
+        )
+        return
     for task_id in task_ids:
         co.start(task_id)
     records = co.wait_all(task_ids)
@@ -31,7 +48,7 @@ def run_compete(co: JobCoordinator) -> None:
     diffs = {t: artifacts.get(t, {}).get("diff") for t in task_ids}
     ranked = rank([candidate_of(r, diffs[r.task_id]) for r in records])
     eligible = [c["task_id"] for c in ranked if c["eligible"]]
-    result: dict[str, Any] = {"candidates": ranked, "ordering": {"deterministic": eligible}}
+    result.update(candidates=ranked, ordering={"deterministic": eligible})
     co.store.add_event(job.job_id, "job.ranked", {"by": "verification", "ordering": eligible})
     if not eligible:
         co.finish(
@@ -86,7 +103,12 @@ def ask_judge(
     for n, presented in enumerate((order, order[::-1])):
         objective = judge_prompt(job.spec["task"]["objective"], shown, presented, totals, bounds)
         spec = judge_spec(job.spec, job.job_id, n + 1, objective)
-        askings.append(co.ensure_task(spec, "judge", f"judge-{n + 1}"))
+        try:
+            askings.append(co.ensure_task(spec, "judge", f"judge-{n + 1}"))
+        except CircuitOpen as refused:  # the judge's breaker opened: the caller chooses
+            skip = co.skip(f"judge-{n + 1}", spec["worker"], "judge", refused)
+            problem = f"the judge was not asked: {skip['reason']}"
+            return {"labels": labels, "askings": [], "ordering": None, "problem": problem}
     for task_id in askings:
         co.start(task_id)
     answers = []

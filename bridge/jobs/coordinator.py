@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.creation import new_task_row
+from bridge.creation import new_task_row, record_task
+from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, JobStatus, Status
 from bridge.phase.context import Context
+from bridge.pipeline.answer import expire_due
 from bridge.pipeline.cancel import cancel_task
 from bridge.pipeline.detached import spawn_runner
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL
@@ -62,6 +64,12 @@ class JobCoordinator:
             self.finish(
                 JobStatus.FAILED, self.job().result, {"kind": "slot_taken", "message": str(taken)}
             )
+        except CircuitOpen as refused:  # a task the job cannot do without (an implementer...)
+            self.finish(
+                JobStatus.FAILED,
+                self.job().result,
+                {"kind": "circuit_open", "message": refused.message},
+            )
         except Exception as exc:  # the job must end, not stay `running` with no coordinator
             self.finish(
                 JobStatus.FAILED,
@@ -96,7 +104,7 @@ class JobCoordinator:
         scope = RepositoryScope.of(config.repositories)
         row, event = new_task_row(config, self.ctx.sandbox, scope, spec)
         row.update(job_id=self.job_id, job_role=role, job_label=label)
-        task_id, created = self.store.insert_task(row, {**event, "job_id": self.job_id})
+        task_id, created = record_task(self.store, config, row, {**event, "job_id": self.job_id})
         found = self.store.load_task(task_id)
         if (found.job_id, found.job_label) != (self.job_id, label):
             raise SlotTaken(
@@ -112,6 +120,13 @@ class JobCoordinator:
             )
         return task_id
 
+    def skip(self, label: str, worker: str, role: str, refused: CircuitOpen) -> dict[str, str]:
+        """Record that the slot's task was refused by its worker's circuit breaker (a
+        `job.skipped` event); the entry for the result's `skipped`."""
+        entry = {"label": label, "worker": worker, "role": role, "reason": refused.message}
+        self.store.add_event(self.job_id, "job.skipped", entry)
+        return entry
+
     def start(self, task_id: str) -> None:
         """Start a `created` task in its own detached runner (an ordinary task: it waits for
         its leases like any other); a started one is left to its runner."""
@@ -124,6 +139,7 @@ class JobCoordinator:
     def _recover(self, task_ids: list[str]) -> None:
         """Tasks of ours whose runner died get a new one (as `WorkerBridge.recover` would)."""
         wanted = set(task_ids)
+        expire_due(self.ctx)  # a task of ours waiting for input past its timeout ends
         for row in self.store.runners.stranded():
             if row["task_id"] in wanted:
                 spawn_runner(self.job().config, self.store, row["task_id"], row["runner_id"])

@@ -1,15 +1,18 @@
 """Making a job: its arguments checked before anything is recorded (each refusal one sentence),
 the base resolved once so that every task of it starts from the same commit, and its row with
-the effective configuration its coordinator will run with."""
+the effective configuration its coordinator will run with. A worker whose circuit breaker is
+not closed takes no task of a job: a compete skips it (saying so in its spec's `skipped`), any
+other job is refused with the breaker's sentence."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from bridge.circuit import Circuit, circuits_of
 from bridge.config import Config
 from bridge.creation import new_task_row
-from bridge.errors import InvalidSpec, TaskNotFound
+from bridge.errors import CircuitOpen, InvalidSpec, TaskNotFound
 from bridge.jobs.slots import (
     candidate_spec,
     fanout_spec,
@@ -45,6 +48,57 @@ def _require_healthy(
                 f"Worker '{name}' has no read-only mode, so it cannot review; choose a worker "
                 "whose capabilities (`workers list`) include read_only."
             )
+
+
+def _refused(config: Config, names: list[str]) -> dict[str, Circuit]:
+    """Those of the named workers whose circuit breaker takes no job task now (open, or
+    half-open: only a single task tries a worker again), read from the store."""
+    states = circuits_of(config, dict.fromkeys(n for n in names if n))
+    return {name: circuit for name, circuit in states.items() if not circuit.admits}
+
+
+def _require_admitted(config: Config, names: list[str]) -> None:
+    """CircuitOpen, with its sentence, for the first named worker a breaker refuses."""
+    for circuit in _refused(config, names).values():
+        raise CircuitOpen(circuit.refusal(for_job=True), worker=circuit.worker)
+
+
+def _skip_refused(
+    config: Config, task: dict[str, Any], slots: list[str], judge: str | None
+) -> tuple[list[str], str | None, list[dict[str, str]]]:
+    """A compete's slots and judge without the workers whose breaker refuses them (each
+    candidate's `metadata.candidates` entry kept with its slot), and what was skipped, why;
+    CircuitOpen when no candidate is left."""
+    refused = _refused(config, [*slots, *([judge] if judge else [])])
+    if not refused:
+        return slots, judge, []
+    kept = [n for n, worker in enumerate(slots) if worker not in refused]
+    if not kept:
+        if len(refused) == 1:
+            (circuit,) = refused.values()
+            raise CircuitOpen(circuit.refusal(for_job=True), worker=circuit.worker)
+        raise CircuitOpen(
+            "Every worker of this compete is refused by its circuit breaker: "
+            + "; ".join(c.clause() for c in refused.values())
+            + "; `worker-bridge workers reset NAME` closes one sooner.",
+            worker=next(iter(refused)),
+        )
+    skipped = [
+        {"worker": w, "role": "candidate", "reason": refused[w].refusal(for_job=True)}
+        for w in dict.fromkeys(slots)
+        if w in refused
+    ]
+    if judge in refused:
+        skipped.append({"worker": judge, "role": "judge", "reason": refused[judge].refusal(True)})
+        judge = None
+    metadata = task.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("candidates"), list):
+        given = metadata["candidates"]
+        task["metadata"] = {
+            **metadata,
+            "candidates": [given[n] if n < len(given) else {} for n in kept],
+        }
+    return [slots[n] for n in kept], judge, skipped
 
 
 def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]:
@@ -87,8 +141,9 @@ def new_compete_row(
             f"metadata.candidates has {len(overrides)} entries for {len(slots)} candidates."
         )
     _require_healthy(config, sandbox, [*slots, *([judge] if judge else [])])
+    slots, judge, skipped = _skip_refused(config, task, slots, judge)
     job_id = "job-" + os.urandom(5).hex()
-    spec: dict[str, Any] = {"task": task, "workers": slots, "judge": judge}
+    spec: dict[str, Any] = {"task": task, "workers": slots, "judge": judge, "skipped": skipped}
     # Every candidate's spec is checked as a task's would be, and the base pinned to one commit.
     first, _ = new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, 0))
     task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
@@ -113,6 +168,7 @@ def new_compete_row(
         "judge": judge,
         "repository": first["repository"],
         "base_commit": first["base_commit"],
+        "skipped": skipped,
     }
     return row, event
 
@@ -136,6 +192,7 @@ def new_review_row(
             f"--rounds must be between 1 and {most} (config jobs.max_rounds); it was {rounds}."
         )
     _require_healthy(config, sandbox, [worker, reviewer], read_only=(reviewer,))
+    _require_admitted(config, [worker, reviewer])
     job_id = "job-" + os.urandom(5).hex()
     spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
     first, _ = new_task_row(config, sandbox, scope, implementer_spec(spec, job_id))
@@ -210,6 +267,7 @@ def new_fanout_row(
         )
     task.setdefault("objective", objectives[0])
     _require_healthy(config, sandbox, [task.get("worker") or "mock"])
+    _require_admitted(config, [task.get("worker") or "mock"])
     job_id = "job-" + os.urandom(5).hex()
     spec: dict[str, Any] = {"task": task, "objectives": objectives}
     _, overrides, _ = split_metadata(task.get("metadata") or {})
@@ -252,6 +310,7 @@ def new_integrate_row(
             "The tasks start from different base commits; integrate tasks of one base."
         )
     _require_healthy(config, sandbox, ["mock"])
+    _require_admitted(config, ["mock"])
     first = tasks[0]
     spec = {
         "task": first.spec_doc,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bridge.errors import CircuitOpen
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.merging import Merger
 from bridge.jobs.slots import fanout_spec, integration_spec
@@ -18,14 +19,30 @@ from bridge.models import JobStatus, Status
 def run_fanout(co: JobCoordinator) -> None:
     job = co.job()
     task_ids = []
+    skipped: list[dict[str, str]] = []
     for n in range(len(job.spec["objectives"])):
         co.alive()
-        task_ids.append(co.ensure_task(fanout_spec(job.spec, job.job_id, n), "part", f"o{n + 1}"))
+        spec = fanout_spec(job.spec, job.job_id, n)
+        try:
+            task_ids.append(co.ensure_task(spec, "part", f"o{n + 1}"))
+        except CircuitOpen as refused:  # its breaker opened since the job was made
+            skipped.append(co.skip(f"o{n + 1}", spec["worker"], "part", refused))
     for task_id in task_ids:
         co.start(task_id)
-    records = co.wait_all(task_ids)
+    records = co.wait_all(task_ids) if task_ids else []
     failed = [r.task_id for r in records if r.status != Status.SUCCEEDED]
-    result = {"parts": [{"task_id": r.task_id, "status": str(r.status)} for r in records]}
+    result = {
+        "parts": [{"task_id": r.task_id, "status": str(r.status)} for r in records],
+        "skipped": skipped,
+    }
+    if skipped:
+        message = f"{len(skipped)} of {len(job.spec['objectives'])} objectives were not run: "
+        co.finish(
+            JobStatus.FAILED,
+            result,
+            {"kind": "circuit_open", "message": message + skipped[0]["reason"]},
+        )
+        return
     if failed:
         message = f"{len(failed)} of {len(records)} tasks did not succeed: {', '.join(failed)}."
         co.finish(JobStatus.FAILED, result, {"kind": "part_failed", "message": message})

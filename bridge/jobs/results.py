@@ -38,6 +38,7 @@ def job_result(job: JobRecord, tasks: list[TaskRecord]) -> JobResult:
             "eligible": sum(1 for c in candidates if c.get("eligible")),
             "judge": (result.get("judge") or {}).get("problem"),
         },
+        skipped=[*job.spec.get("skipped", []), *result.get("skipped", [])],
         error=job.error,
         created_at=job.created_at,
         finished_at=job.finished_at,

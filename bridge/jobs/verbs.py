@@ -4,26 +4,22 @@ absent for every verb, as a task is."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge.config import Config
 from bridge.errors import InvalidSpec, JobNotFound
-from bridge.jobs.creation import (
-    new_compete_row,
-    new_fanout_row,
-    new_integrate_row,
-    new_review_row,
-)
-from bridge.jobs.detached import spawn_coordinator
-from bridge.jobs.results import chosen_candidate, job_result, still_as_ended
+from bridge.jobs.results import job_result
 from bridge.models import JOB_TERMINAL, JobStatus, Status, TaskSpec
-from bridge.phase.context import Context
-from bridge.pipeline.cancel import cancel_task
+from bridge.profiles import without_filled
 from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord, TaskResult
-from bridge.sandbox import Sandbox
-from bridge.scope import RepositoryScope
-from bridge.store import Store
-from bridge.workspace.locks import job_lock
+
+# What makes, launches, cancels or accepts a job is imported in the verb that does it: reading
+# a job (`jobs show`, `jobs list`) loads none of it.
+if TYPE_CHECKING:
+    from bridge.config import Config
+    from bridge.phase.context import Context
+    from bridge.sandbox import Sandbox
+    from bridge.scope import RepositoryScope
+    from bridge.store import Store
 
 
 class JobVerbs:
@@ -66,6 +62,9 @@ class JobVerbs:
         """One objective on several candidates (each worker ``attempts`` times), each its own
         task from the same base, run by a detached coordinator; returns the job at once. Its
         result ranks the candidates by our verification, then the tie-breaks, then the judge."""
+        from bridge.jobs.creation import new_compete_row
+        from bridge.jobs.detached import spawn_coordinator
+
         row, event = new_compete_row(
             self.config, self.sandbox, self.scope, task, workers, attempts, judge
         )
@@ -84,6 +83,9 @@ class JobVerbs:
         """An implementer task by ``worker``, then ``reviewer`` reviewing its verified snapshot
         read-only; requested changes become follow-up turns in the implementer's own session,
         up to ``rounds`` reviews. Returns the job at once (a detached coordinator runs it)."""
+        from bridge.jobs.creation import new_review_row
+        from bridge.jobs.detached import spawn_coordinator
+
         row, event = new_review_row(
             self.config, self.sandbox, self.scope, task, worker, reviewer, rounds
         )
@@ -94,6 +96,8 @@ class JobVerbs:
     def fanout(self, task: dict[str, Any] | TaskSpec, objectives: list[str]) -> JobResult:
         """Several objectives on one base, one task each, run in parallel within the limits;
         returns the job at once. Integrate the ones you want with `integrate`."""
+        from bridge.jobs.creation import new_fanout_row
+
         row, event = new_fanout_row(self.config, self.sandbox, self.scope, task, objectives)
         return self._launch(row, event)
 
@@ -103,10 +107,14 @@ class JobVerbs:
         verified step is a task the caller accepts (`accept_job` on the new job)."""
         self._job(job_id)
         tasks = [self._task(t) for t in task_ids]
+        from bridge.jobs.creation import new_integrate_row
+
         row, event = new_integrate_row(self.config, self.sandbox, job_id, tasks)
         return self._launch(row, event)
 
     def _launch(self, row: dict[str, Any], event: dict[str, Any]) -> JobResult:
+        from bridge.jobs.detached import spawn_coordinator
+
         self.store.jobs.insert(row, event)
         spawn_coordinator(self.config, self.store, row["job_id"], replacing=None)
         return self.job_status(row["job_id"])
@@ -133,6 +141,8 @@ class JobVerbs:
             error={"kind": "cancelled", "message": "The job was cancelled."},
         ):
             self.store.add_event(job_id, "job.finished", {"status": "cancelled"})
+        from bridge.pipeline.cancel import cancel_task
+
         for task_id in self.store.jobs.task_ids(job_id):
             cancel_task(self.context(), task_id, "The task's job was cancelled.")
         return self.job_status(job_id)
@@ -142,6 +152,9 @@ class JobVerbs:
     ) -> AcceptResult:
         """Accept the job's best candidate (or the one named) through the usual accept, then
         mark the other candidates `rejected`. One sentence when there is nothing to accept."""
+        from bridge.jobs.results import chosen_candidate, still_as_ended
+        from bridge.workspace.locks import job_lock
+
         self._job(job_id)  # absent (outside the scope) before any lock file is made
         with job_lock(self.config.home, job_id):  # two accepts of one job: one at a time
             job = self._job(job_id)
@@ -176,7 +189,7 @@ class JobVerbs:
             Status.REJECTED,
         ):
             raise InvalidSpec(f"Task {task_id} is {record.status}; retry a task once it has ended.")
-        spec = dict(record.spec_doc)
+        spec = without_filled(record.spec_doc, record.profile)  # filled again, as it is now
         spec["idempotency_key"] = None
         spec["metadata"] = {**(spec.get("metadata") or {}), "retry_of": task_id}
         retried = self.create_task(spec)

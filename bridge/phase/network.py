@@ -6,6 +6,7 @@ Verification containers never get one. The gateway module (and aiohttp) load onl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -16,6 +17,7 @@ from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import ContainerSpec, Mount
 
 if TYPE_CHECKING:
+    from bridge.gateway.proxy import Asker
     from bridge.gateway.server import Gateway
 
 CONTAINER_GATEWAY = "/run/worker-bridge"
@@ -24,8 +26,47 @@ ROUTES_URL = "http://127.0.0.1:7800"
 PROXY_URL = "http://127.0.0.1:7801"
 
 
+def asks(handle: PhaseHandle) -> bool:
+    """Whether a refused name becomes a request (`network.on_refused: ask`, or config's)."""
+    chosen = handle.spec.network.on_refused or handle.ctx.config.gateway.on_refused
+    return chosen == "ask"
+
+
 def needs_gateway(handle: PhaseHandle, routes: list[str]) -> bool:
-    return bool(routes) or handle.spec.network.mode == "allowlist"
+    return bool(routes) or handle.spec.network.mode == "allowlist" or asks(handle)
+
+
+def task_allowlist(handle: PhaseHandle) -> list[str] | None:
+    """The names the worker's proxy lets through: network.domains (with `allowlist`) and the
+    names approved for this task; None: it refuses everything."""
+    network = handle.spec.network
+    listed = [d.lower().rstrip(".") for d in network.domains] if network.mode == "allowlist" else []
+    if not asks(handle):
+        return listed if network.mode == "allowlist" else None
+    approved = handle.ctx.store.requests.approved(handle.task_id, "network")
+    return listed + [str(r.detail.get("host", "")) for r in approved if r.detail.get("host")]
+
+
+def network_asker(handle: PhaseHandle) -> Asker:
+    """What the proxy asks on refusing a public name off the list: the store's request for it
+    (raised on the first attempt, an attempt counted on each later one). The store is the
+    truth, so an approval given by any process lets the next attempt through."""
+    store, task_id = handle.ctx.store, handle.task_id
+    turn = handle.record.turn
+    timeout = handle.limits.input_timeout_seconds
+    most = handle.ctx.config.gateway.max_requests
+
+    def ask(host: str, port: int) -> tuple[str, str | None]:
+        return store.requests.network_attempt(
+            task_id,
+            host.lower().rstrip("."),
+            port,
+            turn=turn,
+            expires_at=time.time() + timeout,
+            max_requests=most,
+        )
+
+    return ask
 
 
 @contextmanager
@@ -35,11 +76,9 @@ def task_gateway(handle: PhaseHandle, routes: list[str]) -> Iterator[Gateway | N
     if not needs_gateway(handle, routes):
         yield None
         return
-    network = handle.spec.network
-    allowlist = (
-        [d.lower().rstrip(".") for d in network.domains] if network.mode == "allowlist" else None
-    )
-    with open_gateway(handle, routes, allowlist, handle.task_id) as gateway:
+    allowlist = task_allowlist(handle)
+    asker = network_asker(handle) if asks(handle) else None
+    with open_gateway(handle, routes, allowlist, handle.task_id, asker=asker) as gateway:
         yield gateway
 
 
@@ -52,6 +91,7 @@ def open_gateway(
     *,
     owner: tuple[int, int] | None | bool = True,
     setup: bool = False,
+    asker: Asker | None = None,
 ) -> Iterator[Gateway]:
     """A gateway with these model ``routes`` and proxy ``allowlist`` (None: the proxy refuses
     everything), in `<home>/gateways/<name>`, while the block runs; its sockets belong to
@@ -84,6 +124,7 @@ def open_gateway(
         handle.emit,
         owner,
         recorded_events=recorded,
+        asker=asker,
     ).start()
     try:
         yield gateway

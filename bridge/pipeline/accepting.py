@@ -19,6 +19,7 @@ from bridge.errors import EnvironmentFailed
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle
+from bridge.pipeline.outcomes import approved_paths
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import FreshCheckouts, VerificationOutcome, run_commands
@@ -35,7 +36,7 @@ from bridge.workspace.accept import (
     target_entries,
     tracked_paths,
 )
-from bridge.workspace.changes import list_changes
+from bridge.workspace.changes import list_changes, protected_violations
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
@@ -79,6 +80,16 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
     repo, home = Path(record.repository), ctx.home
     base, snapshot = record.base_commit or "", record.snapshot_commit or ""
     changes = list_changes(repo, base, snapshot, sizes=False)
+    # Checked again here, from the store: only the paths approved for this task may differ.
+    allowed = approved_paths(ctx.store, record.task_id)
+    hits = protected_violations(changes, record.spec.verification.protected_paths, allowed)
+    if hits:
+        raise Refused(
+            f"Refusing to accept: task {record.task_id} changed protected path "
+            f"'{display(hits[0])}' (verification.protected_paths), which no approved request "
+            "allows; nothing was written.",
+            "protected_path",
+        )
     head = Git(repo).resolve_commit("HEAD")
     raw = raw_git(home, repo)
     target, reverified, verification = snapshot, None, None

@@ -21,6 +21,7 @@ def cancel_task(ctx: Context, task_id: str, message: str = "The task was cancell
         phase=None,
     ):
         ctx.store.add_event(task_id, "task.cancelled", {"phase": phase})
+        ctx.store.requests.close_pending(task_id, "the task was cancelled")
     try:
         ctx.sandbox.remove_by_labels({"io.worker-bridge.task": task_id})
     except BridgeError:

@@ -1,9 +1,11 @@
 """Finish: the task's terminal status, with its result fields, timings and redacted error, in one
 compare-and-set. If writing the outcome itself fails, the task still ends: `failed`, `internal`,
-with the reason (a runner never leaves a task without a terminal status)."""
+with the reason (a runner never leaves a task without a terminal status). The worker's circuit
+breaker then learns how it ended."""
 
 from __future__ import annotations
 
+from bridge.circuit import record_outcome
 from bridge.models import Status
 from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.outcomes import Outcome, error
@@ -20,11 +22,23 @@ def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:
     err = handle.redactor.redact_data(outcome.error.model_dump()) if outcome.error else None
     fields["error"] = err
     try:
-        handle.ctx.store.transition(
+        ended = handle.ctx.store.transition(
             handle.task_id, outcome.status, event={"error": err} if err else {}, **fields
         )
     except Exception as exc:
         _fail_internal(handle.ctx.store, handle.task_id, f"its outcome could not be stored ({exc})")
+        return
+    if ended:
+        _tell_circuit(handle)
+
+
+def _tell_circuit(handle: PhaseHandle) -> None:
+    """The worker's circuit breaker learns how the task ended (bridge/circuit.py); its
+    bookkeeping failing must not undo the outcome, so that is said in the log instead."""
+    try:
+        record_outcome(handle.ctx.store, handle.ctx.config, handle.task_id)
+    except Exception as exc:
+        handle.emit("circuit.unrecorded", {"error": f"{exc.__class__.__name__}: {exc}"[:300]})
 
 
 def fail_unreadable(store: Store, task_id: str, exc: Exception) -> None:

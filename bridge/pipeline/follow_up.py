@@ -12,9 +12,11 @@ from bridge.pipeline.detached import launch_runner, reserve_runner
 from bridge.pipeline.results import redactor_for
 
 
-def queue_follow_up(ctx: Context, task_id: str, message: str) -> None:
+def queue_follow_up(ctx: Context, task_id: str, message: str, *, launch: bool = True) -> str:
     """Queue the next turn of a succeeded or failed task (TaskStateError when it is not one,
-    its worktree was reclaimed, or it changed meanwhile)."""
+    its worktree was reclaimed, or it changed meanwhile). Returns the runner id it is reserved
+    for; ``launch=False`` leaves starting that runner to the caller (one that waits for the
+    turn runs it in its own process)."""
     if not message.strip():
         raise InvalidSpec("The follow-up message is empty; say what the worker should do.")
     task = ctx.store.load_task(task_id)
@@ -48,4 +50,6 @@ def queue_follow_up(ctx: Context, task_id: str, message: str) -> None:
         "task.follow_up",
         {"turn": len(follow_ups), "message": redactor_for(task).redact(message)},
     )
-    launch_runner(ctx.config, task_id, runner_id)
+    if launch:
+        launch_runner(ctx.config, task_id, runner_id)
+    return runner_id

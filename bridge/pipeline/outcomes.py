@@ -39,6 +39,7 @@ def judge_worker(
     spec: TaskSpec,
     limits: LimitDefaults,
     task_id: str,
+    approved_paths: list[str] | None = None,
 ) -> Outcome | None:
     """The outcome that ends the task before verification, or None to go on and verify."""
     if exit_info is None:
@@ -83,7 +84,7 @@ def judge_worker(
                 + f"; see `worker-bridge tasks logs {task_id}`.",
             ),
         )
-    hits = protected_violations(changes, spec.verification.protected_paths)
+    hits = protected_violations(changes, spec.verification.protected_paths, approved_paths or [])
     if hits:
         return Outcome(
             Status.FAILED,
@@ -94,6 +95,15 @@ def judge_worker(
             ),
         )
     return None
+
+
+def approved_paths(store: Store, task_id: str) -> list[str]:
+    """The protected paths this task was allowed to change (its approved path requests)."""
+    return [
+        path
+        for request in store.requests.approved(task_id, "paths")
+        for path in request.detail.get("paths") or []
+    ]
 
 
 def verification_failed(bad: CommandResult) -> ErrorInfo:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from bridge.models import TERMINAL
 from bridge.phase.context import Context
+from bridge.pipeline.answer import expire_due
 from bridge.pipeline.detached import spawn_runner
 from bridge.sandbox import LABEL, ContainerInfo, home_id
 
 
 def recover_stranded(ctx: Context) -> list[str]:
-    """Spawn a runner for each stranded task; returns their ids."""
+    """Spawn a runner for each stranded task; returns their ids. Requests past the input
+    timeout expire here too (a waiting task has no process of its own to notice)."""
+    expire_due(ctx)
     recovered = []
     for row in ctx.store.runners.stranded():
         if spawn_runner(ctx.config, ctx.store, row["task_id"], replacing=row["runner_id"]):

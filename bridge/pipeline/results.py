@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bridge.records import TaskRecord, TaskResult
+from bridge.records import RequestRecord, TaskRecord, TaskResult
 from bridge.redact import Redactor
+from bridge.requests import request_document
 
 
 def redactor_for(record: TaskRecord) -> Redactor:
@@ -15,9 +16,26 @@ def redactor_for(record: TaskRecord) -> Redactor:
 
 
 def task_result(
-    record: TaskRecord, artifacts: dict[str, str], redactor: Redactor | None = None
+    record: TaskRecord,
+    artifacts: dict[str, str],
+    redactor: Redactor | None = None,
+    requests: list[RequestRecord] | None = None,
 ) -> TaskResult:
     redactor = redactor or redactor_for(record)
+    requests = requests or []
+    network = record.spec.network
+    allowlist = list(network.domains) if network.mode == "allowlist" else []
+    allowlist += [
+        str(r.detail.get("host"))
+        for r in requests
+        if r.kind == "network" and r.status == "approved" and r.detail.get("host")
+    ]
+    approved = [
+        path
+        for r in requests
+        if r.kind == "paths" and r.status == "approved"
+        for path in r.detail.get("paths") or []
+    ]
     return TaskResult(
         task_id=record.task_id,
         status=record.status,
@@ -40,4 +58,8 @@ def task_result(
         finished_at=record.finished_at,
         job_id=record.job_id,
         job_role=record.job_role,
+        profile=record.profile,
+        requests=[request_document(r, redactor) for r in requests],
+        allowlist=allowlist,
+        approved_paths=approved,
     )

@@ -1,11 +1,10 @@
 """Runs one task from claim to terminal status, or resumes one whose runner died.
 
 Every phase is persisted before it starts (`phase`: allocating, environment, worker, collecting,
-verifying), so a new runner can pick up where a dead one stopped; every way out of `run` ends
-the task in a terminal status, unless a compare-and-set shows someone else did (a cancel). The
-runner runs with the configuration recorded for the task, whichever process it is in. Each phase
-has its own module and the same `PhaseHandle`; a failed verification with budget left becomes a
-repair turn of the loop in `_turns`."""
+verifying), so a new runner can pick up where a dead one stopped; every way out of `run` ends the
+task in a terminal status (or `waiting_input`), unless a compare-and-set shows someone else did.
+It runs with the task's recorded configuration; each phase has its own module and the same
+`PhaseHandle`; a failed verification with budget left becomes a repair turn in `_turns`."""
 
 from __future__ import annotations
 
@@ -20,10 +19,12 @@ from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
+from bridge.pipeline.answer import asked, wait_for_input
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.outcomes import (
     Outcome,
+    approved_paths,
     error,
     judge_worker,
     repair_message,
@@ -68,6 +69,7 @@ class TaskRunner:
         self._stop = threading.Event()
         self._lost = False
         self._checkout: VerifyCheckout | None = None
+        self._waiting: Outcome | None = None  # the outcome held while the task waits for input
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -88,7 +90,9 @@ class TaskRunner:
             outcome = self._outcome(handle)
         finally:
             self._stop.set()
-        if outcome is not None:
+        if outcome is not None and outcome is self._waiting:
+            wait_for_input(self.ctx, handle, outcome)  # after the clean-up: no container left
+        elif outcome is not None:
             finish_task(handle, outcome)
         self.store.runners.release(self.task_id, self.owner)
         return self.store.load_task(self.task_id)
@@ -254,6 +258,9 @@ class TaskRunner:
             if handle.remaining() <= 0:
                 return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, phase))
             outcome, failure = self._turn(handle, ws, turn, phase, resuming)
+            if asked(handle, turn.number):
+                self._waiting = outcome  # the caller answers first; a repair can wait
+                return outcome
             if failure is None or not self._may_repair():
                 return outcome
             turn = self._repair_turn(handle, failure, outcome.fields["verification"])
@@ -314,9 +321,9 @@ class TaskRunner:
                 changed_files=handle.redactor.redact_data([c.result_entry() for c in changes]),
                 dropped=handle.redactor.redact_data([d.document() for d in collected.dropped]),
             )
-            verdict = judge_worker(
-                exit_info, changes, self.record.spec, handle.limits, self.task_id
-            )
+            allowed = approved_paths(self.store, self.task_id)  # by the caller, when asked
+            spec, limits = self.record.spec, handle.limits
+            verdict = judge_worker(exit_info, changes, spec, limits, self.task_id, allowed)
             if verdict is not None:
                 return verdict, None  # finish_task redacts the error
         else:
@@ -378,7 +385,8 @@ class TaskRunner:
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
         metadata = self.record.spec.metadata
-        budget = metadata.get("auto_repair", self.ctx.config.auto_repair)
+        budget = metadata.get("auto_repair")
+        budget = self.ctx.config.auto_repair if budget is None else budget
         return self.repairs < int(budget) and self.worker.can_repair(metadata)
 
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:

@@ -10,7 +10,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +22,7 @@ from bridge.records import Event, TaskRecord
 from bridge.store.jobs import Jobs
 from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
+from bridge.store.requests import Requests
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -37,6 +38,7 @@ JSON_COLUMNS = (
     "follow_ups",
     "dropped",
     "usage",
+    "held_outcome",
 )
 
 
@@ -92,8 +94,9 @@ class Store:
         self._migrate()
         self.runners = Runners(self)
         self.leases = Leases(self)
-        self.jobs = Jobs(self, now_iso, self._insert_event)
+        self.jobs = Jobs(self, now_iso, self.event_in)
         self.job_runners = Runners(self, JOBS)
+        self.requests = Requests(self, now_iso, self.event_in)
 
     @property
     def db(self) -> sqlite_utils.Database:
@@ -165,9 +168,10 @@ class Store:
             for key, value in fields.items()
         }
 
-    def _insert_event(
+    def event_in(
         self, conn: sqlite3.Connection, task_id: str, kind: str, data: dict[str, Any]
     ) -> int:
+        """Store one event inside the caller's transaction (callers redact ``data`` first)."""
         cur = conn.execute(
             "INSERT INTO events (task_id, kind, at, data) VALUES (?, ?, ?, ?)",
             (task_id, kind, now_iso(), json.dumps(data)),
@@ -176,11 +180,18 @@ class Store:
 
     # -- tasks ------------------------------------------------------------------------------
 
-    def insert_task(self, row: dict[str, Any], event: dict[str, Any]) -> tuple[str, bool]:
+    def insert_task(
+        self,
+        row: dict[str, Any],
+        event: dict[str, Any],
+        admit: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> tuple[str, bool]:
         """Insert a new task with its `task.created` event. Returns (task_id, created).
 
         With an idempotency key already used on the same repository, returns the existing task
         instead (created=False); the unique index makes this hold across processes.
+        ``admit`` runs in the same transaction once the row is written (the worker's circuit
+        breaker, bridge/circuit.py): raising refuses the task and nothing of it is kept.
         """
         row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
         with self.transaction() as conn:
@@ -196,10 +207,10 @@ class Store:
             columns = ", ".join(encoded)
             marks = ", ".join("?" for _ in encoded)
             conn.execute(f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(encoded.values()))
-            self._insert_event(conn, row["task_id"], "task.created", event)
-            self._insert_event(
-                conn, row["task_id"], "task.status", {"from": None, "to": row["status"]}
-            )
+            self.event_in(conn, row["task_id"], "task.created", event)
+            self.event_in(conn, row["task_id"], "task.status", {"from": None, "to": row["status"]})
+            if admit is not None:
+                admit(conn)
         return row["task_id"], True
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
@@ -286,7 +297,7 @@ class Store:
             "UPDATE tasks SET status = ?, updated_at = ? WHERE task_id = ? AND status = ?",
             (after, now_iso(), task_id, before),
         )
-        self._insert_event(conn, task_id, "task.status", {"from": before, "to": after})
+        self.event_in(conn, task_id, "task.status", {"from": before, "to": after})
 
     def transition(
         self,
@@ -320,7 +331,7 @@ class Store:
             )
             if cur.rowcount != 1:
                 return False
-            self._insert_event(
+            self.event_in(
                 conn,
                 task_id,
                 "task.status",
@@ -333,34 +344,21 @@ class Store:
     def add_event(self, task_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
         """Store one event. Callers redact ``data`` first (see bridge.redact)."""
         with self.transaction() as conn:
-            return self._insert_event(conn, task_id, kind, data or {})
+            return self.event_in(conn, task_id, kind, data or {})
 
     def events(
-        self, task_id: str, after: int = 0, limit: int = 200, kinds: tuple[str, ...] = ()
+        self, task_id: str | None, after: int = 0, limit: int = 200, kinds: tuple[str, ...] = ()
     ) -> list[Event]:
-        """The task's events after ``after`` in order, at most ``limit``; only ``kinds`` when
-        given."""
-        sql = (
-            "SELECT event_id, task_id, kind, at, data FROM events"
-            " WHERE task_id = ? AND event_id > ?"
-        )
-        params: list[Any] = [task_id, after]
+        """The task's events (every task's and job's when ``task_id`` is None: a live view of
+        them all) after ``after`` in order, at most ``limit``; only ``kinds`` when given."""
+        sql = "SELECT event_id, task_id, kind, at, data FROM events WHERE event_id > ?"
+        params: list[Any] = [after]
+        if task_id is not None:
+            sql, params = sql + " AND task_id = ?", [*params, task_id]
         if kinds:
             sql += f" AND kind IN ({', '.join('?' for _ in kinds)})"
             params += kinds
         rows = self.query(sql + " ORDER BY event_id LIMIT ?", [*params, limit])
-        return [
-            Event.model_validate({**row, "data": json.loads(row["data"] or "{}")}) for row in rows
-        ]
-
-    def events_after(self, after: int = 0, limit: int = 200) -> list[Event]:
-        """Every task's and job's events after ``after`` in order, at most ``limit`` (a live
-        view of them all)."""
-        rows = self.query(
-            "SELECT event_id, task_id, kind, at, data FROM events WHERE event_id > ?"
-            " ORDER BY event_id LIMIT ?",
-            (after, limit),
-        )
         return [
             Event.model_validate({**row, "data": json.loads(row["data"] or "{}")}) for row in rows
         ]

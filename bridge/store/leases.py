@@ -139,7 +139,8 @@ class Runners:
         """
         with self.store.transaction() as conn:
             status, current, live = self._holder(conn, task_id)
-            finished = status in self.owned.terminal
+            # A task waiting for an answer has no runner either: its last one is done with it.
+            finished = status in self.owned.terminal or (finished_ok and status == "waiting_input")
             if current != replacing or (finished and not finished_ok) or (live and not finished):
                 return False
             self._set_runner(conn, task_id, (runner_id, None, None, None), time.time() + ttl)

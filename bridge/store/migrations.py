@@ -180,6 +180,68 @@ def _jobs(db: sqlite_utils.Database) -> None:
 
 STEPS.append(("0008_jobs", _jobs))
 
+
+def _requests(db: sqlite_utils.Database) -> None:
+    """A task's requests: network names the gateway refused (with `on_refused: ask`), and the
+    path requests and questions of a worker's final message; each pending until answered or
+    expired. `held_outcome`: how the turn that left the task waiting would have ended (a
+    denial or the input timeout ends the task with it)."""
+    db["requests"].create(
+        {
+            "request_id": str,
+            "task_id": str,
+            "kind": str,  # network | paths | question
+            "key": str,  # what makes two requests one (network: host:port)
+            "detail": str,  # JSON
+            "status": str,  # pending | approved | denied | answered | expired
+            "at": str,
+            "updated_at": str,
+            "attempts": int,
+            "turn": int,
+            "expires_at": float,
+            "answer": str,  # JSON or null
+            "delivered_turn": int,  # the turn whose message carried the answer
+        },
+        pk="request_id",
+        not_null={"task_id", "kind", "key", "detail", "status", "at"},
+    )
+    db["requests"].create_index(["task_id", "key"], unique=True)
+    db["requests"].create_index(["status", "expires_at"])
+    db["tasks"].add_column("held_outcome", str)
+
+
+STEPS.append(("0009_requests", _requests))
+
+
+def _circuits(db: sqlite_utils.Database) -> None:
+    """The circuit breaker per worker (bridge/circuit.py): its state (`closed` or `open`, an
+    open one half-open from `retry_at`, with the one task let through then in `probe_task`),
+    and the failures it counts, one row per task turn (so recording one twice counts once)."""
+    db["circuits"].create(
+        {
+            "worker": str,
+            "state": str,
+            "opened_at": float,
+            "retry_at": float,
+            "probe_task": str,
+            "probe_at": float,
+            "closed_at": float,  # failures up to here no longer count (a close, a reset)
+            "reason": str,  # JSON: the failures that opened it, {count, kinds}
+            "updated_at": str,
+        },
+        pk="worker",
+        not_null={"state"},
+    )
+    db.execute(
+        "CREATE TABLE circuit_failures (failure_id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " worker TEXT NOT NULL, task_id TEXT NOT NULL, turn INTEGER NOT NULL,"
+        " kind TEXT NOT NULL, at REAL NOT NULL, UNIQUE (task_id, turn))"
+    )
+    db["circuit_failures"].create_index(["worker", "at"])
+
+
+STEPS.append(("0010_circuits", _circuits))
+
 MIGRATION_SET = "worker-bridge"
 
 

@@ -10,12 +10,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import psutil
-
 HOST = socket.gethostname()
 
 
 def _started(pid: int) -> float | None:
+    import psutil  # here, not at the top: a command that only reads never asks
+
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -38,6 +38,8 @@ def process_alive(host: str | None, pid: int | None, pid_started: float | None) 
     """False only when we can tell: same host, and that pid is gone or is another process."""
     if not host or host != HOST or not pid:
         return True
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

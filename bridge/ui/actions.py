@@ -125,10 +125,7 @@ def answer(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]
         raise InvalidSpec("'text' must be text.")
     if (decision is None) == (text is None):
         raise InvalidSpec("Give a decision (approve or deny) or a text answer, one of them.")
-    verb = getattr(state.bridge, "answer", None)
-    if verb is None:
-        raise InvalidSpec("This worker-bridge cannot answer requests (no `answer` verb).")
-    result = verb(task_id, _text(body, "request_id"), decision=decision, text=text)
+    result = state.bridge.answer(task_id, _text(body, "request_id"), decision=decision, text=text)
     return views.task_page(result)
 
 

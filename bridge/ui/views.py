@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bridge.display import describe, one_line, terminal_safe
+from bridge.display import describe, describe_request, one_line, terminal_safe
 from bridge.records import Event, JobResult, TaskResult
 
 SHOWN_WIDTH = 2000  # characters of one event line on the page
 
 
 def requests_of(result: TaskResult) -> list[dict[str, Any]]:
-    """The task's permission requests and questions (none on a bridge that has no requests)."""
-    found = getattr(result, "requests", None) or []
-    return [r if isinstance(r, dict) else r.model_dump(mode="json") for r in found]
+    """The task's permission requests and questions, each with a few words of what it asks
+    (the words `tasks show` prints)."""
+    return [{**r, "what": describe_request(r)} for r in result.requests]
 
 
 def task_row(result: TaskResult) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bridge.config import Config
+from bridge.requests import ASKING
 
 # Inside every task container: the read-only inputs folder (prompt and worker files).
 INPUTS_DIR = "/bridge"
@@ -31,10 +32,11 @@ class Turn:
 
     @property
     def prompt(self) -> str:
-        """The whole task for a CLI that keeps no session: objective and follow-up together."""
+        """The whole task for a CLI that keeps no session (objective and follow-up together),
+        or a session's first turn; either way with how to ask (bridge/requests.py)."""
         if self.message:
-            return f"{self.objective}\n\nFollow-up:\n{self.message}\n"
-        return self.objective + "\n"
+            return f"{self.objective}\n{ASKING}\n\nFollow-up:\n{self.message}\n"
+        return f"{self.objective}\n{ASKING}\n"
 
     @property
     def resumed_prompt(self) -> str:

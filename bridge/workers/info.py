@@ -1,8 +1,10 @@
 """What `workers list` (and `list_workers`) says of each worker: whether its image is in the
-engine, whether it can run a task here now, and why not in one sentence."""
+engine, whether it can run a task here now, and why not in one sentence, and its circuit
+breaker (which may refuse new tasks for it although it is healthy: bridge/circuit.py)."""
 
 from __future__ import annotations
 
+from bridge.circuit import circuits_of
 from bridge.config import Config
 from bridge.errors import BridgeError
 from bridge.records import WorkerInfo
@@ -11,13 +13,15 @@ from bridge.workers import all_workers
 
 
 def worker_infos(config: Config, sandbox: Sandbox) -> list[WorkerInfo]:
+    workers = all_workers(config)
+    circuits = circuits_of(config, workers)  # read from the store without writing to it
     try:
         sandbox.ping()
         engine = True
     except BridgeError:
         engine = False
     out = []
-    for name, worker in sorted(all_workers(config).items()):
+    for name, worker in sorted(workers.items()):
         image = worker.image(config)
         labels = sandbox.image_labels(image) if engine else None
         installed = labels is not None
@@ -39,6 +43,7 @@ def worker_infos(config: Config, sandbox: Sandbox) -> list[WorkerInfo]:
                 capabilities=list(worker.capabilities),
                 cli_version=(labels or {}).get("io.worker-bridge.cli-version"),
                 reason=reason,
+                circuit=circuits[name].document(),
             )
         )
     return out

@@ -183,14 +183,21 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(f"^{body}(?:/.*)?$", re.DOTALL)
 
 
-def protected_violations(changes: list[Change], patterns: list[str]) -> list[str]:
-    """Paths the task changed that match a protected pattern."""
+def protected_violations(
+    changes: list[Change], patterns: list[str], allowed: list[str] | None = None
+) -> list[str]:
+    """Paths the task changed that match a protected pattern, except those matching one of
+    ``allowed`` (the protected paths the task's approved path requests named)."""
     hits = []
     for change in changes:
         for path in change.paths:
-            if any(_glob_regex(p).match(path) for p in patterns if p.strip()):
+            if path_matches(path, patterns) and not path_matches(path, allowed or []):
                 hits.append(path)
     return hits
+
+
+def path_matches(path: str, patterns: list[str]) -> bool:
+    return any(_glob_regex(p).match(path) for p in patterns if p.strip())
 
 
 def export_snapshot(home: Path, repo: Path, tree: str, dest: Path, scratch: Path) -> None:

@@ -32,6 +32,7 @@ MCP_TOOLS = {
     "worker_prune",
     "worker_accept",
     "worker_follow_up",
+    "worker_answer",
 }
 REQUEST_TIMEOUT_S = 90  # bounds every request of a client session, the handshake too
 POLL_S = 0.1

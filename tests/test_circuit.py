@@ -1,0 +1,388 @@
+"""The circuit breaker per worker through the library and the fake backend (real git, real
+SQLite, the real mock worker as a local process): which failures count, the refusal's one
+sentence, the half-open probe (exactly one task, whoever asks), its outcome closing or
+reopening the circuit, reset, and what it leaves alone. The real engine and two processes:
+test_circuit_real.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from support.tasks import mock_task
+from support.waiting import poll
+
+from bridge import WorkerBridge
+from bridge.circuit import circuits_of, classify
+from bridge.errors import CircuitOpen, UnknownWorker
+from bridge.sandbox.fake import FakeSandbox
+
+FAIL = {"exit_code": 3}
+OK = {"write": {"ok.txt": "ok\n"}}
+
+
+def breaker(home: Path, **circuit) -> WorkerBridge:
+    settings = {"failures": 2, "window_s": 600, "cooldown_s": 300, **circuit}
+    return WorkerBridge(home=home, sandbox=FakeSandbox(), circuit=settings)
+
+
+@pytest.fixture
+def fast(home: Path):
+    bridge = breaker(home)
+    yield bridge
+    bridge.close()
+
+
+def run(bridge: WorkerBridge, repo: Path, mock: dict, **extra):
+    return bridge.run_task(bridge.create_task(mock_task(repo, mock, **extra)).task_id)
+
+
+def state(bridge: WorkerBridge, worker: str = "mock") -> dict:
+    return circuits_of(bridge.config, [worker])[worker].document()
+
+
+def count_tasks(bridge: WorkerBridge) -> int:
+    return len(bridge.list_tasks())
+
+
+def trip(bridge: WorkerBridge, repo: Path, times: int = 2) -> None:
+    for _ in range(times):
+        assert run(bridge, repo, FAIL).error.kind == "worker_exit"
+
+
+def wait_half_open(bridge: WorkerBridge) -> dict:
+    return poll(lambda: (s := state(bridge))["state"] == "half_open" and s, "the cool-down", 10)
+
+
+# -- what counts -------------------------------------------------------------------------------
+
+
+def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict:
+    worker_exit = {"turn": turn, "exit_code": 0, **ran} if ran or status != "failed" else None
+    return {
+        "task_id": "t",
+        "worker": "mock",
+        "status": status,
+        "turn": turn,
+        "error": {"kind": kind, "message": "m"} if kind else None,
+        "worker_exit": worker_exit,
+    }
+
+
+@pytest.mark.parametrize(
+    ("outcome", "verdict"),
+    [
+        (_outcome("failed", "worker_exit", exit_code=1), ("failure", "worker_exit")),
+        (_outcome("timed_out", "timeout", timed_out=True, exit_code=None), ("failure", "timeout")),
+        # the deadline passed in verification: the worker's turn had ended cleanly
+        (_outcome("timed_out", "timeout", exit_code=0), ("worked", None)),
+        # ...or in the environment's setup, before the worker ran
+        (_outcome("timed_out", "timeout") | {"worker_exit": None}, ("neutral", None)),
+        (_outcome("succeeded", turn=1), ("worked", None)),
+        # the worker ran and exited 0; its change failed our checks: not a broken worker
+        (_outcome("failed", "verification_failed", exit_code=0), ("worked", None)),
+        (_outcome("failed", "protected_path", exit_code=0), ("worked", None)),
+        # an exit recorded for an earlier turn says nothing of this one
+        (_outcome("failed", "sandbox", turn=2, exit_code=0) | {"turn": 3}, ("neutral", None)),
+        (_outcome("cancelled", "cancelled", exit_code=0), ("neutral", None)),
+        (_outcome("failed", "sandbox"), ("neutral", None)),
+        (_outcome("failed", "environment"), ("neutral", None)),
+        (_outcome("failed", "out_of_memory", exit_code=137, oom_killed=True), ("neutral", None)),
+        (_outcome("failed", "internal"), ("neutral", None)),
+        (_outcome("running"), ("neutral", None)),
+    ],
+)
+def test_only_the_worker_s_own_failures_count(outcome, verdict):
+    assert classify(outcome) == verdict
+
+
+def test_k_unrepaired_failures_open_the_circuit_and_a_new_task_is_refused_in_one_sentence(
+    fast, repo
+):
+    assert run(fast, repo, FAIL).status == "failed"
+    assert state(fast)["state"] == "closed" and state(fast)["failures"] == 1
+    trip(fast, repo, 1)
+    circuit = state(fast)
+    assert circuit["state"] == "open" and circuit["kinds"] == {"worker_exit": 2}
+    before = count_tasks(fast)
+    with pytest.raises(CircuitOpen) as refused:
+        fast.create_task(mock_task(repo, OK))
+    sentence = refused.value.message
+    assert sentence.count(". ") == 0 and sentence.endswith("."), sentence
+    assert "'mock'" in sentence and "2 failures" in sentence and "2 worker_exit" in sentence
+    assert f"until {circuit['retry_at']}" in sentence and "workers reset mock" in sentence
+    assert count_tasks(fast) == before, "a refused task leaves nothing behind"
+    [worker] = [w for w in fast.list_workers() if w.name == "mock"]
+    assert worker.document()["circuit"] == circuit
+    [check] = [c for c in fast.doctor() if c["check"] == "circuit:mock"]
+    assert check["severity"] == "warning" and check["detail"] == sentence
+
+
+def test_another_worker_is_not_refused_by_mock_s_circuit(fast, repo, home):
+    trip(fast, repo)
+    assert state(fast, "codex")["state"] == "closed"
+    linked = breaker(home, failures=2)
+    linked.link_worker("other", ["sh", "-c", "true"])
+    assert linked.create_task({**mock_task(repo, {}), "worker": "other", "metadata": {}})
+    linked.close()
+
+
+def test_a_failure_a_repair_fixed_and_an_unrepaired_failed_check_do_not_count(fast, repo):
+    fixed = {"write": {"f.txt": "wrong\n"}, "on_follow_up": {"write": {"f.txt": "right\n"}}}
+    for _ in range(2):
+        assert run(fast, repo, fixed, verify=["grep -q right f.txt"]).status == "succeeded"
+        wrong = run(fast, repo, {"write": {"f.txt": "wrong\n"}}, verify=["grep -q right f.txt"])
+        assert wrong.error.kind == "verification_failed"
+    assert state(fast) == {**state(fast), "state": "closed", "failures": 0}
+
+
+def test_a_failing_repair_turn_counts(fast, repo):
+    broken = {"write": {"f.txt": "wrong\n"}, "on_follow_up": {"exit_code": 4}}
+    for _ in range(2):
+        result = run(fast, repo, broken, verify=["grep -q right f.txt"])
+        assert result.error.kind == "worker_exit", result.error
+    assert state(fast)["state"] == "open"
+
+
+def test_a_turn_timeout_counts(fast, repo):
+    for _ in range(2):
+        result = run(fast, repo, {"sleep": 30}, limits={"timeout_seconds": 1})
+        assert result.status == "timed_out"
+    assert state(fast)["kinds"] == {"timeout": 2}
+
+
+def test_failures_outside_the_window_do_not_add_up(home, repo):
+    bridge = breaker(home, window_s=0.05)
+    trip(bridge, repo)  # each run takes longer than the window
+    assert state(bridge)["state"] == "closed"
+    bridge.close()
+
+
+def test_zero_failures_disables_the_breaker(home, repo):
+    bridge = breaker(home, failures=0)
+    trip(bridge, repo, 3)
+    assert state(bridge)["state"] == "disabled"
+    assert bridge.create_task(mock_task(repo, OK)).status == "created"
+    bridge.close()
+
+
+def test_a_cancel_does_not_count_and_a_cancelled_probe_frees_the_half_open_slot(home, repo):
+    bridge = breaker(home, failures=1, cooldown_s=0.2)
+    for _ in range(2):
+        bridge.cancel_task(bridge.create_task(mock_task(repo, FAIL)).task_id)
+    assert state(bridge)["state"] == "closed"
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    probe = bridge.create_task(mock_task(repo, OK))
+    with pytest.raises(CircuitOpen, match=probe.task_id):
+        bridge.create_task(mock_task(repo, OK))
+    bridge.cancel_task(probe.task_id)
+    second = bridge.create_task(mock_task(repo, OK))  # the slot is free again
+    assert bridge.run_task(second.task_id).status == "succeeded"
+    assert state(bridge)["state"] == "closed"
+    bridge.close()
+
+
+# -- half-open -----------------------------------------------------------------------------
+
+
+def test_a_flood_of_creations_in_half_open_lets_exactly_one_through(home, repo):
+    first = breaker(home, failures=1, cooldown_s=0.2)
+    trip(first, repo, 1)
+    wait_half_open(first)
+    bridges = [breaker(home, failures=1, cooldown_s=0.2) for _ in range(8)]
+    go = threading.Barrier(len(bridges))
+    made, refused = [], []
+
+    def create(bridge: WorkerBridge) -> None:
+        go.wait()
+        try:
+            made.append(bridge.create_task(mock_task(repo, OK)).task_id)
+        except CircuitOpen as exc:
+            refused.append(exc.message)
+
+    threads = [threading.Thread(target=create, args=(b,)) for b in bridges]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(made) == 1 and len(refused) == 7, (made, refused)
+    assert all(f"with task {made[0]}" in message for message in refused)
+    assert state(first)["probe_task"] == made[0]
+    for bridge in [first, *bridges]:
+        bridge.close()
+
+
+def test_the_probe_s_failure_reopens_the_circuit_and_its_success_closes_it(home, repo):
+    bridge = breaker(home, failures=2, cooldown_s=0.3)
+    trip(bridge, repo)
+    opened = state(bridge)
+    wait_half_open(bridge)
+    probe = run(bridge, repo, {"exit_code": 5})
+    reopened = state(bridge)
+    assert reopened["state"] == "open" and reopened["retry_at"] >= opened["retry_at"]
+    kinds = [e.kind for e in bridge.task_logs(probe.task_id).events]
+    assert "circuit.probe" in kinds and "circuit.opened" in kinds
+    wait_half_open(bridge)
+    assert run(bridge, repo, OK).status == "succeeded"
+    assert state(bridge) == {**state(bridge), "state": "closed", "failures": 0}
+    trip(bridge, repo, 1)  # the failures before the close no longer count
+    assert state(bridge)["state"] == "closed"
+    bridge.close()
+
+
+def test_a_task_made_before_the_circuit_opened_neither_closes_nor_reopens_it(home, repo):
+    bridge = breaker(home, failures=2, cooldown_s=300)
+    early = bridge.create_task(mock_task(repo, OK))
+    trip(bridge, repo)
+    assert bridge.run_task(early.task_id).status == "succeeded"
+    assert state(bridge)["state"] == "open"
+    bridge.close()
+
+
+def test_a_job_s_task_never_takes_the_half_open_slot(home, repo):
+    from bridge.creation import new_task_row, record_task
+
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    row, event = new_task_row(bridge.config, bridge.sandbox, bridge.scope, mock_task(repo, OK))
+    row["job_id"] = "job-0123456789"
+    with pytest.raises(CircuitOpen, match="never a job's"):
+        record_task(bridge.store, bridge.config, row, event)
+    assert state(bridge)["probe_task"] is None
+    bridge.close()
+
+
+# -- reset -------------------------------------------------------------------------------------
+
+
+def test_reset_closes_the_circuit_and_an_unknown_worker_is_refused(fast, repo):
+    trip(fast, repo)
+    done = fast.reset_worker("mock")
+    assert done.before.state == "open" and state(fast)["state"] == "closed"
+    assert fast.create_task(mock_task(repo, OK)).status == "created"
+    with pytest.raises(UnknownWorker, match="'nobody'"):
+        fast.reset_worker("nobody")
+
+
+def test_workers_reset_through_the_cli(cli, home, repo):
+    (home / "config.yaml").write_text("circuit: {failures: 1}\n")
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    trip(bridge, repo, 1)
+    bridge.close()
+    unknown = cli("workers", "reset", "nobody")
+    assert unknown.code == 2 and unknown.stdout == ""
+    assert len(unknown.stderr.strip().splitlines()) == 1 and "'nobody'" in unknown.stderr
+    done = cli("workers", "reset", "mock")
+    assert done.code == 0, done.stderr
+    assert "circuit closed (it was open after 1 failure(s))" in done.stdout
+    again = cli("workers", "reset", "mock", "--json")
+    assert again.json() == {
+        "worker": "mock",
+        "state": "closed",
+        "before": {
+            "state": "closed",
+            "failures": 0,
+            "kinds": {},
+            "retry_at": None,
+            "probe_task": None,
+        },
+    }
+
+
+# -- MCP ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_mcp_refuses_with_the_sentence_as_a_tool_error_and_lists_the_circuit(home, repo):
+    from support.mcp_session import call, call_error, mcp_server
+
+    (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 300}\n")
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    trip(bridge, repo, 1)
+    sentence = circuits_of(bridge.config, ["mock"])["mock"].refusal()
+    bridge.close()
+    async with mcp_server(home) as client:
+        args = {"objective": "x", "repository": str(repo), "worker": "mock"}
+        refused = await call_error(client, "worker_delegate", args)
+        assert refused.endswith(": " + sentence), refused  # after the SDK's "Error executing"
+        listing = await call(client, "list_workers")
+        circuits = {w["name"]: w["circuit"] for w in listing["workers"]}
+        assert circuits["mock"]["state"] == "open" and circuits["codex"]["state"] == "closed"
+        # a task type is checked before the breaker is asked, against the server's config
+        bad_type = await call_error(client, "worker_delegate", {**args, "type": "epic"})
+        assert "known types: chore, feature, hotfix, refactor" in bad_type
+        status = await call(client, "worker_status")
+        assert len(status["tasks"]) == 1, "the refused delegation made no task"
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert not any("reset" in name for name in tools), "an agent cannot reset a breaker"
+
+
+def test_creations_from_many_processes_in_half_open_let_exactly_one_through(home, repo):
+    import subprocess
+
+    from support.cli import CLI
+
+    (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 0.2}\n")
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    args = [*CLI, "tasks", "create", "--repo", str(repo), "--objective", "x", "--worker", "mock"]
+    procs = [
+        subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(6)
+    ]
+    ended = [(p.wait(120), *p.communicate()) for p in procs]
+    made = [out.strip() for code, out, _ in ended if code == 0]
+    refused = [err for code, _, err in ended if code == 1]
+    assert len(made) == 1 and len(refused) == 5, ended
+    assert all(f"being tried again with task {made[0]}" in err for err in refused)
+    assert state(bridge)["probe_task"] == made[0]
+    bridge.close()
+
+
+def test_an_idempotency_key_already_used_returns_its_task_even_while_the_circuit_is_open(
+    fast, repo
+):
+    first = fast.create_task({**mock_task(repo, OK), "idempotency_key": "k1"})
+    trip(fast, repo)
+    again = fast.create_task({**mock_task(repo, OK), "idempotency_key": "k1"})
+    assert again.task_id == first.task_id, "an existing task is returned, not made anew"
+    with pytest.raises(CircuitOpen):
+        fast.create_task({**mock_task(repo, OK), "idempotency_key": "k2"})
+
+
+def test_failures_no_window_reaches_are_removed_when_another_is_counted(fast, repo):
+    from bridge.circuit import FORGET_AFTER_S
+    from bridge.store import circuits as table
+
+    with fast.store.transaction() as conn:
+        table.add_failure(conn, "mock", "old-task", 0, "worker_exit", 1.0)
+        assert table.failure_kinds(conn, "mock", 0.0) == {"worker_exit": 1}
+    assert FORGET_AFTER_S >= fast.config.circuit.window_s
+    assert run(fast, repo, FAIL).error.kind == "worker_exit"
+    rows = fast.store.query("SELECT task_id FROM circuit_failures WHERE worker = 'mock'")
+    assert [r["task_id"] for r in rows] != ["old-task"] and len(rows) == 1
+
+
+def test_a_probe_made_but_never_started_lets_go_of_the_one_try(home, repo):
+    from dataclasses import replace
+
+    from bridge.store import circuits as table
+
+    bridge = breaker(home, failures=1, cooldown_s=0.1)
+    trip(bridge, repo, 1)
+    wait_half_open(bridge)
+    idle = bridge.create_task(mock_task(repo, OK))
+    with pytest.raises(CircuitOpen, match=idle.task_id):
+        bridge.create_task(mock_task(repo, OK))
+    with bridge.store.transaction() as conn:  # as if it was made an hour ago
+        table.save(conn, replace(table.load(conn, "mock"), probe_at=1.0))
+    taken = bridge.create_task(mock_task(repo, OK))
+    assert state(bridge)["probe_task"] == taken.task_id
+    assert "circuit.probe_released" in [e.kind for e in bridge.task_logs(idle.task_id).events]
+    bridge.close()

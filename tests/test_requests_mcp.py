@@ -1,0 +1,69 @@
+"""Asking through a real MCP client session over stdio: the delegating model sees a task
+waiting for input in worker_status, answers a question and approves a network name with
+worker_answer, and a bad answer is a tool error that changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from support.asking import block, net_config, reach
+from support.mcp_session import call, call_error, delegate, mcp_server, wait_event, wait_status
+from support.repos import git
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.usefixtures("docker_images", "no_task_outlives_the_test"),
+]
+
+
+async def test_the_tools_tell_the_model_when_a_task_waits_and_how_to_answer(home):
+    async with mcp_server(home) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    answer = tools["worker_answer"]
+    assert "waiting_input" in answer.description and "pending" in answer.description
+    assert set(answer.input_schema["properties"]) == {"task_id", "request_id", "decision", "text"}
+    assert answer.input_schema["required"] == ["task_id", "request_id"]
+    assert "waiting_input" in tools["worker_status"].description
+    assert "waiting_input" in tools["worker_delegate"].description
+
+
+async def test_a_model_answers_a_question_and_approves_a_network_name(home, repo, upstream):
+    # config's default: a refused name becomes a request (network.mode none: nothing listed)
+    (home / "config.yaml").write_text(net_config(upstream.port, "on_refused: ask"))
+    question = {"kind": "question", "text": "Which database?", "choices": ["sqlite", "redis"]}
+    mock = {
+        "summary": "One question first.\n" + block(question),
+        "on_follow_up": {"script": "cp /bridge/prompt.txt prompt-seen.txt"},
+    }
+    async with mcp_server(home) as client:
+        asked = await delegate(client, repo, mock)
+        waiting = await wait_status(client, asked["task_id"], {"waiting_input", "failed"})
+        assert waiting["status"] == "waiting_input", waiting
+        [request] = [r for r in waiting["requests"] if r["status"] == "pending"]
+        assert request["kind"] == "question"
+        args = {"task_id": asked["task_id"], "request_id": request["request_id"]}
+        refused = await call_error(client, "worker_answer", {**args, "decision": "approve"})
+        assert "is a question" in refused
+        both = await call_error(client, "worker_answer", {**args, "decision": "deny", "text": "x"})
+        assert "exactly one" in both
+        resumed = await call(client, "worker_answer", {**args, "text": "redis"})
+        assert resumed["status"] in ("queued", "running", "succeeded")
+        done = await wait_status(client, asked["task_id"])
+        assert done["status"] == "succeeded", done["error"]
+        told = git(repo, "show", f"{done['branch']}:prompt-seen.txt")
+        assert "answered: redis" in told
+
+        net = await delegate(client, repo, {"script": reach(upstream.port, tries=300)})
+        raised = await wait_event(client, net["task_id"], "task.request", deadline_s=60)
+        assert raised["data"]["detail"] == {"host": "vm", "port": upstream.port}
+        shown = await call(client, "worker_status", {"task_id": net["task_id"]})
+        assert [r["status"] for r in shown["requests"]] == ["pending"]
+        args = {"task_id": net["task_id"], "request_id": raised["data"]["request_id"]}
+        text = await call_error(client, "worker_answer", {**args, "text": "yes"})
+        assert "not a text" in text
+        await call(client, "worker_answer", {**args, "decision": "approve"})
+        done = await wait_status(client, net["task_id"], deadline_s=90)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["allowlist"] == ["vm"] and done["requests"][0]["status"] == "approved"
+        assert git(repo, "show", f"{done['branch']}:probe.txt").startswith("reached: ")
+        gone = await call_error(client, "worker_answer", {**args, "decision": "deny"})
+        assert "already approved" in gone
