@@ -1,6 +1,7 @@
-"""The web view refuses what a hostile page or client would try: an action without the session
-cookie or with a wrong CSRF token, a request for another Host (DNS rebinding) or from another
-Origin, a token kept in the URL, a session cookie that is the token; and it shows nothing of a
+"""The web view refuses what a hostile page or client would try: a read, stream or action with
+the session cookie alone (what a page on another loopback port can get), or with a wrong key,
+a request for another Host (DNS rebinding) or from another Origin, a token in a URL's query, a
+session cookie that is the token, malformed input meant to raise; and it shows nothing of a
 task outside `repositories` (list, page, stream, actions). Through `worker-bridge ui` as a
 subprocess and plain HTTP; the browser tests are in test_ui_browser.py."""
 
@@ -16,11 +17,11 @@ from support.mcp_http_server import http_server
 from support.repos import calc_repo
 from support.scratch import TEST_ROOT
 from support.tasks import bare_spec
-from support.ui import shared_site, signed_in, ui_server
+from support.ui import log_in, shared_site, signed_in, ui_server
 
 from bridge.errors import ConfigError
 from bridge.ui.security import HostPolicy
-from bridge.ui.serve import ui_options
+from bridge.ui.serve import login_url, ui_options
 
 ACTIONS = ("accept", "reject", "cancel", "follow-up", "answer")
 
@@ -49,19 +50,30 @@ def created(site):
     return site.bridge.create_task(bare_spec(site.repo)).task_id
 
 
-def test_signing_in_exchanges_the_token_for_a_session_cookie_that_is_not_the_token(ui, token):
+def test_signing_in_gives_a_cookie_named_for_the_port_and_a_key_in_the_fragment(ui, token):
+    port = ui.url.rsplit(":", 1)[1]
     with httpx2.Client(base_url=ui.url) as client:
-        answer = client.get("/ui/login", params={"token": token})
+        answer = client.post("/ui/login", data={"token": token}, headers={"origin": ui.url})
         assert answer.status_code == 303
-        assert answer.headers["location"] == "/ui/"  # the token does not stay in the URL
+        location = answer.headers["location"]
+        assert location.startswith("/ui/#k=") and token not in location  # the key, not the token
+        key = location.removeprefix("/ui/#k=")
         cookie = answer.headers["set-cookie"]
+        assert cookie.startswith(f"wb_ui_{port}=")  # `ui` and `mcp --http` keep their own
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
         value = cookie.split(";")[0].split("=", 1)[1]
-        assert value and token not in cookie and value != token
+        assert value and token not in cookie and value != token and value != key
         page = client.get("/ui/")
-        assert page.status_code == 200 and token not in page.text
-        session = client.get("/ui/api/session").json()
-        assert session["csrf"] and token not in json.dumps(session)
+        assert page.status_code == 200 and token not in page.text and key not in page.text
+        assert client.get("/ui/api/session").status_code == 404  # no cookie-for-secret exchange
+        assert client.get("/ui/api/tasks", headers={"x-ui-key": key}).status_code == 200
+
+
+def test_the_token_in_a_query_signs_nobody_in(ui, token):
+    with httpx2.Client(base_url=ui.url) as client:
+        answer = client.get("/ui/login", params={"token": token})
+        assert answer.status_code == 200 and "set-cookie" not in answer.headers
+        assert token not in answer.text
 
 
 def test_the_login_form_takes_the_token_by_post_and_refuses_a_wrong_one(ui, token):
@@ -83,32 +95,61 @@ def test_nothing_but_the_login_and_static_files_is_served_without_a_session(ui, 
         assert client.get("/ui/login").status_code == 200
 
 
-def test_an_action_without_the_cookie_or_with_a_wrong_csrf_token_is_refused(
-    ui, token, created, site
-):
+def test_the_session_cookie_alone_reads_streams_and_does_nothing(ui, token, created, site):
+    """Cookies are not isolated by port: a page on another loopback port may hold ours. Without
+    the key (in the page's sessionStorage, its origin's alone) it gets no data, no stream and
+    no action; a wrong key neither."""
+    reads = (
+        "/ui/api/tasks",
+        f"/ui/api/tasks/{created}",
+        f"/ui/api/tasks/{created}/diff",
+        "/ui/api/stream",
+        f"/ui/api/tasks/{created}/stream",
+    )
+    with signed_in(ui.url, token) as browser, browser.cookie_only() as thief:
+        assert thief.get("/ui/").status_code == 200  # the static shell: no data in it
+        for path in reads:
+            assert thief.get(path).status_code == 401, path
+            wrong = {"x-ui-key": browser.key[:-1] + ("A" if browser.key[-1] != "A" else "B")}
+            assert thief.get(path, headers=wrong).status_code == 401, path
+        for verb in ACTIONS:
+            refused = thief.post(
+                f"/ui/api/tasks/{created}/{verb}", json={}, headers={"origin": ui.url}
+            )
+            assert refused.status_code == 401, verb
+        assert thief.post("/ui/logout", headers={"origin": ui.url}).status_code == 401
+        assert site.bridge.get_task(created).status == "created"  # none of it did anything
+        assert browser.client.get("/ui/api/tasks").status_code == 200  # the page still works
+
+
+def test_an_action_without_the_cookie_or_from_elsewhere_is_refused(ui, token, created, site):
     bridge = site.bridge
     with signed_in(ui.url, token) as browser:
-        with httpx2.Client(base_url=ui.url) as stranger:  # no cookie, even with the CSRF token
+        with httpx2.Client(base_url=ui.url) as stranger:  # no cookie, even with the key
             for verb in ACTIONS:
                 refused = stranger.post(
                     f"/ui/api/tasks/{created}/{verb}",
                     json={},
-                    headers={"origin": ui.url, "x-csrf-token": browser.csrf},
+                    headers={"origin": ui.url, "x-ui-key": browser.key},
                 )
                 assert refused.status_code == 401, verb
         for verb in ACTIONS:
             path = f"/ui/api/tasks/{created}/{verb}"
-            assert browser.act(path, **{"x-csrf-token": browser.csrf[:-1] + "A"}).status_code == 403
-            assert browser.client.post(path, json={}, headers={"origin": ui.url}).status_code == 403
-            # the right token from another origin, or with no Origin at all
+            # the right key from another origin, or with no Origin at all
             assert browser.act(path, origin="http://evil.example").status_code == 403
-            no_origin = {"x-csrf-token": browser.csrf}
-            assert browser.client.post(path, json={}, headers=no_origin).status_code == 403
+            assert browser.client.post(path, json={}).status_code == 403
         assert browser.client.post("/ui/api/jobs/x/cancel", json={}).status_code == 403
         assert bridge.get_task(created).status == "created"  # none of it did anything
         done = browser.act(f"/ui/api/tasks/{created}/cancel")  # the page's own request works
         assert done.status_code == 200, done.text
         assert bridge.get_task(created).status == "cancelled"
+
+
+def test_signing_out_ends_the_session(ui, token):
+    with signed_in(ui.url, token) as browser:
+        assert browser.client.post("/ui/logout", headers={"origin": ui.url}).status_code == 200
+        assert browser.client.get("/ui/api/tasks").status_code == 401
+        assert browser.client.get("/ui/").status_code == 303
 
 
 def test_a_refused_action_says_the_bridges_one_sentence(ui, token, created):
@@ -140,10 +181,23 @@ def test_an_answer_is_checked_for_its_shape_before_the_bridge_sees_it(ui, token,
             "The request must be a JSON object.": ["r1"],
         }
         for message, body in cases.items():
-            refused = browser.client.post(
-                path, json=body, headers={"origin": ui.url, "x-csrf-token": browser.csrf}
-            )
+            refused = browser.client.post(path, json=body, headers={"origin": ui.url})
             assert (refused.status_code, refused.json()["error"]) == (409, message)
+
+
+def _config(home, text: str) -> None:
+    path = home / "config.yaml"
+    path.write_text((path.read_text() if path.exists() else "") + text)
+
+
+def test_the_mcp_http_listener_serves_no_pages_unless_config_says_so(home, token_file):
+    token = token_file.read_text().strip()
+    with http_server(home, "--token-file", str(token_file)) as mcp:
+        with httpx2.Client(base_url=mcp.url) as client:
+            login = client.post("/ui/login", data={"token": token}, headers={"origin": mcp.url})
+            assert login.status_code == 401 and "set-cookie" not in login.headers  # /mcp's gate
+            bearer = {"authorization": f"Bearer {token}"}
+            assert client.get("/ui/", headers=bearer).status_code == 404
 
 
 def test_the_mcp_http_listener_serves_the_same_pages_behind_the_same_token(
@@ -151,12 +205,18 @@ def test_the_mcp_http_listener_serves_the_same_pages_behind_the_same_token(
 ):
     token = token_file.read_text().strip()
     created = bridge.create_task(bare_spec(repo)).task_id
+    _config(home, "http:\n  ui: true\n")
     with http_server(home, "--token-file", str(token_file)) as mcp:
         with httpx2.Client(base_url=mcp.url) as client:
             bearer = {"authorization": f"Bearer {token}"}
             assert client.get("/ui/api/tasks", headers=bearer).status_code == 401  # a session
-            assert client.get("/ui/login", params={"token": "wrong-token-1234"}).status_code == 401
+            wrong = client.post(
+                "/ui/login", data={"token": "wrong-token-1234"}, headers={"origin": mcp.url}
+            )
+            assert wrong.status_code == 401
         with signed_in(mcp.url, token) as browser:
+            port = mcp.url.rsplit(":", 1)[1]
+            assert [c.name for c in browser.client.cookies.jar] == [f"wb_ui_{port}"]
             listed = browser.client.get("/ui/api/tasks").json()["tasks"]
             assert [t["task_id"] for t in listed] == [created]
             assert browser.client.get("/ui/", headers={"host": "evil.example"}).status_code == 421
@@ -233,21 +293,28 @@ def test_no_token_is_refused_off_loopback_and_a_missing_token_is_made_for_the_ru
     assert options().token != made.token
     with pytest.raises(ConfigError, match="--listen wants HOST:PORT"):
         options(listen="nowhere")
+    url = login_url(made, with_token=True)  # the token in the fragment: no server sees it
+    assert url == f"http://127.0.0.1:8770/ui/login#token={made.token}" and "?" not in url
 
 
-def test_without_a_token_a_session_is_handed_out_but_actions_still_need_its_csrf(
+def test_without_a_token_every_login_gets_the_one_shared_session_and_pages_make_none(
     home, bridge, repo
 ):
+    """Under --no-token anyone local may sign in, so nobody can evict the others' sessions by
+    signing in again and again: a page's GET makes no session and every login gets the same."""
     created = bridge.create_task(bare_spec(repo)).task_id
     with ui_server(home, "--no-token") as ui, httpx2.Client(base_url=ui.url) as client:
-        assert client.get("/ui/").status_code == 200  # a session made on the spot
-        csrf = client.get("/ui/api/session").json()["csrf"]
+        first = client.get("/ui/")
+        assert first.status_code == 303 and "set-cookie" not in first.headers  # to the login
+        login_page = client.get("/ui/login")
+        assert login_page.status_code == 200 and 'data-open="1"' in login_page.text
+        key = log_in(client, ui.url, "")
+        for _ in range(300):  # past MAX_SESSIONS
+            with httpx2.Client(base_url=ui.url) as other:
+                assert log_in(other, ui.url, "") == key
         path = f"/ui/api/tasks/{created}/cancel"
-        assert client.post(path, json={}, headers={"origin": ui.url}).status_code == 403
-        with httpx2.Client(base_url=ui.url) as other:  # another client: no cookie
-            sent = {"origin": ui.url, "x-csrf-token": csrf}
-            assert other.post(path, json={}, headers=sent).status_code == 401
-        sent = {"origin": ui.url, "x-csrf-token": csrf}
+        assert client.post(path, json={}, headers={"origin": ui.url}).status_code == 401
+        sent = {"origin": ui.url, "x-ui-key": key}
         assert client.post(path, json={}, headers=sent).status_code == 200
 
 
@@ -266,7 +333,6 @@ def test_a_task_outside_repositories_is_absent_from_list_page_stream_and_actions
         listed = b.client.get("/ui/api/tasks").json()
         assert [t["task_id"] for t in listed["tasks"]] == [kept]
         for path in (
-            f"/ui/tasks/{hidden}",
             f"/ui/api/tasks/{hidden}",
             f"/ui/api/tasks/{hidden}/diff",
         ):
@@ -288,3 +354,118 @@ def test_a_task_outside_repositories_is_absent_from_list_page_stream_and_actions
                     break
         assert not any(hidden in line for line in seen), seen
     assert bridge.get_task(hidden).status == "created"  # no action reached it
+
+
+def _refusal_lines(ui, words: str) -> int:
+    return sum(1 for line in ui.log_text().splitlines() if words in line)
+
+
+def test_refusals_and_failed_logins_are_logged_once_per_client_and_interval(ui, token):
+    before = _refusal_lines(ui, "ui: refused a request")
+    logins = _refusal_lines(ui, "ui: refused a login")
+    with httpx2.Client(base_url=ui.url) as client:
+        for _ in range(40):
+            assert client.get("/ui/", headers={"host": "attacker.example"}).status_code == 421
+        for _ in range(20):
+            wrong = client.post("/ui/login", data={"token": "nope"}, headers={"origin": ui.url})
+            assert wrong.status_code == 401
+    assert _refusal_lines(ui, "ui: refused a request") - before <= 1
+    assert _refusal_lines(ui, "ui: refused a login") - logins <= 1
+    assert _refusal_lines(ui, "ui: refused a login") >= 1  # logged, just not one by one
+    assert token not in ui.log_text()
+
+
+def test_malformed_input_is_refused_in_a_sentence_never_a_traceback(ui, token, created):
+    with signed_in(ui.url, token) as browser:
+        deep = browser.client.post(
+            f"/ui/api/tasks/{created}/follow-up",
+            content=b"[" * 30000,
+            headers={"origin": ui.url, "content-type": "application/json"},
+        )
+        assert (deep.status_code, deep.json()["error"]) == (409, "The request is not JSON.")
+        huge = "9" * 30
+        for path, headers in (
+            (f"/ui/api/stream?after={huge}", {}),
+            (f"/ui/api/tasks/{created}/stream?after={huge}", {}),
+            ("/ui/api/stream", {"last-event-id": huge}),
+            ("/ui/api/stream", {"last-event-id": "-" + huge}),
+        ):
+            with browser.client.stream("GET", path, headers=headers, timeout=10) as stream:
+                assert stream.status_code == 200, path
+                assert next(stream.iter_lines()) == "retry: 2000"
+        # The stream loop reads after its clamped cursor a while: still no error logged.
+        with browser.client.stream("GET", f"/ui/api/stream?after={huge}") as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "retry: 2000"
+        assert browser.client.get("/ui/api/tasks").status_code == 200
+    assert "Traceback" not in ui.log_text() and "OverflowError" not in ui.log_text()
+
+
+def test_an_unknown_status_filter_is_a_bad_request(ui, token):
+    with signed_in(ui.url, token) as browser:
+        refused = browser.client.get("/ui/api/tasks", params={"status": "nonsense"})
+        assert refused.status_code == 400 and "nonsense" in refused.json()["error"]
+        assert browser.client.get("/ui/api/tasks", params={"status": "created"}).is_success
+
+
+def test_a_job_accept_naming_no_task_is_refused_never_read_as_the_best(ui, token):
+    with signed_in(ui.url, token) as browser:
+        for chosen in ("", " ", 0, [], False):
+            refused = browser.act("/ui/api/jobs/no-such-job/accept", {"task_id": chosen})
+            assert refused.status_code == 409, chosen
+            assert refused.json()["error"] == "'task_id' must name one of the job's tasks."
+        assert browser.act("/ui/api/jobs/no-such-job/accept").status_code == 404  # no task_id
+
+
+def test_one_client_holds_at_most_its_share_of_live_streams(ui, token, created):
+    from contextlib import ExitStack
+
+    from bridge.ui.sse import MAX_STREAMS_PER_CLIENT
+
+    with signed_in(ui.url, token) as browser, ExitStack() as streams:
+        for _ in range(MAX_STREAMS_PER_CLIENT):
+            stream = streams.enter_context(browser.client.stream("GET", "/ui/api/stream"))
+            assert stream.status_code == 200
+            assert next(stream.iter_lines()) == "retry: 2000"
+        refused = browser.client.get(f"/ui/api/tasks/{created}/stream")
+        assert refused.status_code == 503
+        assert f"{MAX_STREAMS_PER_CLIENT} live views" in refused.json()["error"]
+    with signed_in(ui.url, token) as browser:  # closed streams are counted out
+        with browser.client.stream("GET", "/ui/api/stream") as stream:
+            assert stream.status_code == 200
+
+
+def test_the_diff_comes_with_whether_it_was_cut_and_its_size(ui, token, created):
+    with signed_in(ui.url, token) as browser:
+        doc = browser.client.get(f"/ui/api/tasks/{created}/diff").json()
+        assert doc == {"text": "", "truncated": False, "total_bytes": 0}
+
+
+def _file_diff(name: str, lines: int) -> bytes:
+    body = "".join(f"+line {n} of {name}\n" for n in range(lines))
+    return (
+        f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n"
+        f"@@ -0,0 +1,{lines} @@\n{body}"
+    ).encode()
+
+
+def test_a_diff_over_the_limit_is_cut_at_the_last_whole_file_or_line(tmp_path):
+    from types import SimpleNamespace
+
+    from bridge.ui.views import diff_document
+
+    first, second = _file_diff("a.txt", 50), _file_diff("b.txt", 50)
+    path = tmp_path / "diff"
+    path.write_bytes(first + second)
+    result = SimpleNamespace(artifacts={"diff": str(path)})
+    whole = diff_document(result, len(first + second))
+    assert whole["truncated"] is False and whole["text"].encode() == first + second
+    # The limit falls inside the second file's `diff --git` header: the first file alone.
+    cut = diff_document(result, len(first) + 5)
+    assert cut["truncated"] is True and cut["text"].encode() == first
+    assert cut["total_bytes"] == len(first + second)
+    # One file over the limit: whole lines only.
+    path.write_bytes(first)
+    one = diff_document(result, len(first) // 2)
+    assert one["truncated"] is True and one["text"].endswith("\n")
+    assert first.startswith(one["text"].encode()) and len(one["text"]) <= len(first) // 2

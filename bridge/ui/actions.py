@@ -1,8 +1,8 @@
 """The web view's actions: accept, reject, cancel, follow-up and answer on a task; accept and
 cancel on a job. Each is one facade call made as the CLI makes it (after the same recovery of
-tasks whose runner died), refused unless the request carries the session cookie, that
-session's CSRF token in `X-CSRF-Token` and this page's Origin (checked by the gate). A refusal
-by the bridge comes back as the CLI's one sentence."""
+tasks whose runner died), refused unless the request carries the whole session (the cookie and
+its key in `X-UI-Key`) and this page's Origin (checked by the gate). A refusal by the bridge
+comes back as the CLI's one sentence. Signing out is an action too (it needs the same)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,26 @@ from starlette.routing import Route
 
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.ui import views
-from bridge.ui.routes import UiState, error_response
-from bridge.ui.security import CSRF_HEADER, SESSION_COOKIE
+from bridge.ui.routes import PREFIX, UiState, error_response, read_body, unauthorized
 
 MAX_BODY = 64 * 1024
 Verb = Callable[[UiState, str, dict[str, Any]], Any]
 
 
-def action_routes(state: UiState, prefix: str) -> list[Route]:
-    task, job = f"{prefix}/api/tasks/{{id}}", f"{prefix}/api/jobs/{{id}}"
+def action_routes(state: UiState) -> list[Route]:
+    task, job = f"{PREFIX}/api/tasks/{{id}}", f"{PREFIX}/api/jobs/{{id}}"
+
+    async def logout(request: Request) -> Response:
+        session_id = state.session_of(request)
+        if session_id is None:
+            return unauthorized()
+        state.sessions.close(session_id)
+        response = JSONResponse({"ok": True}, headers={"cache-control": "no-store"})
+        response.headers["set-cookie"] = state.sessions.expired_cookie_header()
+        return response
+
     return [
+        Route(f"{PREFIX}/logout", logout, methods=["POST"]),
         Route(f"{task}/accept", _action(state, accept_task), methods=["POST"]),
         Route(f"{task}/reject", _action(state, reject_task), methods=["POST"]),
         Route(f"{task}/cancel", _action(state, cancel_task), methods=["POST"]),
@@ -38,14 +48,8 @@ def action_routes(state: UiState, prefix: str) -> list[Route]:
 
 def _action(state: UiState, verb: Verb) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
-        session_id = request.cookies.get(SESSION_COOKIE)
-        if state.sessions.get(session_id) is None:
-            return JSONResponse({"error": "Refused: sign in first."}, status_code=401)
-        if not state.sessions.csrf_ok(session_id, request.headers.get(CSRF_HEADER)):
-            return JSONResponse(
-                {"error": "Refused: the page's CSRF token is missing or wrong; reload it."},
-                status_code=403,
-            )
+        if state.session_of(request) is None:
+            return unauthorized()
         try:
             body = await _json_body(request)
             await state.call(state.bridge.recover)  # as the CLI does before a command that acts
@@ -58,16 +62,14 @@ def _action(state: UiState, verb: Verb) -> Callable[[Request], Awaitable[Respons
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise InvalidSpec(f"The request is larger than {MAX_BODY // 1024} KB.")
+    raw = await read_body(request, MAX_BODY)
+    if raw is None:
+        raise InvalidSpec(f"The request is larger than {MAX_BODY // 1024} KB.")
     if not raw.strip():
         return {}
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: '[' nested past the parser's depth
         raise InvalidSpec("The request is not JSON.") from None
     if not isinstance(body, dict):
         raise InvalidSpec("The request must be a JSON object.")
@@ -130,9 +132,11 @@ def answer(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]
 
 
 def accept_job(state: UiState, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    chosen = body.get("task_id") or None
-    if chosen is not None and not isinstance(chosen, str):
-        raise InvalidSpec("'task_id' must be text.")
+    """The job's best candidate, or ``task_id``'s when given: given, it must name one (an empty
+    or odd value is refused, never read as "the best")."""
+    chosen = body.get("task_id")
+    if chosen is not None and (not isinstance(chosen, str) or not chosen.strip()):
+        raise InvalidSpec("'task_id' must name one of the job's tasks.")
     outcome = state.bridge.accept_job(job_id, chosen).document()
     if not outcome["accepted"]:
         raise InvalidSpec(outcome["reason"])
@@ -140,4 +144,8 @@ def accept_job(state: UiState, job_id: str, body: dict[str, Any]) -> dict[str, A
 
 
 def cancel_job(state: UiState, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    return views.job_page(state.bridge.cancel_job(job_id))
+    """As `jobs cancel`: a job that had already ended is refused with the CLI's sentence."""
+    result = state.bridge.cancel_job(job_id)
+    if result.status != "cancelled":
+        raise InvalidSpec(f"Job {job_id} already ended {result.status}.")
+    return views.job_page(result)

@@ -1,6 +1,6 @@
 """The web view's ASGI app (Starlette, served by uvicorn): every path under `/ui`, behind the
 gate of bridge/ui/security.py. `worker-bridge ui` serves it alone (see `serve`); the MCP HTTP
-listener mounts the same app beside `/mcp` (bridge/mcp_http.py).
+listener mounts the same app beside `/mcp` when config `http.ui` says so (bridge/mcp_http.py).
 
 The pages are static shells (bridge/ui/static) whose scripts read the JSON API and the event
 streams; nothing a worker wrote is ever put into HTML on the server.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import logging
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -20,34 +19,26 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from bridge.mcp_http_limits import ASGIApp, Receive, Scope, Send
+from bridge.mcp_http_limits import ASGIApp, Receive, RefusalLog, Scope, Send
 from bridge.service import WorkerBridge
 from bridge.ui import actions, routes, sse
-from bridge.ui.security import (
-    SECURITY_HEADERS,
-    SESSION_COOKIE,
-    HostPolicy,
-    Sessions,
-    cookie_header,
-    expired_cookie_header,
-    origin_refusal,
-)
+from bridge.ui.routes import PREFIX, STATIC, read_body
+from bridge.ui.security import SECURITY_HEADERS, HostPolicy, Sessions, origin_refusal
 
 log = logging.getLogger("worker_bridge.ui")
 
-PREFIX = "/ui"
-STATIC = Path(__file__).parent / "static"
 MAX_LOGIN_BODY = 4096
 
 
 class Gate:
-    """Outermost layer: Host and Origin checks on everything, the security headers on every
-    answer, and no page or API without a session."""
+    """Outermost layer: Host and Origin checks on everything and the security headers on every
+    answer. A refusal is logged once per client and kind per interval (RefusalLog, as the MCP
+    gate logs), so a client cannot grow the log at request speed."""
 
-    def __init__(self, app: ASGIApp, sessions: Sessions, hosts: HostPolicy) -> None:
+    def __init__(self, app: ASGIApp, hosts: HostPolicy, refusals: RefusalLog) -> None:
         self.app = app
-        self.sessions = sessions
         self.hosts = hosts
+        self.refusals = refusals
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -61,88 +52,73 @@ class Gate:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         refusal = None
         if not self.hosts.allows(headers.get("host")):
-            refusal = (421, "This server does not answer for that host name.")
+            refusal = (421, "host", "This server does not answer for that host name.")
         else:
             action = scope["method"] not in ("GET", "HEAD")
             why = origin_refusal(headers, action=action)
             if why is not None:
-                refusal = (403, f"Refused: {why}.")
+                refusal = (403, "origin", f"Refused: {why}.")
         if refusal is not None:
-            client = scope.get("client") or ("?", 0)
-            log.warning("ui: refused %s from %s: %s", scope["method"], client[0], refusal[1])
-            response = JSONResponse({"error": refusal[1]}, status_code=refusal[0])
+            status, kind, text = refusal
+            client = (scope.get("client") or ("?", 0))[0]
+            self.refusals.warn(client, f"ui {kind}", f"ui: refused a request from {client}: {text}")
+            response = JSONResponse({"error": text}, status_code=status)
             return await response(scope, receive, send_with_headers)
         await self.app(scope, receive, send_with_headers)
 
 
-def build_app(bridge: WorkerBridge, *, token: str | None, host: str) -> ASGIApp:
-    """The web view for ``bridge``: its pages need a session, got with ``token`` (None:
-    `--no-token`, loopback only: a session for whoever asks)."""
-    sessions = Sessions(token)
+def build_app(bridge: WorkerBridge, *, token: str | None, host: str, port: int) -> ASGIApp:
+    """The web view for ``bridge`` on a listener at ``host``:``port``: its data needs a session,
+    got with ``token`` (None: `--no-token`, loopback only: the one shared session)."""
+    sessions = Sessions(token, port)
+    refusals = RefusalLog()
     state = routes.UiState(bridge=bridge, sessions=sessions)
 
     async def login(request: Request) -> Response:
-        return await _login(request, sessions)
-
-    async def logout(request: Request) -> Response:
-        if not sessions.csrf_ok(
-            request.cookies.get(SESSION_COOKIE), request.headers.get("x-csrf-token")
-        ):
-            return JSONResponse({"error": "Refused: no valid session."}, status_code=403)
-        sessions.close(request.cookies.get(SESSION_COOKIE))
-        response = JSONResponse({"ok": True})
-        response.headers["set-cookie"] = expired_cookie_header(PREFIX)
-        return response
+        return await _login(request, sessions, refusals)
 
     app = Starlette(
         routes=[
             Route(PREFIX, lambda r: RedirectResponse(f"{PREFIX}/", 303)),
             Route(f"{PREFIX}/login", login, methods=["GET", "POST"]),
-            Route(f"{PREFIX}/logout", logout, methods=["POST"]),
             Mount(f"{PREFIX}/static", StaticFiles(directory=STATIC), name="static"),
-            *routes.page_routes(state, PREFIX),
-            *sse.stream_routes(state, PREFIX),
-            *actions.action_routes(state, PREFIX),
+            *routes.page_routes(state),
+            *sse.stream_routes(state),
+            *actions.action_routes(state),
         ]
     )
-    return Gate(app, sessions, HostPolicy(host))
+    return Gate(app, HostPolicy(host), refusals)
 
 
-async def _login(request: Request, sessions: Sessions) -> Response:
-    """GET with `?token=` or POST of the login form: the token exchanged for a session cookie,
-    then a redirect to the list, so the token stays neither in the URL nor in the page."""
-    if request.method == "POST":
-        body = await _bounded_body(request)
-        presented = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0]
-    else:
-        presented = request.query_params.get("token", "")
-        if not presented and not sessions.needs_token:
-            presented = "-"
-    if not presented:
-        return _login_page()
+async def _login(request: Request, sessions: Sessions, refusals: RefusalLog) -> Response:
+    """GET: the login page (its script posts a token given in the URL's fragment, or, under
+    `--no-token`, signs in at once). POST of its form: the token exchanged for a session, then
+    a redirect to the list with the session's key in the fragment (no server, log or Referer
+    sees a fragment; the page moves it into sessionStorage and out of the URL)."""
+    if request.method != "POST":
+        return _login_page(open_server=not sessions.needs_token)
+    body = await read_body(request, MAX_LOGIN_BODY) or b""
+    presented = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0]
+    if sessions.needs_token and not presented.strip():
+        return _login_page("Give the token.", status=401)
     if not sessions.token_matches(presented):
+        client = request.client.host if request.client else "?"
+        refusals.warn(client, "ui login", f"ui: refused a login from {client}: wrong token")
         return _login_page("That is not this server's token.", status=401)
-    response = RedirectResponse(f"{PREFIX}/", status_code=303)
-    response.headers["set-cookie"] = cookie_header(sessions.open(), PREFIX)
+    session_id, session = sessions.open()
+    response = RedirectResponse(f"{PREFIX}/#k={session.key}", status_code=303)
+    response.headers["set-cookie"] = sessions.cookie_header(session_id)
+    response.headers["cache-control"] = "no-store"
     return response
 
 
-async def _bounded_body(request: Request) -> bytes:
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_LOGIN_BODY:
-            break
-    return body[:MAX_LOGIN_BODY]
-
-
-def _login_page(message: str = "", status: int = 200) -> Response:
-    """The login form: our own words only (escaped all the same), no script."""
+def _login_page(message: str = "", status: int = 200, *, open_server: bool = False) -> Response:
+    """The login form: our own words only (escaped all the same), its one same-origin script."""
     text = (STATIC / "login.html").read_text(encoding="utf-8")
     shown = f'<p class="error" role="alert">{html.escape(message)}</p>' if message else ""
+    text = text.replace("<!--message-->", shown)
+    if open_server and not message:
+        text = text.replace("<body>", '<body data-open="1">')
     return Response(
-        text.replace("<!--message-->", shown),
-        status_code=status,
-        media_type="text/html",
-        headers={"cache-control": "no-store"},
+        text, status_code=status, media_type="text/html", headers={"cache-control": "no-store"}
     )

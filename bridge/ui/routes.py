@@ -1,12 +1,15 @@
 """The web view's pages and its read API: the task list, a task, its diff, a job. Every read is
 one facade call (in a worker thread, so the event loop never waits on the store), bounded by
-the bridge's scope like everywhere else: a task or job outside it is a 404, as an unknown id."""
+the bridge's scope like everywhere else: a task or job outside it is a 404, as an unknown id.
+
+A page shell is static HTML and needs only the session cookie; every read of data needs the
+session's key too (`X-UI-Key`, bridge/ui/security.py), which the page's script sends."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,12 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from bridge.errors import BridgeError, JobNotFound, TaskNotFound
+from bridge.models import Status
 from bridge.service import WorkerBridge
 from bridge.ui import views
-from bridge.ui.security import SESSION_COOKIE, Sessions, cookie_header
+from bridge.ui.security import KEY_HEADER, Sessions
 
+PREFIX = "/ui"  # where the view lives, on its own listener and on the MCP one (the JS says it too)
 STATIC = Path(__file__).parent / "static"
 MAX_DIFF_BYTES = 8 * 2**20  # a diff past this is shown cut, saying so
 
@@ -29,11 +34,11 @@ Handler = Callable[[Request], Awaitable[Response]]
 class UiState:
     bridge: WorkerBridge
     sessions: Sessions
-    prefix: str = "/ui"
-    streams: int = 0  # event streams open now (bridge/ui/sse.py bounds them)
+    streams: dict[str, int] = field(default_factory=dict)  # open event streams per client
 
-    def signed_in(self, request: Request) -> bool:
-        return self.sessions.get(request.cookies.get(SESSION_COOKIE)) is not None
+    def session_of(self, request: Request) -> str | None:
+        """The request's session id when it carries both the cookie and the key."""
+        return self.sessions.authorized(request.cookies, request.headers.get(KEY_HEADER))
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -52,10 +57,10 @@ def error_response(exc: BridgeError) -> JSONResponse:
 
 
 def api(state: UiState, handler: Handler) -> Handler:
-    """A read of the API: only with a session (or any caller under --no-token)."""
+    """A read of the API: only with a whole session (the cookie and its key)."""
 
     async def guarded(request: Request) -> Response:
-        if state.sessions.needs_token and not state.signed_in(request):
+        if state.session_of(request) is None:
             return unauthorized()
         try:
             response = await handler(request)
@@ -67,43 +72,27 @@ def api(state: UiState, handler: Handler) -> Handler:
     return guarded
 
 
-def page(state: UiState, name: str, check: Callable[[Request], Any] | None = None) -> Handler:
-    """A page shell: with a session; without one, to the login (under --no-token a session is
-    made on the spot). ``check`` answers 404 for an absent task or job."""
+def page(state: UiState, name: str) -> Handler:
+    """A page shell (static: the data comes from the API, with the key): with the session
+    cookie; without one, to the login. Under `--no-token` too: no page makes a session."""
 
     async def serve(request: Request) -> Response:
-        new_session = None
-        if not state.signed_in(request):
-            if state.sessions.needs_token:
-                return RedirectResponse(f"{state.prefix}/login", status_code=303)
-            new_session = state.sessions.open()
-        if check is not None:
-            try:
-                await state.call(check, request)
-            except (TaskNotFound, JobNotFound) as exc:
-                return Response(exc.message, status_code=404, media_type="text/plain")
-        response = FileResponse(
+        if not state.sessions.has_cookie(request.cookies):
+            return RedirectResponse(f"{PREFIX}/login", status_code=303)
+        return FileResponse(
             STATIC / name, media_type="text/html", headers={"cache-control": "no-store"}
         )
-        if new_session is not None:
-            response.headers["set-cookie"] = cookie_header(new_session, state.prefix)
-        return response
 
     return serve
 
 
-def page_routes(state: UiState, prefix: str) -> list[Route]:
+def page_routes(state: UiState) -> list[Route]:
     bridge = state.bridge
-    state.prefix = prefix
-
-    async def session(request: Request) -> Response:
-        current = state.sessions.get(request.cookies.get(SESSION_COOKIE))
-        if current is None:
-            return unauthorized()
-        return JSONResponse({"csrf": current.csrf, "token": state.sessions.needs_token})
 
     async def task_list(request: Request) -> Response:
         status = request.query_params.get("status") or None
+        if status is not None and status not in {str(s) for s in Status}:
+            return JSONResponse({"error": f"No task status '{status}'."}, status_code=400)
         cursor = (await state.call(bridge.events_since, -1)).next_after  # before the list
         tasks = await state.call(bridge.list_tasks, status, 500)
         jobs = await state.call(bridge.list_jobs, 100)
@@ -121,26 +110,29 @@ def page_routes(state: UiState, prefix: str) -> list[Route]:
 
     async def diff(request: Request) -> Response:
         result = await state.call(bridge.get_task, request.path_params["task_id"])
-        text = await state.call(views.diff_text, result, MAX_DIFF_BYTES)
-        return Response(text, media_type="text/plain; charset=utf-8")
+        return JSONResponse(await state.call(views.diff_document, result, MAX_DIFF_BYTES))
 
     async def job(request: Request) -> Response:
+        cursor = (await state.call(bridge.events_since, -1)).next_after  # before the job
         result = await state.call(bridge.job_status, request.path_params["job_id"])
-        return JSONResponse(views.job_page(result))
-
-    def task_exists(request: Request) -> None:
-        bridge.get_task(request.path_params["task_id"])
-
-    def job_exists(request: Request) -> None:
-        bridge.job_status(request.path_params["job_id"])
+        return JSONResponse({**views.job_page(result), "cursor": cursor})
 
     return [
-        Route(f"{prefix}/", page(state, "index.html")),
-        Route(f"{prefix}/tasks/{{task_id}}", page(state, "task.html", task_exists)),
-        Route(f"{prefix}/jobs/{{job_id}}", page(state, "job.html", job_exists)),
-        Route(f"{prefix}/api/session", session),
-        Route(f"{prefix}/api/tasks", api(state, task_list)),
-        Route(f"{prefix}/api/tasks/{{task_id}}", api(state, task)),
-        Route(f"{prefix}/api/tasks/{{task_id}}/diff", api(state, diff)),
-        Route(f"{prefix}/api/jobs/{{job_id}}", api(state, job)),
+        Route(f"{PREFIX}/", page(state, "index.html")),
+        Route(f"{PREFIX}/tasks/{{task_id}}", page(state, "task.html")),
+        Route(f"{PREFIX}/jobs/{{job_id}}", page(state, "job.html")),
+        Route(f"{PREFIX}/api/tasks", api(state, task_list)),
+        Route(f"{PREFIX}/api/tasks/{{task_id}}", api(state, task)),
+        Route(f"{PREFIX}/api/tasks/{{task_id}}/diff", api(state, diff)),
+        Route(f"{PREFIX}/api/jobs/{{job_id}}", api(state, job)),
     ]
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None when it is larger than ``limit`` bytes (read no further)."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return body

@@ -1,10 +1,15 @@
 """What stands between a browser and the verbs that change a user's working tree.
 
-- The token (bridge/mcp_http.py's, from the same token file) is presented once, at
-  `/ui/login`, and exchanged for a session: a random id in an HttpOnly, SameSite=Strict cookie
-  (never the token itself) and a CSRF token of its own that the page reads from
-  `/ui/api/session` and sends in a header with every action. With `--no-token` (loopback only)
-  a session is handed to whoever asks, but actions still need its CSRF token.
+- The token (bridge/mcp_http.py's, from the same token file) is presented once, by POST to
+  `/ui/login` (the login page's form, or its script taking it from the URL's fragment, which
+  no server sees), and exchanged for a session of two halves: a random id in an HttpOnly,
+  SameSite=Strict cookie named for the port (`wb_ui_<port>`), and a random key the browser
+  gets once in the fragment of the redirect (`/ui/#k=...`). The page moves the key into
+  sessionStorage (its origin's, port included) and sends it as `X-UI-Key` with every read,
+  stream and action. Cookies are not isolated by port, so a page on another loopback port
+  may hold the cookie; it never has the key, and nothing hands the key out for a cookie.
+- With `--no-token` (loopback only) every login gets the one shared session: signing in
+  again and again evicts nobody.
 - Host and Origin: on a loopback listener only a loopback Host is served (a page whose name was
   rebound to 127.0.0.1 gets nothing), a request from a foreign Origin or a cross-site fetch is
   refused, and an action must come from the page's own Origin.
@@ -20,10 +25,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from bridge.mcp_http import is_loopback
+from bridge.mcp_http import LOOPBACK_NAMES, is_loopback, token_matches
 
-SESSION_COOKIE = "wb_ui_session"
-CSRF_HEADER = "x-csrf-token"
+KEY_HEADER = "x-ui-key"
 SESSION_TTL_S = 12 * 3600
 MAX_SESSIONS = 256  # the oldest is dropped past this: logging in again and again grows nothing
 
@@ -52,62 +56,71 @@ SECURITY_HEADERS = (
 
 @dataclass
 class Session:
-    csrf: str
+    key: str  # what the page sends in X-UI-Key: never in a cookie, never handed out again
     expires: float
 
 
 class Sessions:
     """The live sessions of one server, in memory (a restart logs everyone out)."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, port: int) -> None:
         self._token = token.encode() if token is not None else None
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.cookie = f"wb_ui_{port}"  # `ui` and `mcp --http` on one host keep their own
 
     @property
     def needs_token(self) -> bool:
         return self._token is not None
 
     def token_matches(self, presented: str) -> bool:
-        if self._token is None:
-            return True
-        return hmac.compare_digest(presented.strip().encode(), self._token)
+        return token_matches(presented.encode(), self._token)
 
-    def open(self) -> str:
-        """A new session; its id (the cookie's value)."""
+    def open(self) -> tuple[str, Session]:
+        """A session for a login: a new one (its id is the cookie's value), or under
+        `--no-token` the one shared session."""
+        if self._token is None:
+            for session_id in list(self._sessions):
+                if (shared := self._live(session_id)) is not None:
+                    return session_id, shared
         session_id = secrets.token_urlsafe(32)
-        self._sessions[session_id] = Session(secrets.token_urlsafe(32), time.time() + SESSION_TTL_S)
+        session = Session(secrets.token_urlsafe(32), time.time() + SESSION_TTL_S)
+        self._sessions[session_id] = session
         while len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
-        return session_id
+        return session_id, session
 
-    def get(self, session_id: str | None) -> Session | None:
-        if not session_id:
-            return None
-        session = self._sessions.get(session_id)
-        if session is None or session.expires < time.time():
-            self._sessions.pop(session_id, None)
+    def _live(self, session_id: str | None) -> Session | None:
+        session = self._sessions.get(session_id or "")
+        if session is not None and session.expires < time.time():
+            self._sessions.pop(session_id or "", None)
             return None
         return session
+
+    def has_cookie(self, cookies: dict[str, str]) -> bool:
+        """A live session's cookie: enough for a page shell (static, no data), nothing else."""
+        return self._live(cookies.get(self.cookie)) is not None
+
+    def authorized(self, cookies: dict[str, str], presented_key: str | None) -> str | None:
+        """The session id when both halves are there (the cookie and its key), else None."""
+        session_id = cookies.get(self.cookie)
+        session = self._live(session_id)
+        if session is None or not presented_key:
+            return None
+        if not hmac.compare_digest(presented_key.encode(), session.key.encode()):
+            return None
+        return session_id
 
     def close(self, session_id: str | None) -> None:
         self._sessions.pop(session_id or "", None)
 
-    def csrf_ok(self, session_id: str | None, presented: str | None) -> bool:
-        session = self.get(session_id)
-        if session is None or not presented:
-            return False
-        return hmac.compare_digest(presented.encode(), session.csrf.encode())
+    def cookie_header(self, session_id: str) -> str:
+        return (
+            f"{self.cookie}={session_id}; Path=/ui; HttpOnly; SameSite=Strict; "
+            f"Max-Age={SESSION_TTL_S}"
+        )
 
-
-def cookie_header(session_id: str, path: str) -> str:
-    return (
-        f"{SESSION_COOKIE}={session_id}; Path={path}; HttpOnly; SameSite=Strict; "
-        f"Max-Age={SESSION_TTL_S}"
-    )
-
-
-def expired_cookie_header(path: str) -> str:
-    return f"{SESSION_COOKIE}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0"
+    def expired_cookie_header(self) -> str:
+        return f"{self.cookie}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"
 
 
 class HostPolicy:
@@ -118,7 +131,7 @@ class HostPolicy:
     def __init__(self, bind_host: str) -> None:
         self.bind_host = bind_host
         if is_loopback(bind_host):
-            self._names: set[str] | None = {"127.0.0.1", "localhost", "::1", bind_host}
+            self._names: set[str] | None = {*LOOPBACK_NAMES, bind_host}
         elif bind_host in ("0.0.0.0", "::"):
             self._names = None
         else:

@@ -1,7 +1,8 @@
 """`worker-bridge ui`: the web view alone on its own listener (loopback by default), with the
 MCP HTTP listener's token handling (bridge/mcp_http.py: `--token-file`, the same environment
-variables, `--no-token` only on loopback) and its connection bounds. Given no token at all, it
-makes one for this run and prints the login URL that carries it, once, to the terminal."""
+variables, `--no-token` only on loopback), its connection bounds and its periodic recovery of
+tasks whose runner died. Given no token at all, it makes one for this run and prints the login
+URL that carries it (in the fragment), once, to the terminal."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from urllib.parse import quote
 
 from bridge.config import HttpConfig
 from bridge.mcp_http import (
-    SHUTDOWN_GRACE_S,
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     HttpOptions,
+    keep_recovering,
     parse_bind,
     resolve_options,
+    run_listener,
+    url_host,
 )
 from bridge.service import WorkerBridge
 
@@ -41,19 +44,18 @@ def ui_options(args: argparse.Namespace, env: MutableMapping[str, str] = os.envi
 
 
 def login_url(options: HttpOptions, *, with_token: bool) -> str:
+    """The login page's URL; ``with_token``: with the token in its fragment (`#token=`), which
+    the browser never sends, and the page's script posts and removes from the address bar."""
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
-    shown = f"[{host}]" if ":" in host else host
-    base = f"http://{shown}:{options.port}/ui/login"
+    base = f"http://{url_host(host)}:{options.port}/ui/login"
     if with_token and options.token is not None:
-        return f"{base}?token={quote(options.token)}"
+        return f"{base}#token={quote(options.token)}"
     return base
 
 
 def serve(bridge: WorkerBridge, options: HttpOptions, limits: HttpConfig | None = None) -> int:
-    """Serve the web view until SIGINT/SIGTERM."""
-    import uvicorn
-
-    from bridge.mcp_http_limits import uvicorn_options
+    """Serve the web view until SIGINT/SIGTERM, handing tasks whose runner died to new runners
+    now and then, as the MCP server does."""
     from bridge.ui.app import build_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -68,16 +70,6 @@ def serve(bridge: WorkerBridge, options: HttpOptions, limits: HttpConfig | None 
     else:
         where = f"{login_url(options, with_token=False)} with the token from {options.token_source}"
     print(f"worker-bridge ui: open {where}", file=sys.stderr, flush=True)
-    config = uvicorn.Config(
-        build_app(bridge, token=options.token, host=options.host),
-        host=options.host,
-        port=options.port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        proxy_headers=False,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        **uvicorn_options(limits),
-    )
-    uvicorn.Server(config).run()
-    return 0
+    keep_recovering(bridge.recover)
+    app = build_app(bridge, token=options.token, host=options.host, port=options.port)
+    return run_listener(app, options, limits)

@@ -1,13 +1,16 @@
 """Server-sent events for the pages, fed from the store's events: a loop on the server reads the
-events after its cursor (the event id, also the SSE `id`, so a reconnecting EventSource resumes
-where it was) and pushes what changed; the page only listens.
+events after its cursor (the event id, also the SSE `id`: the page reads the stream with fetch(),
+which can send the session's key, and reconnects with `?after=` the last id it got) and pushes
+what changed; the page only listens.
 
 - `/ui/api/stream`: every task and job in scope; a `task` message carries the task's new list
   row, a `job` message the job's.
 - `/ui/api/tasks/{id}/stream`: one task's events as the CLI's live view prints them (`line`),
   and `changed` when the task's result may have moved on (its page then reads it again).
 
-Streams are bounded in number per server; each ends when its client goes away.
+Streams are bounded: MAX_STREAMS per server, MAX_STREAMS_PER_CLIENT per client address (on the
+MCP listener they share the per-client connection cap with the agents' MCP connections, which
+must not be starved by a few browser tabs); each ends when its client goes away.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bridge.errors import BridgeError, JobNotFound, TaskNotFound
+from bridge.errors import BridgeError, TaskNotFound
+from bridge.mcp_http_limits import client_key
 from bridge.records import Event
 from bridge.ui import views
-from bridge.ui.routes import UiState, api
+from bridge.ui.routes import PREFIX, UiState, api
 
 POLL_S = 0.25
 KEEPALIVE_S = 15.0
 PAGE = 200
 MAX_STREAMS = 32
+MAX_STREAMS_PER_CLIENT = 8  # of http.max_connections_per_client (32 by default)
+MAX_CURSOR = 2**63 - 1  # an event id is a SQLite integer
 QUIET_KINDS = {"worker.progress", "environment.output", "network.request"}  # no result change
 
 
@@ -40,49 +46,53 @@ def _message(kind: str, data: Any, event_id: int) -> str:
 def _cursor(request: Request) -> int:
     text = request.headers.get("last-event-id") or request.query_params.get("after") or "-1"
     try:
-        return max(-1, int(text))
+        return min(MAX_CURSOR, max(-1, int(text[:40])))
     except ValueError:
         return -1
 
 
-def stream_routes(state: UiState, prefix: str) -> list[Route]:
+def stream_routes(state: UiState) -> list[Route]:
     bridge = state.bridge
 
     async def everything(request: Request) -> Response:
-        return _open(state, _all_events(state, _cursor(request)))
+        return _open(state, request, _all_events(state, _cursor(request)))
 
     async def one_task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         await state.call(bridge.get_task, task_id)  # 404 before the stream opens
-        return _open(state, _task_events(state, task_id, max(0, _cursor(request))))
+        return _open(state, request, _task_events(state, task_id, max(0, _cursor(request))))
 
     return [
-        Route(f"{prefix}/api/stream", api(state, everything)),
-        Route(f"{prefix}/api/tasks/{{task_id}}/stream", api(state, one_task)),
+        Route(f"{PREFIX}/api/stream", api(state, everything)),
+        Route(f"{PREFIX}/api/tasks/{{task_id}}/stream", api(state, one_task)),
     ]
 
 
-def _open(state: UiState, messages: AsyncIterator[str]) -> Response:
-    if state.streams >= MAX_STREAMS:
-        return JSONResponse(
-            {"error": f"This server already has {MAX_STREAMS} live views open; close some."},
-            status_code=503,
+def _open(state: UiState, request: Request, messages: AsyncIterator[str]) -> Response:
+    client = client_key(request.client.host if request.client else "")
+    if sum(state.streams.values()) >= MAX_STREAMS:
+        refusal = f"This server already has {MAX_STREAMS} live views open; close some."
+    elif state.streams.get(client, 0) >= MAX_STREAMS_PER_CLIENT:
+        refusal = f"You already have {MAX_STREAMS_PER_CLIENT} live views open; close some."
+    else:
+        return StreamingResponse(
+            _counted(state, client, messages),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
-    return StreamingResponse(
-        _counted(state, messages),
-        media_type="text/event-stream",
-        headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-    )
+    return JSONResponse({"error": refusal}, status_code=503)
 
 
-async def _counted(state: UiState, messages: AsyncIterator[str]) -> AsyncIterator[str]:
-    state.streams += 1
+async def _counted(state: UiState, client: str, messages: AsyncIterator[str]) -> AsyncIterator[str]:
+    state.streams[client] = state.streams.get(client, 0) + 1
     try:
         yield "retry: 2000\n\n"
         async for message in messages:
             yield message
     finally:
-        state.streams -= 1
+        state.streams[client] -= 1
+        if not state.streams[client]:
+            del state.streams[client]
 
 
 async def _follow(
@@ -129,13 +139,14 @@ async def _all_events(state: UiState, cursor: int) -> AsyncIterator[str]:
 
 
 def _row_of(state: UiState, owner: str) -> tuple[str, dict[str, Any] | None]:
+    """The list row of an event's owner, a task or a job (None: neither is in reach)."""
     try:
         return "task", views.task_row(state.bridge.get_task(owner))
     except TaskNotFound:
         pass
     try:
         return "job", views.job_row(state.bridge.job_status(owner))
-    except (JobNotFound, BridgeError):
+    except BridgeError:
         return "job", None
 
 

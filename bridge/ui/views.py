@@ -4,6 +4,7 @@ page's scripts put every string a worker wrote into the page as text, never as m
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,21 +63,31 @@ def job_page(result: JobResult) -> dict[str, Any]:
     return result.document()
 
 
-def diff_text(result: TaskResult, limit: int) -> str:
-    """The task's diff (base to snapshot) as git wrote it, cut at ``limit`` bytes; empty when
-    there is none yet."""
+def diff_document(result: TaskResult, limit: int) -> dict[str, Any]:
+    """The task's diff (base to snapshot) as git wrote it, for the page: ``text`` (empty when
+    there is none yet), whether it was ``truncated`` and the diff's ``total_bytes``. A diff over
+    ``limit`` bytes is cut at the last whole file within it (the start of a `diff --git` line),
+    or, when the first file alone is over it, at the last whole line: what is shown is always
+    whole hunks' lines the renderer can read. Accept writes all of it: the page says so."""
     path = result.artifacts.get("diff")
-    if not path:
-        return ""
-    try:
-        with Path(path).open("rb") as handle:
-            data = handle.read(limit + 1)
-    except OSError:
-        return ""
-    if len(data) > limit:  # cut at the last whole file, so the renderer sees valid hunks
+    data, total = b"", 0
+    if path:
+        try:
+            with Path(path).open("rb") as handle:
+                total = os.fstat(handle.fileno()).st_size
+                data = handle.read(limit + 1)
+        except OSError:
+            data, total = b"", 0
+    truncated = len(data) > limit
+    if truncated:
         data = data[:limit]
-        data = data[: data.rfind(b"\ndiff --git ") + 1] or data
-    return data.decode("utf-8", "replace")
+        boundary = data.rfind(b"\ndiff --git ")
+        data = data[: boundary + 1] if boundary >= 0 else data[: data.rfind(b"\n") + 1]
+    return {
+        "text": data.decode("utf-8", "replace"),
+        "truncated": truncated,
+        "total_bytes": max(total, len(data)),
+    }
 
 
 def event_line(event: Event) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """The web view for the tests: `worker-bridge ui` on a free loopback port until its login page
 answers, always stopped by its pid; an HTTP client signed in the way a browser is (the token
-exchanged for the session cookie, the CSRF token read from the session API); Debian's chromium
+posted to the login for the session cookie and the key in the redirect's fragment, the key
+then sent with every request); Debian's chromium
 driven by Playwright (never a downloaded browser), and where screenshots go."""
 
 from __future__ import annotations
@@ -78,24 +79,39 @@ def _answers(url: str) -> bool:
 
 @dataclass
 class SignedIn:
-    client: httpx2.Client
-    csrf: str
+    client: httpx2.Client  # sends the key with every request, as the page does
+    key: str
     origin: str
 
     def act(self, path: str, body: dict | None = None, **headers: str) -> httpx2.Response:
-        """An action as the page sends it: its Origin and the session's CSRF token."""
-        sent = {"origin": self.origin, "x-csrf-token": self.csrf, **headers}
+        """An action as the page sends it: its Origin and the session's key."""
+        sent = {"origin": self.origin, **headers}
         return self.client.post(path, json=body or {}, headers=sent)
+
+    def cookie_only(self) -> httpx2.Client:
+        """A client with this session's cookie but not its key (what a page on another
+        loopback port may get hold of: cookies are not isolated by port)."""
+        other = httpx2.Client(base_url=self.origin, timeout=30)
+        for cookie in self.client.cookies.jar:
+            other.cookies.set(cookie.name, cookie.value, path=cookie.path)
+        return other
+
+
+def log_in(client: httpx2.Client, url: str, token: str) -> str:
+    """POST the token as the login form does; the session's key from the redirect."""
+    login = client.post("/ui/login", data={"token": token}, headers={"origin": url})
+    assert login.status_code == 303, login.text
+    location = login.headers["location"]
+    assert location.startswith("/ui/#k="), location
+    return location.removeprefix("/ui/#k=")
 
 
 @contextmanager
 def signed_in(url: str, token: str) -> Iterator[SignedIn]:
     with httpx2.Client(base_url=url, timeout=30) as client:
-        login = client.get("/ui/login", params={"token": token})
-        assert login.status_code == 303, login.text
-        session = client.get("/ui/api/session")
-        assert session.status_code == 200, session.text
-        yield SignedIn(client, session.json()["csrf"], url)
+        key = log_in(client, url, token)
+        client.headers["x-ui-key"] = key
+        yield SignedIn(client, key, url)
 
 
 def chromium_path() -> str | None:

@@ -1,21 +1,75 @@
-// What every page shares: the API calls (the CSRF token sent with each action), building
-// elements from text (textContent only: nothing a worker wrote is ever parsed as HTML), the
-// confirmation dialog, errors as one sentence, and the live stream (EventSource).
+// What every page shares: the session's key (from the login's redirect fragment, kept in this
+// tab's sessionStorage, which no other origin, port included, can read; sent as X-UI-Key with
+// every read, stream and action: the cookie alone gets nothing), building elements from text
+// (textContent only, with what a terminal or a page would act on shown as escapes), the
+// confirmation dialog, errors as one sentence, and the live stream (fetch(), which can send
+// the key, unlike EventSource).
 
-let csrf = null;
+const KEY = "wb-ui-key";
+const CHANNEL = "wb-ui-key";  // same-origin tabs hand a new tab the key (BroadcastChannel)
 
+function takeKeyFromFragment() {
+  const match = location.hash.match(/^#k=([A-Za-z0-9_-]+)$/);
+  if (!match) return;
+  sessionStorage.setItem(KEY, match[1]);
+  history.replaceState(null, "", location.pathname + location.search);  // out of the URL
+}
+
+function shareKey() {
+  const channel = new BroadcastChannel(CHANNEL);
+  channel.onmessage = (message) => {
+    const key = sessionStorage.getItem(KEY);
+    if (message.data === "want" && key) channel.postMessage({ key });
+  };
+}
+
+function askOtherTabs() {
+  return new Promise((resolve) => {
+    const channel = new BroadcastChannel(CHANNEL);
+    const timer = setTimeout(() => { channel.close(); resolve(null); }, 400);
+    channel.onmessage = (message) => {
+      if (!message.data || typeof message.data.key !== "string") return;
+      clearTimeout(timer);
+      channel.close();
+      resolve(message.data.key);
+    };
+    channel.postMessage("want");
+  });
+}
+
+function key() {
+  return sessionStorage.getItem(KEY) || "";
+}
+
+function signIn() {
+  sessionStorage.removeItem(KEY);
+  location.assign("/ui/login");
+  return new Error("Sign in first.");
+}
+
+// Every page starts here: the key from the fragment, this tab or another tab of this view.
 export async function session() {
-  const response = await fetch("/ui/api/session", { credentials: "same-origin" });
-  if (response.status === 401) {
-    location.assign("/ui/login");
-    throw new Error("Sign in first.");
+  takeKeyFromFragment();
+  if (!key()) {
+    const given = await askOtherTabs();
+    if (!given) throw signIn();
+    sessionStorage.setItem(KEY, given);
   }
-  csrf = (await response.json()).csrf;
+  shareKey();
+  const logout = document.getElementById("logout");
+  if (logout) {
+    logout.hidden = false;
+    logout.addEventListener("click", async () => {
+      await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "x-ui-key": key() } });
+      signIn();
+    });
+  }
 }
 
 async function answer(response) {
   const type = response.headers.get("content-type") || "";
   const body = type.includes("json") ? await response.json() : await response.text();
+  if (response.status === 401) throw signIn();
   if (!response.ok) {
     const message = typeof body === "object" && body && body.error ? body.error : `HTTP ${response.status}`;
     throw new Error(message);
@@ -24,24 +78,36 @@ async function answer(response) {
 }
 
 export async function getJSON(path) {
-  return answer(await fetch(path, { credentials: "same-origin" }));
-}
-
-export async function getText(path) {
-  return answer(await fetch(path, { credentials: "same-origin" }));
+  return answer(await fetch(path, { credentials: "same-origin", headers: { "x-ui-key": key() } }));
 }
 
 export async function act(path, body = {}) {
   const response = await fetch(path, {
     method: "POST",
     credentials: "same-origin",
-    headers: { "content-type": "application/json", "x-csrf-token": csrf || "" },
+    headers: { "content-type": "application/json", "x-ui-key": key() },
     body: JSON.stringify(body),
   });
   return answer(response);
 }
 
-// el("td", {className: "x"}, "text", otherNode): children are text or nodes, never markup.
+// What a terminal or a page would act on rather than show, as bridge/display.py's
+// terminal_safe has it: C0 controls but tab and newline, DEL, C1 controls, the bidirectional
+// overrides and isolates (a worker's U+202E cannot reorder what is shown), line separators.
+const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]/g;
+const UNSAFE_IN_DIFF = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]/g;
+
+function escapeOf(c) {
+  const code = c.charCodeAt(0);
+  return code < 0x100 ? `\\x${code.toString(16).padStart(2, "0")}` : `\\u${code.toString(16).padStart(4, "0")}`;
+}
+
+export function safe(value) {
+  return String(value).replace(UNSAFE, escapeOf);
+}
+
+// el("td", {className: "x"}, "text", otherNode): children are text or nodes, never markup;
+// text is shown display-safe (safe()).
 export function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(props)) {
@@ -51,13 +117,13 @@ export function el(tag, props = {}, ...children) {
   }
   for (const child of children) {
     if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(safe(child)));
   }
   return node;
 }
 
 export function text(id, value) {
-  document.getElementById(id).textContent = value === null || value === undefined ? "" : String(value);
+  document.getElementById(id).textContent = value === null || value === undefined ? "" : safe(value);
 }
 
 export function showError(message) {
@@ -110,39 +176,77 @@ export function verificationLabel(ok) {
   return "none";
 }
 
-// The server's stream: handlers by message kind; the state shown in the header.
+// The server's stream, read with fetch() (so it carries the key), parsed as server-sent events;
+// after an error or its end, opened again after the last id it got. Handlers by message kind;
+// the state shown in the header.
 export function live(url, handlers) {
-  const source = new EventSource(url, { withCredentials: true });
   const badge = document.getElementById("live");
-  source.addEventListener("open", () => {
-    badge.textContent = "live";
-    badge.dataset.state = "open";
-  });
-  source.addEventListener("error", () => {
-    badge.textContent = "reconnecting…";
-    badge.dataset.state = "closed";
-  });
-  for (const [kind, handler] of Object.entries(handlers)) {
-    source.addEventListener(kind, (message) => handler(JSON.parse(message.data)));
+  let after = new URL(url, location.href).searchParams.get("after");
+  const show = (state, words) => { badge.textContent = words; badge.dataset.state = state; };
+  const dispatch = (block) => {
+    let kind = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      const colon = line.indexOf(":");
+      if (colon === 0) continue;  // a comment: keep-alive
+      const field = colon < 0 ? line : line.slice(0, colon);
+      const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+      if (field === "id") after = value;
+      else if (field === "event") kind = value;
+      else if (field === "data") data.push(value);
+    }
+    if (data.length && handlers[kind]) handlers[kind](JSON.parse(data.join("\n")));
+  };
+  async function run() {
+    for (;;) {
+      try {
+        const target = new URL(url, location.href);
+        if (after !== null) target.searchParams.set("after", after);
+        const response = await fetch(target, { credentials: "same-origin", headers: { "x-ui-key": key(), accept: "text/event-stream" } });
+        if (response.status === 401) throw signIn();
+        if (!response.ok) throw new Error(`HTTP ${response.status}`);
+        show("open", "live");
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value;
+          let end;
+          while ((end = buffer.indexOf("\n\n")) >= 0) {
+            dispatch(buffer.slice(0, end));
+            buffer = buffer.slice(end + 2);
+          }
+        }
+      } catch (error) {
+        if (error.message === "Sign in first.") return;
+      }
+      show("closed", "reconnecting…");
+      await new Promise((resolve) => setTimeout(resolve, 2000));
+    }
   }
-  return source;
+  run();
 }
 
-// A diff rendered by diff2html (it escapes the diff's text and names; highlight.js colours it).
+// A diff rendered by diff2html (it escapes the diff's text and names; highlight.js colours it
+// unless the diff is big: highlighting half a megabyte stalls the page). Bidirectional
+// overrides and controls in it are shown as escapes (a change cannot hide what it does).
+export const HIGHLIGHT_LIMIT = 500_000;
+
 export function drawDiff(target, diffText, outputFormat) {
   target.replaceChildren();
   if (!diffText.trim()) {
     target.append(el("p", { className: "muted" }, "No changes."));
     return;
   }
-  const ui = new window.Diff2HtmlUI(target, diffText, {
+  const ui = new window.Diff2HtmlUI(target, diffText.replace(UNSAFE_IN_DIFF, escapeOf), {
     outputFormat,
     drawFileList: true,
     fileListToggle: false,
-    matching: "lines",
-    highlight: true,
+    matching: diffText.length > HIGHLIGHT_LIMIT ? "none" : "lines",
+    highlight: diffText.length <= HIGHLIGHT_LIMIT,
     synchronisedScroll: true,
   });
   ui.draw();
-  ui.highlightCode();
+  if (diffText.length <= HIGHLIGHT_LIMIT) ui.highlightCode();
 }

@@ -2,7 +2,7 @@
 // two chosen candidates' diffs side by side, review rounds with their findings, and the job's
 // actions. Read again whenever the stream says one of its tasks (or the job) changed.
 import {
-  act, drawDiff, el, getJSON, getText, live, notice, session, showError, text, withConfirmation,
+  act, drawDiff, el, getJSON, live, notice, session, showError, text, withConfirmation,
 } from "/ui/static/common.js";
 
 const jobId = decodeURIComponent(location.pathname.split("/").pop());
@@ -62,7 +62,7 @@ function fillSelect(id, chosen) {
 }
 
 async function diffOf(taskId) {
-  if (!diffs.has(taskId)) diffs.set(taskId, await getText(`/ui/api/tasks/${encodeURIComponent(taskId)}/diff`));
+  if (!diffs.has(taskId)) diffs.set(taskId, await getJSON(`/ui/api/tasks/${encodeURIComponent(taskId)}/diff`));
   return diffs.get(taskId);
 }
 
@@ -74,7 +74,9 @@ async function compare() {
     const taskId = document.getElementById(side).value;
     const c = job.candidates.find((x) => x.task_id === taskId);
     text(`${side}-title`, c ? `${candidateName(c)} (rank ${c.rank ?? "–"})` : "");
-    drawDiff(document.getElementById(`${side}-diff`), taskId ? await diffOf(taskId) : "", "line-by-line");
+    const shown = taskId ? await diffOf(taskId) : { text: "", truncated: false };
+    text(`${side}-cut`, shown.truncated ? `Cut: only the first whole files of a ${Math.round(shown.total_bytes / 2 ** 20)} MiB diff are shown.` : "");
+    drawDiff(document.getElementById(`${side}-diff`), shown.text, "line-by-line");
   }
 }
 
@@ -110,6 +112,10 @@ async function refresh() {
   document.getElementById("job-tasks").replaceChildren(...job.tasks.map((t) => el("li", {},
     el("a", { href: `/ui/tasks/${encodeURIComponent(t.task_id)}` }, t.task_id), ` ${t.role}${t.label ? ` ${t.label}` : ""} · ${t.worker} · ${t.status}`)));
   rounds();
+  // What cannot apply is not offered: cancel only while the job runs, accept only once it
+  // ended with something to take (the bridge still refuses what cannot be accepted).
+  document.getElementById("cancel").disabled = !["created", "running"].includes(job.status);
+  document.getElementById("accept").disabled = !["succeeded", "unresolved"].includes(job.status);
   await compare();
 }
 
@@ -131,7 +137,9 @@ async function main() {
     if (!mine(id) || pending) return;
     pending = setTimeout(() => { pending = null; diffs.clear(); refresh().catch((e) => showError(e.message)); }, 200);
   };
-  live("/ui/api/stream", { task: (t) => changed(t.task_id), job: (j) => changed(j.job_id) });
+  // From the cursor taken before the job was read: nothing between the read and the stream
+  // is missed.
+  live(`/ui/api/stream?after=${job.cursor}`, { task: (t) => changed(t.task_id), job: (j) => changed(j.job_id) });
 }
 
 main().catch((error) => showError(error.message));

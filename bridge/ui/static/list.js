@@ -18,7 +18,8 @@ function taskRow(task) {
     el("td", { title: task.created_at }, age(task.created_at)),
     el("td", { className: `verification v-${verificationLabel(task.verification)}` },
       task.checks ? `${verificationLabel(task.verification)} (${task.checks})` : verificationLabel(task.verification)),
-    el("td", { className: task.pending ? "pending" : "" }, task.pending ? `${task.pending} pending` : ""),
+    el("td", { className: task.pending ? "pending" : "" },
+      task.pending ? el("a", { href: `/ui/tasks/${encodeURIComponent(task.task_id)}` }, `${task.pending} pending: answer`) : ""),
   );
   tr.dataset.search = [task.task_id, task.worker, task.repository, task.objective, task.job_id || ""].join(" ").toLowerCase();
   return tr;

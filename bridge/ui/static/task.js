@@ -1,14 +1,15 @@
 // A task's page: its result (read again whenever its stream says it changed), its diff, its
 // live events, and the actions on it.
 import {
-  act, age, drawDiff, el, getJSON, getText, live, notice, session, showError, text,
-  verificationLabel, withConfirmation,
+  act, age, drawDiff, el, getJSON, live, notice, session, showError, text, verificationLabel,
+  withConfirmation,
 } from "/ui/static/common.js";
 
 const taskId = decodeURIComponent(location.pathname.split("/").pop());
 const base = `/ui/api/tasks/${encodeURIComponent(taskId)}`;
+const MAX_EVENT_ROWS = 2000;  // the page keeps the newest; `worker-bridge tasks logs` has all
 let format = "line-by-line";
-let diffText = "";
+let diff = { text: "", truncated: false, total_bytes: 0 };
 let shownSnapshot = null;
 let current = null;
 
@@ -78,9 +79,9 @@ function requests(task) {
   document.getElementById("requests-section").hidden = list.length === 0;
   document.getElementById("requests").replaceChildren(...list.map((r) => {
     const detail = r.detail || {};
-    const what = r.kind === "question" ? detail.text : r.kind === "network" ? detail.host : (detail.paths || []).join(", ");
+    const what = r.what || JSON.stringify(detail);
     const item = el("li", { className: `request request-${r.status}`, dataset: { requestId: r.request_id } },
-      el("span", { className: "request-kind" }, r.kind), " ", el("span", { className: "request-what" }, what || JSON.stringify(detail)),
+      el("span", { className: "request-kind" }, r.kind), " ", el("span", { className: "request-what" }, what),
       detail.reason ? el("span", { className: "muted" }, ` (${detail.reason})`) : null, ` · ${r.status}`);
     if (r.status !== "pending") return item;
     const send = (body, question) => withConfirmation(question, () => act(`${base}/answer`, { request_id: r.request_id, ...body }), refresh);
@@ -107,13 +108,31 @@ function actions(task) {
   document.getElementById("follow-up").disabled = !["succeeded", "failed"].includes(status);
 }
 
+function mib(bytes) {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+}
+
+// The diff is read and drawn again only when the snapshot changed (not on every refresh).
 async function drawChanges(task) {
   const snapshot = `${task.status}|${(task.changed_files || []).map((f) => f.path).join(",")}|${task.finished_at}`;
-  if (snapshot !== shownSnapshot) {
-    shownSnapshot = snapshot;
-    diffText = await getText(`${base}/diff`);
-  }
-  drawDiff(document.getElementById("diff"), diffText, format);
+  if (snapshot === shownSnapshot) return;
+  shownSnapshot = snapshot;
+  diff = await getJSON(`${base}/diff`);
+  const banner = document.getElementById("diff-cut");
+  banner.hidden = !diff.truncated;
+  banner.textContent = diff.truncated
+    ? `The diff is ${mib(diff.total_bytes)}: only its first ${mib(diff.text.length)} (whole files) are shown. Accept writes all of it; see the rest with git diff in the task's worktree or branch.`
+    : "";
+  drawDiff(document.getElementById("diff"), diff.text, format);
+}
+
+function waiting(task) {
+  const pending = (task.requests || []).filter((r) => r.status === "pending").length;
+  const box = document.getElementById("waiting");
+  box.hidden = task.status !== "waiting_input";
+  box.textContent = pending
+    ? `Waiting for input: ${pending} request(s) below need an answer; the task resumes once they are answered.`
+    : "Waiting for input.";
 }
 
 async function refresh() {
@@ -130,16 +149,25 @@ async function refresh() {
   usage(task);
   changedFiles(task);
   requests(task);
+  waiting(task);
   actions(task);
   await drawChanges(task);
 }
 
 function wireActions() {
   const done = (message) => async () => { notice(message); await refresh(); };
+  // A diff shown cut is accepted only when the question says so and the user confirms it.
   document.getElementById("accept").addEventListener("click", () => withConfirmation(
-    `Write task ${taskId}'s change into ${current ? current.repository : "the repository"} (uncommitted)?`,
+    `Write task ${taskId}'s change into ${current ? current.repository : "the repository"} (uncommitted)?` +
+      (diff.truncated ? ` The diff shown was cut: this writes all ${mib(diff.total_bytes)} of it, including what you have not seen here.` : ""),
     () => act(`${base}/accept`, { allow_unverified: document.getElementById("allow-unverified").checked }),
-    async (outcome) => { notice(`Accepted: ${outcome.applied.length} file(s) written to the working tree.`); await refresh(); }));
+    async (outcome) => {
+      let words = `Accepted: ${outcome.applied.length} file(s) written to the working tree.`;
+      if (outcome.reverified === true) words += ` HEAD had moved since the task's base; the checks passed on ${outcome.head.slice(0, 12)}.`;
+      if (outcome.reverified === false) words += ` Warning: HEAD had moved since the task's base; the change is unverified on ${outcome.head.slice(0, 12)}.`;
+      notice(words);
+      await refresh();
+    }));
   document.getElementById("reject").addEventListener("click", () => withConfirmation(
     `Reject task ${taskId}'s change?`, () => act(`${base}/reject`, {}), done("Rejected.")));
   document.getElementById("cancel").addEventListener("click", () => withConfirmation(
@@ -154,7 +182,7 @@ function wireActions() {
     document.getElementById(id).addEventListener("click", () => {
       format = value;
       document.body.dataset.diffFormat = value;
-      drawDiff(document.getElementById("diff"), diffText, format);
+      drawDiff(document.getElementById("diff"), diff.text, format);
     });
   }
 }
@@ -163,6 +191,9 @@ function appendEvent(line) {
   const list = document.getElementById("events");
   list.append(el("li", { dataset: { kind: line.kind, eventId: String(line.event_id) } },
     el("time", { title: line.at }, line.at.slice(11, 19)), " ", el("span", { className: "event-line" }, line.line)));
+  let dropped = false;
+  while (list.children.length > MAX_EVENT_ROWS) { list.firstElementChild.remove(); dropped = true; }
+  if (dropped) document.getElementById("events-cut").hidden = false;
 }
 
 async function main() {
