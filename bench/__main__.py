@@ -274,6 +274,9 @@ def main() -> int:
                 continue
             results[name] = run(root, q)
     finally:
+        from bridge.workspace.overlay import unmount_under
+
+        unmount_under(root)  # layered worktrees stay mounted until pruned
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run(
             "docker ps -aq --filter label=io.worker-bridge.bench=1 | xargs -r docker rm -f",

@@ -143,6 +143,9 @@ def cleanup_home(home: Path) -> None:
     ).stdout.split()
     for image_id in dict.fromkeys(ids):
         subprocess.run(["docker", "rmi", "-f", image_id], capture_output=True)
+    from bridge.workspace.overlay import unmount_under
+
+    unmount_under(home)  # layered worktrees stay mounted until pruned
     remove_tree(home)
 
 

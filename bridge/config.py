@@ -112,6 +112,12 @@ class Config(BaseModel):
         None, ge=0, description="Free disk to keep; default max(10 GiB, 5% of the disk)."
     )
     allocation_timeout_s: int = Field(300, ge=1, description="Deadline for creating a worktree.")
+    layered_checkouts: bool = Field(
+        True,
+        description="A task's worktree and verification checkouts as overlay mounts over one "
+        "read-only checkout per base commit, where the host can mount them (the bridge runs as "
+        "root); otherwise, and when false, full checkouts.",
+    )
     auto_repair: int = Field(1, ge=0, description="Repair turns after failed verification.")
     retention_days: int = Field(14, ge=0, description="Days artifacts of finished tasks are kept.")
     output_tail_chars: int = Field(4000, ge=100, description="Bound on stored output tails.")

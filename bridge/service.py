@@ -204,9 +204,14 @@ class WorkerBridge(JobVerbs):
         if self._store is None and not self.config.store_path.exists():
             return []  # no store yet: nothing to recover, and nothing to create
         from bridge.jobs import recover_jobs
-        from bridge.pipeline.recovery import recover_stranded, remove_orphan_containers
+        from bridge.pipeline.recovery import (
+            reclaim_mounts,
+            recover_stranded,
+            remove_orphan_containers,
+        )
 
         recovered = recover_stranded(self.context())
+        reclaim_mounts(self.context())
         jobs = recover_jobs(self.context())
         if recovered:
             try:

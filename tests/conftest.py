@@ -45,9 +45,11 @@ def workdir(request):
     yield path
     remove_home_artifacts(path / "home")
     from bridge.workspace.fs import remove_tree  # any depth, never following a link
+    from bridge.workspace.overlay import unmount_under
     from bridge.workspace.trash import reap
 
     reap(path / "home")  # after the state root's background remover, never beside it
+    unmount_under(path)  # layered worktrees of any state root here (tasks not pruned)
     remove_tree(path)
 
 

@@ -264,3 +264,33 @@ def sweep_partials(home: Path, older_than_s: float = 3600.0) -> None:
                     remove_tree(folder)
             except OSError:
                 pass
+
+
+def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Path:
+    """The cached files as `materialize` would put them into a checkout, made once per entry
+    and sandbox user under `<home>/bases/env/` (folders the sandbox user's, files hard links of
+    the sealed cache), for use as a read-only lower dir of layered checkouts: the cost of
+    linking node_modules is paid once, not per task and checkout. Nothing ever writes it (an
+    overlay never writes its lower dirs); a new entry (another digest) gets another view."""
+    record = load_entry(outputs.parent)
+    digest = str(record.record.get("digest", "")) if record is not None else ""
+    uid = owner[0] if owner is not None else os.geteuid()
+    name = hashlib.sha256(f"{outputs}\0{digest}".encode()).hexdigest()[:24]
+    folder = home / "bases" / "env" / f"{name}-{uid}"
+    if (folder / "ready").is_file():
+        os.utime(folder / "ready")
+        return folder / "tree"
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
+    try:
+        (tmp / "tree").mkdir(parents=True)
+        materialize(outputs, tmp / "tree", owner)
+        (tmp / "ready").write_text(f"{outputs}\n")
+        try:
+            tmp.rename(folder)
+        except OSError:  # another runner made it first
+            if not (folder / "ready").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            remove_tree(tmp)
+    return folder / "tree"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from bridge.environments.bundle import BUNDLE
-from bridge.environments.cache import Entry, entries_in, materialize, remove_entry
+from bridge.environments.cache import Entry, entries_in, materialize, remove_entry, shared_view
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.ready import Ready
 from bridge.environments.setup import (
@@ -29,7 +29,7 @@ from bridge.phase.handle import PhaseHandle
 from bridge.workers import Worker
 from bridge.workspace.changes import Change
 from bridge.workspace.fs import display, remove_tree
-from bridge.workspace.worktree import TaskWorkspace
+from bridge.workspace.worktree import TaskWorkspace, layer_under
 
 __all__ = [
     "BUNDLE",
@@ -38,6 +38,7 @@ __all__ = [
     "SnapshotSetupFailed",
     "TaskEnvironment",
     "materialize",
+    "shared_view",
 ]
 
 
@@ -69,7 +70,13 @@ class TaskEnvironment:
         self.handle.enter_phase("environment")
         ready = self.ready()
         if ready is not None and ready.outputs is not None:
-            materialize(ready.outputs, ws.worktree, self.handle.ctx.sandbox_identity()[1])
+            owner = self.handle.ctx.sandbox_identity()[1]
+            if ws.upper is not None:  # layered: the files linked once, put under in one step
+                view = shared_view(self.handle.ctx.home, ready.outputs, owner)
+                if layer_under(ws, view, owner):
+                    self.handle.emit("environment.outputs", {"files": "layered"})
+                    return
+            materialize(ready.outputs, ws.worktree, owner)
 
     def for_verification(
         self, snapshot: str, changes: list[Change], trusted: str | None = None

@@ -21,9 +21,12 @@ class DiskWatch:
     def __init__(self, handle: PhaseHandle) -> None:
         self.handle = handle
         home, task_id = handle.ctx.home, handle.task_id
-        # The worktree, the private git dir the worker may write, and the task folder.
+        # The worktree (a layered one's upper dir: its base tree is shared and read-only), the
+        # private git dir the worker may write, and the task folder (a layered verification
+        # checkout keeps its upper dir there and its mount point outside).
+        layers = home / "layers" / task_id
         self.roots = [
-            home / "worktrees" / task_id,
+            layers if layers.is_dir() else home / "worktrees" / task_id,
             home / "gitdirs" / task_id,
             handle.ctx.task_dir(task_id),
         ]

@@ -24,7 +24,8 @@ from bridge.pipeline.recovery import orphan_containers
 from bridge.records import TaskRecord
 from bridge.scope import RepositoryScope
 from bridge.store.db import now_iso
-from bridge.workspace import fs, trash
+from bridge.workspace import fs, overlay, trash
+from bridge.workspace.bases import unused_bases
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.objects import stores_in_use
@@ -123,6 +124,10 @@ def plan_prune(
         )
     pruning = {a.task_id for a in actions if a.kind == "workspace"}
     actions += _object_caches(ctx, tasks, pruning, scope)
+    actions += [
+        PruneAction("object_cache", str(folder), None, "base tree no layered checkout uses")
+        for folder in unused_bases(home, {a.target for a in actions if a.kind == "orphan_dir"})
+    ]
     try:
         for item in orphan_containers(ctx):
             task_id = item.labels.get("io.worker-bridge.task")
@@ -154,7 +159,7 @@ def _orphans(
                 found.append(
                     PruneAction("orphan_log", str(entry), None, f"no task '{task_id}' in the store")
                 )
-    for folder in ("worktrees", "gitdirs", "tasks"):
+    for folder in ("worktrees", "gitdirs", "tasks", "layers"):
         root = home / folder
         if root.is_dir():
             for entry in sorted(root.iterdir()):
@@ -287,6 +292,8 @@ def _remove_orphan_dir(ctx: Context, path: Path) -> list[str]:
     """Remove a folder no task references; if it is a worktree git still knows, also drop the
     repository's record of it and its worker-bridge branch."""
     repo = _worktree_repository(path) if path.parent.name == "worktrees" else None
+    overlay.unmount_under(path)
+    overlay.unmount(path)  # a layered worktree: never removed through its merged view
     failed = fs.remove_tree(path)
     if repo is not None and repo.is_dir():
         with repository_lock(ctx.home, repo.resolve()):

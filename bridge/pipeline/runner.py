@@ -32,7 +32,7 @@ from bridge.pipeline.outcomes import (
     timeout_error,
     verification_failed,
 )
-from bridge.pipeline.prepare import prepare_workspace
+from bridge.pipeline.prepare import prepare_workspace, remount_workspace
 from bridge.pipeline.recovery import recover_stranded
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
@@ -98,8 +98,7 @@ class TaskRunner:
         return self.store.load_task(self.task_id)
 
     def _handle(self) -> PhaseHandle:
-        record = self.store.load_task(self.task_id)
-        self.record = record
+        self.record = record = self.store.load_task(self.task_id)
         self.ctx = self.base_ctx.with_config(record.config)
         self.follow_ups = list(record.follow_ups)
         self.snapshot = record.snapshot_commit  # the latest turn's, the start of the next
@@ -280,11 +279,13 @@ class TaskRunner:
         if phase == "allocating":
             prepare_workspace(handle, ws, sweep=resuming is not None)
             phase = "worker" if self.env.definition is None else "environment"
+        else:
+            remount_workspace(handle, ws)  # a layered one whose mount is gone (a reboot)
         if phase == "environment":
             self.env.enter(ws)
             phase = "worker"
-        if phase == "worker" and resuming != "worker":
-            # A worker about to start in this process: what it touches is told by stat.
+        if phase == "worker" and resuming != "worker" and ws.upper is None:
+            # A worker about to start here: stat tells what it touches (an upper dir needs none).
             baseline = record_files(ws.worktree, limit=handle.limits.files)
         base = self.record.base_commit or ""
         if self.record.spec.verification.commands:
@@ -392,8 +393,7 @@ class TaskRunner:
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
         """Record a repair turn (the worker is told what failed) and return it."""
         self.repairs += 1
-        message = repair_message(bad)
-        follow_ups = [*self.follow_ups, message]
+        follow_ups = [*self.follow_ups, message := repair_message(bad)]
         handle.emit(
             "verification.auto_repair",
             {"turn": len(follow_ups), "repair": self.repairs, "command": bad.command},

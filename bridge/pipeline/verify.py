@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.environments.task import materialize
+from bridge.environments.task import materialize, shared_view
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.specs import task_container
@@ -26,7 +26,11 @@ from bridge.phase.watch import DiskWatch
 from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
+from bridge.workspace import overlay
+from bridge.workspace.bases import base_tree
 from bridge.workspace.changes import Change, export_snapshot, update_checkout
+from bridge.workspace.fs import remove_tree
+from bridge.workspace.overlay import mount_point, overlay_usable
 from bridge.workspace.trash import discard
 from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
 
@@ -91,6 +95,10 @@ class VerifyCheckout:
         self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
+        # Layered: an overlay over the base's cached tree, mounted outside the task folder,
+        # its upper dir in the scratch folder (what the disk watchdog measures).
+        self.mount = mount_point(self.home, ws.task_id, f"verify-{turn}")
+        self.layered = handle.ctx.config.layered_checkouts and overlay_usable(self.home)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -106,12 +114,35 @@ class VerifyCheckout:
 
     def _prepare(self) -> None:
         try:
-            discard(self.home, self.scratch)  # what a killed runner left
+            self._unmount()  # what a killed runner left
+            discard(self.home, self.scratch)
             self.scratch.mkdir(parents=True)
+            if self.layered and self._mount():
+                return
+            self.path = self.scratch / "checkout"
             export_snapshot(self.home, self.ws.repository, self.base, self.path, self.scratch)
             self._chown()
         except BaseException as exc:  # finish() falls back to a fresh checkout
             self._error = exc
+
+    def _mount(self) -> bool:
+        """The base as an overlay (already the sandbox user's); False where it cannot be."""
+        _, owner = self.handle.ctx.sandbox_identity()
+        folder = base_tree(self.home, self.ws.repository, self.base, owner)
+        try:
+            layers = overlay.Layers((folder / "tree",), self.scratch / "layers", self.mount)
+            overlay.mount(layers, owner)  # the merged root (the upper dir) is the sandbox's
+        except OSError:
+            self._unmount()
+            return False
+        self.path = self.mount
+        self.handle.emit("verification.checkout", {"checkout": "layered"})
+        return True
+
+    def _unmount(self) -> None:
+        overlay.unmount(self.mount)
+        if not overlay.mounted(self.mount):
+            remove_tree(self.mount)
 
     def start(self) -> VerifyCheckout:
         self._thread = threading.Thread(target=self._prepare, name="verify-checkout", daemon=True)
@@ -123,23 +154,44 @@ class VerifyCheckout:
         if self._thread is not None:
             self._thread.join()
         if self._thread is None or self._error is not None:
+            self._unmount()
             discard(self.home, self.scratch)
             self.scratch.mkdir(parents=True)
+            self.path = self.scratch / "checkout"
             export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
             self._chown()
         else:  # the prepared base is already the sandbox user's: only new files need it
+            outputs = self.outputs is not None and self.path == self.mount
+            if outputs:  # layered: the cached files under the base, in one step
+                self._layer_outputs()
             written = update_checkout(
                 self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
             )
             self._chown(written)
+            if outputs:
+                return
         if self.outputs is not None:  # after the chown: the cache's files stay the host's
             materialize(self.outputs, self.path, self.handle.ctx.sandbox_identity()[1])
+
+    def _layer_outputs(self) -> None:
+        """Mount the (still untouched) layered checkout again over the base's tree and the
+        environment's shared view of its cached files."""
+        assert self.outputs is not None
+        _, owner = self.handle.ctx.sandbox_identity()
+        folder = base_tree(self.home, self.ws.repository, self.base, owner)
+        view = shared_view(self.home, self.outputs, owner)
+        overlay.unmount(self.mount)
+        upper_root = self.scratch / "layers"
+        remove_tree(upper_root)  # nothing was written into it yet
+        layers = overlay.Layers((folder / "tree", view), upper_root, self.mount)
+        overlay.mount(layers, owner)
 
     def discard(self) -> None:
         """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees):
         moved into the trash at once, removed there in the background (`workspace.trash`)."""
         if self._thread is not None:
             self._thread.join()
+        self._unmount()
         discard(self.home, self.scratch)
 
 

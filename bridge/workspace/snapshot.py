@@ -24,7 +24,12 @@ from pathlib import Path
 
 from bridge.errors import DiskFull, GitError
 from bridge.workspace import fs
-from bridge.workspace.baseline import Stat, record_files, touched_paths
+from bridge.workspace.baseline import (
+    Stat,
+    TreeEntry,
+    layered_candidates,
+    walked_candidates,
+)
 from bridge.workspace.git import Git, nul_join
 from bridge.workspace.rawgit import object_format
 from bridge.workspace.worktree import TaskWorkspace, clear_stale_locks
@@ -55,13 +60,6 @@ class Snapshot:
     dropped: list[Dropped] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class _Entry:
-    mode: str  # 100644 | 100755 | 120000 | 160000 | 040000
-    sha: str
-    size: int
-
-
 def snapshot_worktree(
     ws: TaskWorkspace,
     base: str,
@@ -77,17 +75,11 @@ def snapshot_worktree(
     there is none), with ``base`` as parent. Raises DiskFull when a limit is passed. ``stop``
     is called every STOP_EVERY paths read and may raise to end the work (a cancel, the
     deadline); nothing is committed then."""
-    try:
-        current = record_files(ws.worktree, limit=limits.entries)
-    except fs.TreeTooDeep as exc:
-        raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
-    tracked = _tree(ws.repository, start, sizes=baseline is None)
-    if baseline is not None:
-        candidates = set(touched_paths(baseline, current))
-        if any(p.rsplit("/", 1)[-1] == ".gitignore" for p in candidates):
-            candidates |= current.keys() - tracked.keys()  # what is ignored may have changed
+    upper = ws.upper
+    if upper is not None:  # a layered worktree: its upper dir is the change set
+        candidates, current, tracked = layered_candidates(ws, upper, base, start, limits.entries)
     else:
-        candidates = current.keys() | {p for p, e in tracked.items() if e.mode != "160000"}
+        candidates, current, tracked = walked_candidates(ws, start, limits.entries, baseline)
     with fs.OpenDirs(ws.worktree) as dirs:
         plan = _Plan(ws, tracked, current, limits, dirs)
         plan.timeout = timeout
@@ -108,7 +100,7 @@ class _Plan:
     def __init__(
         self,
         ws: TaskWorkspace,
-        tracked: dict[str, _Entry],
+        tracked: dict[str, TreeEntry],
         current: dict[str, Stat],
         limits: SnapshotLimits,
         dirs: fs.OpenDirs,
@@ -168,7 +160,7 @@ class _Plan:
             return
         self.writes[path] = mode
 
-    def _same(self, path: str, known: _Entry) -> bool:
+    def _same(self, path: str, known: TreeEntry) -> bool:
         """Whether the file still holds the tracked blob (only asked when there is no stat
         baseline to tell; reads the file)."""
         try:
@@ -260,22 +252,6 @@ def is_git_dir_name(part: str) -> bool:
         if name == ".git" or name.startswith(".git:") or name == "git~1":
             return True
     return False
-
-
-def _tree(repo: Path, commit: str, sizes: bool) -> dict[str, _Entry]:
-    """Every entry of ``commit``'s tree; blob sizes (which cost a lookup each) only when
-    asked, for comparing files without a stat baseline."""
-    args = ["ls-tree", "-r", "-z", "--full-tree", *(["-l"] if sizes else []), commit]
-    out = Git(repo).run(*args).stdout
-    entries = {}
-    for item in out.split(b"\0"):
-        if not item:
-            continue
-        meta, _, path = item.partition(b"\t")
-        mode, _kind, sha, *size = meta.split()
-        length = int(size[0]) if size and size[0].isdigit() else -1
-        entries[fs.decode(path)] = _Entry(mode.decode(), sha.decode(), length)
-    return entries
 
 
 def _blob_hasher(repo: Path):  # noqa: ANN202

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import ConfigError, InvalidSpec
-from bridge.workspace import fs, trash
+from bridge.workspace import bases, fs, overlay, trash
+from bridge.workspace.fs import chown_tree
 from bridge.workspace.git import Git, common_git_dir, validate_branch_name
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.objects import base_stores, container_alternates
@@ -32,6 +32,7 @@ class TaskWorkspace:
     private_gitdir: Path  # the container's git dir (its commits land here, never in the repo)
     gitfile: Path  # one line `gitdir: ...`, mounted read-only over the worktree's .git
     admin: Path  # the worktree's admin dir in the user's repository (.git/worktrees/<name>)
+    layers: Path  # upper and work dirs when the worktree is an overlay mount (layered)
 
     @classmethod
     def plan(cls, home: Path, repository: Path, task_id: str) -> TaskWorkspace:
@@ -45,12 +46,19 @@ class TaskWorkspace:
             private_gitdir=gitroot / "git",
             gitfile=gitroot / "gitfile",
             admin=common_git_dir(repository) / "worktrees" / task_id,
+            layers=home / "layers" / task_id,
         )
 
     @property
     def index(self) -> Path:
         """The worktree's own index: exactly the base checkout, with its stat information."""
         return self.admin / "index"
+
+    @property
+    def upper(self) -> Path | None:
+        """The upper dir of a layered worktree (what the task wrote); None for a full one."""
+        upper = self.layers / "upper"
+        return upper if upper.is_dir() else None
 
 
 def check_allowed(roots: list[Path], repo: Path) -> None:
@@ -84,9 +92,13 @@ def create_workspace(
     base_commit: str,
     owner: tuple[int, int] | None,
     timeout: float = 300,
-) -> None:
+    *,
+    layered: bool = False,
+) -> bool:
     """Add the worktree (its files the base commit's blobs, byte for byte) and the container's
-    private git dir. On any failure, undo both."""
+    private git dir. With ``layered``, the worktree is an overlay over the base commit's cached
+    tree where the host can mount one (see `bridge.workspace.overlay`). Returns whether it is
+    layered. On any failure, undo both."""
     check_disjoint(home, ws.repository)
     ws.worktree.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -107,15 +119,80 @@ def create_workspace(
                 f"git registered the worktree of task {ws.task_id} under an unexpected name; "
                 "run `git worktree prune` in the repository and try again."
             )
-        raw_checkout(home, ws.repository, base_commit, ws.worktree, ws.index, keep_index=True)
+        if not (layered and _mount_layers(home, ws, base_commit, owner)):
+            raw_checkout(home, ws.repository, base_commit, ws.worktree, ws.index, keep_index=True)
+            if owner is not None:
+                chown_tree(ws.worktree, *owner)
         stores = base_stores(home, ws.repository, base_commit)
         _make_private_gitdir(ws, base_commit, len(stores))
         if owner is not None:
-            chown_tree(ws.worktree, *owner)
             chown_tree(ws.private_gitdir, *owner)
     except BaseException:
         remove_workspace(home, ws, delete_branch=True)
         raise
+    return ws.upper is not None
+
+
+def _mount_layers(
+    home: Path, ws: TaskWorkspace, base_commit: str, owner: tuple[int, int] | None
+) -> bool:
+    """The worktree as an overlay over the base commit's tree, its index the tree's; False
+    (nothing left behind) where overlay mounts are not available here."""
+    if not overlay.overlay_usable(home):
+        return False
+    folder = bases.base_tree(home, ws.repository, base_commit, owner)
+    try:
+        # The worktree's own `.git` (the host's gitfile) stays visible in the merged view.
+        (ws.layers / "upper").mkdir(parents=True)
+        shutil.copy2(ws.worktree / ".git", ws.layers / "upper" / ".git")
+        _mount_over(ws, (folder / "tree",), owner)
+    except OSError:
+        overlay.unmount(ws.worktree)
+        fs.remove_tree(ws.layers)
+        return False
+    bases.copy_index(folder, ws.index)
+    return True
+
+
+def _mount_over(ws: TaskWorkspace, lowers: tuple[Path, ...], owner: tuple[int, int] | None) -> None:
+    """Mount the worktree over ``lowers`` (topmost first), recorded for mounting it again."""
+    (ws.layers / bases.LOWERS_FILE).write_text("".join(f"{p}\n" for p in lowers))
+    overlay.mount(overlay.Layers(lowers, ws.layers, ws.worktree), owner)
+
+
+def _lowers(ws: TaskWorkspace) -> tuple[Path, ...]:
+    try:
+        return tuple(Path(p) for p in (ws.layers / bases.LOWERS_FILE).read_text().splitlines())
+    except OSError:
+        return ()
+
+
+def layer_under(ws: TaskWorkspace, lower: Path, owner: tuple[int, int] | None) -> bool:
+    """Put ``lower`` (a read-only tree: an environment's cached files) under a layered
+    worktree that no container uses yet, in one step: what the worktree holds wins. False for
+    a full worktree."""
+    lowers = _lowers(ws)
+    if ws.upper is None or not lowers:
+        return False
+    if lower in lowers:
+        return True
+    overlay.unmount(ws.worktree)
+    _mount_over(ws, (*lowers, lower), owner)
+    return True
+
+
+def ensure_mounted(
+    home: Path, ws: TaskWorkspace, base_commit: str, owner: tuple[int, int] | None
+) -> None:
+    """A layered worktree mounted again where its mount is gone (a reboot, a reclaim); its
+    upper dir holds what the task wrote so far."""
+    if ws.upper is None or overlay.mounted(ws.worktree):
+        return
+    lowers = _lowers(ws) or (bases.base_tree(home, ws.repository, base_commit, owner) / "tree",)
+    for lower in lowers[:1]:  # the base's tree, made again if it was pruned meanwhile
+        if not lower.is_dir():
+            bases.base_tree(home, ws.repository, base_commit, owner)
+    overlay.mount(overlay.Layers(lowers, ws.layers, ws.worktree), owner)
 
 
 def _admin_of(worktree: Path) -> Path:
@@ -144,21 +221,6 @@ def _make_private_gitdir(ws: TaskWorkspace, base_commit: str, stores: int) -> No
     (gitdir / "HEAD").write_text(base_commit + "\n")
     shutil.copyfile(ws.index, gitdir / "index")
     ws.gitfile.write_text(f"gitdir: {CONTAINER_GITDIR}\n")
-
-
-def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Hand a tree the host just made (before any container saw it) to uid:gid, links
-    included and never followed: `chown -R -h` (about 5x faster than a walk from Python)."""
-    chown = shutil.which("chown")
-    if chown is not None:
-        proc = subprocess.run(
-            [chown, "-R", "-h", f"{uid}:{gid}", "--", str(root)], capture_output=True
-        )
-        if proc.returncode == 0:
-            return
-    os.lchown(root, uid, gid)
-    for path, _ in fs.walk_all(root):
-        os.lchown(root / path, uid, gid)
 
 
 def chown_paths(root: Path, paths: list[str], uid: int, gid: int) -> None:
@@ -207,6 +269,7 @@ def remove_workspace(
     with repository_lock(home, ws.repository):
         clear_stale_locks(ws)
         repo = Git(ws.repository)
+        overlay.unmount(ws.worktree)  # a layered worktree: its files are in ws.layers
         failures += remove(ws.worktree)
         # An admin dir left `locked` by a worktree add that was killed is not pruned by git.
         (ws.admin / "locked").unlink(missing_ok=True)
@@ -216,4 +279,5 @@ def remove_workspace(
         if delete_branch:
             repo.run("branch", "-D", "--quiet", ws.branch, check=False)
     failures += remove(ws.private_gitdir.parent)
+    failures += remove(ws.layers)
     return failures

@@ -1,0 +1,207 @@
+"""Layered checkouts: a task's worktree or verification checkout as an overlay mount made by the
+host, whose lower dir is a read-only checkout of the base commit kept once per commit
+(`bridge.workspace.bases`) and whose upper dir holds everything the task wrote.
+
+Making one costs a mount, not a write of every file; the upper dir *is* the change set (files
+written or copied up, whiteouts for deletions, opaque folders for folders made anew), so the
+snapshot and the disk watchdog look at what changed instead of walking the whole tree. The
+kernel never writes a lower dir through an overlay (writes, links, chmod, renames and deletes
+all land in the upper dir), and containers only ever see the merged folder, never the layers.
+Where overlay mounts are unavailable (not root, a bridge in a container without the right, a
+path the mount options cannot carry), callers fall back to full checkouts.
+
+Every mount here is under the state root and is undone before its folders are removed;
+`reclaim_mounts` undoes those whose folders a killed process left behind.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import stat
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from bridge.workspace import fs
+
+OPAQUE_XATTR = "trusted.overlay.opaque"
+# redirect_dir/metacopy off: every change is a whole entry in the upper dir (a renamed folder is
+# copied, a chmod copies the data), which is what reading the change set relies on.
+_OPTIONS = "redirect_dir=off,metacopy=off,index=off"
+_UNSAFE = (",", ":", "\\", "\n", "=")
+MOUNT_SEP = "--"  # <home>/mounts/<task id>--<name>: a mount point outside the task's folders
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The folders of one overlay: ``lowers`` (topmost first, read-only), ``root`` holding the
+    upper and work dirs, and ``target``, the mount point (the merged view)."""
+
+    lowers: tuple[Path, ...]
+    root: Path
+    target: Path
+
+    @property
+    def upper(self) -> Path:
+        return self.root / "upper"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+
+def overlay_usable(scratch: Path) -> bool:
+    """Whether this process can make overlay mounts with upper dirs under ``scratch`` (asked
+    once per process and folder: a real mount of a tiny overlay)."""
+    return _probe(str(scratch))
+
+
+@lru_cache(maxsize=16)
+def _probe(scratch: str) -> bool:
+    if os.geteuid() != 0 or not Path("/proc/self/mountinfo").is_file():
+        return False
+    root = Path(scratch) / f".overlay-probe-{os.getpid()}"
+    layers = Layers((root / "lower",), root / "layers", root / "merged")
+    try:
+        fs.remove_tree(root)
+        for folder in (layers.lowers[0], layers.target):
+            folder.mkdir(parents=True)
+        (layers.lowers[0] / "f").write_bytes(b"x")
+        mount(layers)
+        try:
+            (layers.target / "f").unlink()  # a whiteout needs the upper fs's xattrs and mknod
+            return (layers.lowers[0] / "f").exists() and not os.path.lexists(layers.target / "f")
+        finally:
+            unmount(layers.target)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        fs.remove_tree(root)
+
+
+def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
+    """Mount ``layers`` at its target (made, with fresh upper and work dirs, when missing; an
+    existing upper dir is used again, as after a reboot). The merged root takes the upper dir's
+    owner: ``owner`` when given. OSError when the kernel refuses."""
+    paths = [*layers.lowers, layers.upper, layers.work]
+    if any(ch in str(p) for p in paths for ch in _UNSAFE):
+        raise OSError(f"overlay options cannot name {layers.root}")
+    for folder in (layers.upper, layers.work, layers.target):
+        folder.mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(layers.upper, *owner)
+    lower = ":".join(str(p) for p in layers.lowers)
+    options = f"lowerdir={lower},upperdir={layers.upper},workdir={layers.work},{_OPTIONS}"
+    proc = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(layers.target)],
+        capture_output=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        raise OSError(f"overlay mount failed: {proc.stderr.decode(errors='replace').strip()}")
+
+
+def mounted(target: Path) -> bool:
+    return str(target) in mount_points()
+
+
+def mount_points() -> set[str]:
+    """Mount points of this mount namespace (mountinfo's escapes undone)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return set()
+    points = set()
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.add(_unescape(fields[4]))
+    return points
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def unmount(target: Path) -> None:
+    """Undo the mount at ``target`` if there is one (detached lazily when something still has
+    it open: a container being removed, a process of ours). Idempotent."""
+    if not mounted(target):
+        return
+    proc = subprocess.run(["umount", str(target)], capture_output=True, timeout=60)
+    if proc.returncode != 0 and mounted(target):
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=60)
+
+
+def unmount_under(root: Path) -> list[str]:
+    """Undo every mount under ``root`` (inner ones first): before a whole state root is
+    removed, which would otherwise delete through the merged views and leave the mounts."""
+    prefix = f"{root}/"
+    points = sorted((p for p in mount_points() if p.startswith(prefix)), reverse=True)
+    for point in points:
+        unmount(Path(point))
+    return points
+
+
+def mount_point(home: Path, task_id: str, name: str) -> Path:
+    """Where a task's checkout named ``name`` is mounted: outside its task folder, so that
+    measuring the folder (the disk watchdog) walks the upper dir there and not the merged view."""
+    return home / "mounts" / f"{task_id}{MOUNT_SEP}{name}"
+
+
+def changed_candidates(upper: Path, tracked: Iterable[str]) -> set[str]:
+    """Every path that may differ between the merged view and the lower dirs, from the upper dir
+    alone: each entry in it, and each lower path under a whiteout, an opaque folder, or a
+    non-folder that replaced a folder. A superset: callers compare each one in the merged view.
+    Top-level `.git` is not a candidate (it is the host's gitfile)."""
+    ordered = sorted(tracked)
+    found: set[str] = set()
+
+    def under(prefix: str) -> None:
+        start = bisect.bisect_left(ordered, prefix + "/")
+        for path in ordered[start:]:
+            if not path.startswith(prefix + "/"):
+                break
+            found.add(path)
+
+    for rel, st in fs.walk_all(upper, skip=frozenset({".git"})):
+        found.add(rel)
+        if stat.S_ISDIR(st.st_mode):
+            if _opaque(upper / rel):
+                under(rel)
+        else:  # a whiteout, a file or a link: whatever was below it is gone
+            under(rel)
+    return found
+
+
+def upper_entries(upper: Path) -> tuple[list[str], list[str]]:
+    """The upper dir's entries (but top-level `.git`) as (plain folders: only their own entry
+    may differ below them, others: files, links, whiteouts and opaque folders, which hide
+    whatever the lower dirs hold at or under them)."""
+    folders, others = [], []
+    for rel, st in fs.walk_all(upper, skip=frozenset({".git"})):
+        plain = stat.S_ISDIR(st.st_mode) and not _opaque(upper / rel)
+        (folders if plain else others).append(rel)
+    return folders, others
+
+
+def _opaque(folder: Path) -> bool:
+    try:
+        return os.getxattr(folder, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0

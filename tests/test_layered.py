@@ -1,0 +1,338 @@
+"""Layered checkouts: a worktree that is an overlay over the base's cached tree collects exactly
+what a fully checked-out one does (the change set read from the upper dir equals a walk of
+everything), nothing written through it reaches the cached base, another task or the user's
+repository, and a killed process's mounts are reclaimed without breaking the next task."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from support.repos import commit_all, git
+
+from bridge.workspace import overlay
+from bridge.workspace.bases import base_folder, unused_bases
+from bridge.workspace.git import Git
+from bridge.workspace.snapshot import SnapshotLimits, snapshot_worktree
+from bridge.workspace.worktree import TaskWorkspace, create_workspace, remove_workspace
+
+LIMITS = SnapshotLimits(file_bytes=2**20, change_bytes=4 * 2**20)
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="overlay mounts are made by a root host process"
+)
+
+
+def _workspace(home, repo, task_id, layered):
+    ws = TaskWorkspace.plan(home, repo, task_id)
+    base = Git(repo).resolve_commit("HEAD")
+    made = create_workspace(home, ws, base, None, layered=layered)
+    assert made is layered
+    return ws, base
+
+
+def _tree(repo, commit):
+    return git(repo, "rev-parse", f"{commit}^{{tree}}").strip()
+
+
+def _digest(root: Path) -> str:
+    """Every entry under ``root`` (but a top-level `.git` folder, which git itself changes):
+    path, type, mode, owner, content or link target."""
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        if Path(folder) == root and ".git" in dirs:  # the user's repository: its files only
+            dirs.remove(".git")
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            st = os.lstat(path)
+            h.update(f"{path.relative_to(root)}\0{st.st_mode}\0{st.st_uid}\0".encode())
+            if path.is_symlink():
+                h.update(os.readlink(path).encode())
+            elif path.is_file():
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def tricky_repo(workdir):
+    """A repository with nested folders, an executable, a link and an ignore rule."""
+    repo = workdir / "tricky"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    files = {
+        "a.txt": "a\n",
+        "keep.txt": "keep\n",
+        "run.sh": "#!/bin/sh\n",
+        "dir/one.txt": "1\n",
+        "dir/sub/two.txt": "2\n",
+        "gone/x.txt": "x\n",
+        "becomes_file/y.txt": "y\n",
+        "becomes_dir": "z\n",
+        "moved/m.txt": "m\n",
+        "opaque/o1.txt": "o1\n",
+        "opaque/o2.txt": "o2\n",
+        "flat/f1.txt": "f1\n",
+        "flat/f2.txt": "f2\n",
+        ".gitignore": "*.log\nsecret/\n",
+    }
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    os.chmod(repo / "run.sh", 0o755)
+    os.symlink("a.txt", repo / "link")
+    commit_all(repo, "base")
+    return repo
+
+
+def _tricky_edit(root: Path) -> None:
+    """Deletions, renames (a folder's too: EXDEV through an overlay, copied by `mv`), mode
+    changes, links, a folder replaced by a file and a file by a folder, a folder deleted and
+    made again (opaque), ignored files and a changed ignore rule."""
+    (root / "a.txt").write_text("A\n")
+    (root / "flat" / "f1.txt").write_text("F1\n")  # a folder with an untouched sibling
+    (root / "keep.txt").write_text("keep\n")  # rewritten with the same bytes
+    os.chmod(root / "run.sh", 0o644)
+    (root / "link").unlink()
+    os.symlink("keep.txt", root / "link")
+    os.symlink("/etc/passwd", root / "outside")
+    shutil.rmtree(root / "gone")
+    shutil.rmtree(root / "becomes_file")
+    (root / "becomes_file").write_text("now a file\n")
+    (root / "becomes_dir").unlink()
+    (root / "becomes_dir").mkdir()
+    (root / "becomes_dir" / "inside.txt").write_text("in\n")
+    subprocess.run(["mv", str(root / "moved"), str(root / "renamed")], check=True)
+    shutil.rmtree(root / "opaque")
+    (root / "opaque").mkdir()
+    (root / "opaque" / "o3.txt").write_text("o3\n")
+    (root / "dir" / "sub" / "two.txt").rename(root / "dir" / "two.txt")
+    (root / "build.log").write_text("ignored\n")
+    (root / "secret").mkdir()
+    (root / "secret" / "s.txt").write_text("ignored\n")
+    (root / "empty").mkdir()
+    (root / "new" / "deep").mkdir(parents=True)
+    (root / "new" / "deep" / "n.txt").write_text("n\n")
+
+
+@pytest.fixture(params=["paths", "whole tree"])
+def listing(request, monkeypatch):
+    """Both ways the start's entries are listed: at the changed paths, or all of them (a large
+    change)."""
+    if request.param == "whole tree":
+        monkeypatch.setattr("bridge.workspace.baseline.PATHSPEC_MAX", 0)
+    return request.param
+
+
+def test_collect_from_the_upper_dir_equals_collect_by_a_full_walk(home, tricky_repo, listing):
+    layered, base = _workspace(home, tricky_repo, "layered", layered=True)
+    full, _ = _workspace(home, tricky_repo, "full", layered=False)
+    assert overlay.mounted(layered.worktree) and layered.upper is not None
+    for ws in (layered, full):
+        _tricky_edit(ws.worktree)
+    snaps = [snapshot_worktree(ws, base, base, "m", LIMITS) for ws in (layered, full)]
+    assert _tree(tricky_repo, snaps[0].commit) == _tree(tricky_repo, snaps[1].commit)
+    names = git(tricky_repo, "ls-tree", "-r", "--name-only", snaps[0].commit).split()
+    assert "renamed/m.txt" in names and "moved/m.txt" not in names
+    assert "opaque/o3.txt" in names and "opaque/o1.txt" not in names
+    assert "becomes_dir/inside.txt" in names and "becomes_file/y.txt" not in names
+    assert "build.log" not in names and "secret/s.txt" not in names
+    assert "flat/f2.txt" in names and "dir/one.txt" in names
+
+
+def test_a_changed_ignore_rule_and_a_later_turn_are_collected_as_by_a_full_walk(
+    home, tricky_repo, listing
+):
+    layered, base = _workspace(home, tricky_repo, "layered", layered=True)
+    full, _ = _workspace(home, tricky_repo, "full", layered=False)
+    firsts = []
+    for ws in (layered, full):
+        (ws.worktree / "added.txt").write_text("turn one\n")
+        (ws.worktree / "build.log").write_text("ignored, then not\n")
+        firsts.append(snapshot_worktree(ws, base, base, "1", LIMITS).commit)
+    assert _tree(tricky_repo, firsts[0]) == _tree(tricky_repo, firsts[1])
+    seconds = []
+    for ws, start in zip((layered, full), firsts, strict=True):
+        (ws.worktree / "added.txt").unlink()  # added by turn one: nothing left in the upper dir
+        (ws.worktree / ".gitignore").write_text("secret/\n")  # build.log is no longer ignored
+        seconds.append(snapshot_worktree(ws, base, start, "2", LIMITS).commit)
+    assert _tree(tricky_repo, seconds[0]) == _tree(tricky_repo, seconds[1])
+    names = git(tricky_repo, "ls-tree", "-r", "--name-only", seconds[0]).split()
+    assert "added.txt" not in names and "build.log" in names
+
+
+def test_writes_through_a_layered_worktree_never_reach_the_base_or_the_user(home, tricky_repo):
+    one, base = _workspace(home, tricky_repo, "one", layered=True)
+    two, _ = _workspace(home, tricky_repo, "two", layered=True)
+    folder = base_folder(home, tricky_repo, base, None)
+    before = _digest(folder / "tree"), _digest(two.worktree), _digest(tricky_repo)
+    root = one.worktree
+    with open(root / "a.txt", "a") as f:  # in place, through an open file
+        f.write("appended\n")
+    os.link(root / "keep.txt", root / "hard")  # a hard link to a base file, then written
+    with open(root / "hard", "w") as f:
+        f.write("through the link\n")
+    os.chmod(root / "dir" / "one.txt", 0o777)
+    os.chown(root / "dir" / "one.txt", 1234, 1234)
+    os.replace(root / "dir" / "sub" / "two.txt", root / "keep.txt")  # rename over
+    shutil.rmtree(root / "opaque")
+    (root / "link").unlink()
+    os.symlink(str(folder / "tree" / "a.txt"), root / "link")  # a link to the base itself
+    (root / "dir" / "sub").mkdir(exist_ok=True)
+    try:  # the overlay's own marks are refused or kept escaped, never obeyed (even as root)
+        os.setxattr(root / "dir", overlay.OPAQUE_XATTR, b"y")
+    except OSError:
+        pass
+    assert (root / "dir" / "one.txt").exists()
+    assert not overlay._opaque(one.upper / "dir")
+    assert _digest(folder / "tree") == before[0]
+    assert (_digest(two.worktree), _digest(tricky_repo)) == before[1:]
+    assert (two.worktree / "opaque" / "o1.txt").read_text() == "o1\n"
+
+
+def test_removing_a_layered_workspace_unmounts_it_and_leaves_the_base_for_the_others(
+    home, tricky_repo
+):
+    one, base = _workspace(home, tricky_repo, "one", layered=True)
+    two, _ = _workspace(home, tricky_repo, "two", layered=True)
+    (one.worktree / "new.txt").write_text("x\n")
+    assert remove_workspace(home, one, delete_branch=True) == []
+    assert not overlay.mounted(one.worktree)
+    assert not one.worktree.exists() and not one.layers.exists()
+    assert (two.worktree / "a.txt").read_text() == "a\n"
+    assert unused_bases(home) == []  # two is over it (and it was just used)
+
+
+_KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from bridge.workspace import overlay
+    from bridge.workspace.bases import base_tree
+    from bridge.workspace.worktree import TaskWorkspace, create_workspace
+    home, repo, base = Path({home!r}), Path({repo!r}), {base!r}
+    ws = TaskWorkspace.plan(home, repo, "killed")
+    assert create_workspace(home, ws, base, None, layered=True)
+    folder = base_tree(home, repo, base, None)
+    point = overlay.mount_point(home, "killed", "verify-0")
+    overlay.mount(overlay.Layers((folder / "tree",), home / "tasks" / "killed" / "v", point))
+    (ws.worktree / "half.txt").write_text("written before the kill\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_mounts_a_killed_process_left_are_reclaimed_and_the_next_task_works(
+    home, tricky_repo, bridge
+):
+    base = Git(tricky_repo).resolve_commit("HEAD")
+    script = _KILLED.format(
+        root=str(Path(__file__).resolve().parents[1]),
+        home=str(home),
+        repo=str(tricky_repo),
+        base=base,
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    verify_point = overlay.mount_point(home, "killed", "verify-0")
+    worktree = home / "worktrees" / "killed"
+    assert overlay.mounted(verify_point) and overlay.mounted(worktree)
+    assert bridge.store.statuses(["killed"]) == {}  # the store exists; "killed" is no task
+    bridge.recover()  # what any bridge process runs
+    assert not overlay.mounted(verify_point) and not verify_point.exists()
+    from bridge.pipeline.prune import apply_prune, plan_prune
+
+    apply_prune(bridge.context(), plan_prune(bridge.context()))  # its orphan folders
+    assert [p for p in overlay.mount_points() if p.startswith(f"{home}/")] == []
+    assert not worktree.exists() and not (home / "layers" / "killed").exists()
+    assert (tricky_repo / "a.txt").read_text() == "a\n"
+    nxt, _ = _workspace(home, tricky_repo, "next", layered=True)
+    assert sorted(p.name for p in nxt.worktree.iterdir())[:3] == [".git", ".gitignore", "a.txt"]
+    assert not (nxt.worktree / "half.txt").exists()
+
+
+HOSTILE = """
+set +e
+echo pwn >> calc.py
+ln README.md hard; echo through-a-hard-link > hard
+chmod 777 .gitignore
+mv tests/test_calc.py calc.py
+rm -rf tests
+ln -s / rootlink; echo x > rootlink/tmp/planted
+setfattr -n trusted.overlay.opaque -v y . 2>/dev/null
+mkdir -p deep/er; echo new > deep/er/file.txt
+true
+"""
+
+
+def test_a_hostile_worker_and_verifier_in_layered_checkouts_change_only_their_own_task(
+    docker_images, bridge, repo
+):
+    from support.tasks import mock_task
+
+    first = bridge.run_task(
+        bridge.create_task(mock_task(repo, {"write": {"a.txt": "a\n"}})).task_id
+    )
+    assert first.status == "succeeded"
+    other = home_of(bridge) / "worktrees" / first.task_id
+    assert overlay.mounted(other)
+    base = Git(repo).resolve_commit("HEAD")
+    folder = next((home_of(bridge) / "bases").glob(f"*/{base}-*"))
+    before = _digest(folder / "tree"), _digest(other), _digest(repo)
+    spec = mock_task(
+        repo,
+        {"script": HOSTILE},
+        verify=[
+            "echo pwn >> calc.py; rm -rf deep; rm -f README.md; test -f deep/er/file.txt || true"
+        ],
+    )
+    created = bridge.create_task(spec)
+    result = bridge.run_task(created.task_id).document()
+    assert result["status"] == "succeeded", result["error"]
+    kinds = [e.data.get("checkout") for e in bridge.task_logs(created.task_id).events]
+    assert "layered" in kinds  # the worktree (workspace.ready) and verification's checkout
+    assert (_digest(folder / "tree"), _digest(other), _digest(repo)) == before
+    changed = {c["path"]: c["change"] for c in result["changed_files"]}
+    assert changed["deep/er/file.txt"] == "added" and changed["tests/test_calc.py"] == "deleted"
+    assert changed["calc.py"] == "modified" and "rootlink" in changed
+    snapshot = bridge.store.load_task(created.task_id).snapshot_commit
+    assert git(repo, "show", f"{snapshot}:hard") == "through-a-hard-link\n"
+    # Both names are one inode of this task's own (copied up), as in a full checkout.
+    assert git(repo, "show", f"{snapshot}:README.md") == "through-a-hard-link\n"
+
+
+def home_of(bridge) -> Path:
+    return bridge.config.home
+
+
+def test_a_task_says_which_checkout_it_got_and_the_switch_turns_layers_off(
+    docker_images, home, repo
+):
+    from support.tasks import mock_task
+
+    from bridge import WorkerBridge
+
+    for setting, expected in (("true", "layered"), ("false", "full")):
+        (home / "config.yaml").write_text(f"layered_checkouts: {setting}\n")
+        bridge = WorkerBridge(home=home)
+        try:
+            spec = mock_task(repo, {"write": {"a.txt": "a\n"}}, verify=["test -f a.txt"])
+            result = bridge.run_task(bridge.create_task(spec).task_id)
+            assert result.status == "succeeded"
+            ready = [
+                e for e in bridge.task_logs(result.task_id).events if e.kind == "workspace.ready"
+            ]
+            assert ready[0].data["checkout"] == expected
+            worktree = home / "worktrees" / result.task_id
+            assert overlay.mounted(worktree) is (expected == "layered")
+            assert (worktree / "a.txt").read_text() == "a\n"
+        finally:
+            bridge.close()
