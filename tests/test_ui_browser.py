@@ -69,14 +69,22 @@ def page(browser, ui, site):
     tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     tab.on("console", lambda m: reports.append(m.text) if "Content Security" in m.text else None)
     tab.on("pageerror", lambda e: reports.append(f"page error: {e}"))
-    tab.goto(f"{ui.url}/ui/login?token={site.token}")
-    assert tab.url == f"{ui.url}/ui/"
+    sign_in(tab, ui.url, site.token)
     try:
         yield tab
     finally:
         context.close()
     assert dialogs == [], dialogs
     assert reports == [], reports
+
+
+def sign_in(tab, url: str, token: str) -> None:
+    """As the URL `worker-bridge ui` prints: the token in the login's fragment, posted by the
+    login page's script; the list then takes the session's key out of its own fragment."""
+    tab.goto(f"{url}/ui/login#token={token}")
+    _expect()(tab.locator("#live")).to_have_text("live")
+    assert tab.url == f"{url}/ui/"  # neither the token nor the key stays in the address bar
+    assert token not in tab.content()
 
 
 def _expect():
@@ -312,3 +320,104 @@ def test_a_pending_question_is_answered_from_the_page(page, ui, bridge, repo):
     expect(page.locator(".request").first).to_contain_text("answered", timeout=LONG_MS)
     expect(page.locator("#status")).to_have_text("succeeded", timeout=LONG_MS)
     expect(page.locator("#changed-files")).to_contain_text("DB.md")
+
+
+class _Collector:
+    """A server of another local process on another loopback port (what the view must not
+    trust): it records the Cookie header of every request the browser sends it and serves
+    one page, under /ui/ so that the view's cookie (Path=/ui) is sent along."""
+
+    def __init__(self, view_url: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from support.mcp_http_server import free_port
+
+        cookies: list[str] = []
+        self.cookies = cookies
+        page = _THIEF_PAGE.replace("VIEW", view_url).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                cookies.append(self.headers.get("cookie") or "")
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+# The other port's page: it asks the view's tabs for the key the way a new tab of the view does
+# (BroadcastChannel), and reads the view's API with the browser's cookies; then says it is done.
+_THIEF_PAGE = """<!doctype html><html><body><script>
+window.__got = [];
+const channel = new BroadcastChannel("wb-ui-key");
+channel.onmessage = (m) => window.__got.push(JSON.stringify(m.data));
+channel.postMessage("want");
+window.__reads = [];
+const reads = ["/ui/api/tasks", "/ui/api/session"].map((path) =>
+  fetch("VIEW" + path, { credentials: "include" }).then((r) => r.text())
+    .then((t) => window.__reads.push(t), () => window.__reads.push("blocked")));
+Promise.all(reads).then(() => setTimeout(() => { window.__done = true; }, 1500));
+</script></body></html>"""
+
+
+def test_a_page_on_another_loopback_port_gets_the_cookie_but_neither_the_key_nor_data(
+    browser, site, bridge, repo
+):
+    """The attack the key answers: cookies are not isolated by port, so another local server
+    gets the view's session cookie from the browser. With it alone, it reads nothing, streams
+    nothing, does nothing and is handed no key; a new tab of the view itself is."""
+    import httpx2
+
+    expect = _expect()
+    created = bridge.create_task(mock_task(repo, {})).task_id
+    thief = _Collector(site.url)
+    context = browser.new_context()
+    try:
+        view = context.new_page()
+        sign_in(view, site.url, site.token)
+        key = view.evaluate("sessionStorage.getItem('wb-ui-key')")
+        assert key and len(key) >= 32
+        other = context.new_page()
+        other.goto(f"{thief.url}/ui/steal")
+        other.wait_for_function("window.__done === true", timeout=30_000)
+        (name,) = [c["name"] for c in context.cookies()]
+        stolen = [c for c in "; ".join(thief.cookies).split("; ") if c.startswith(f"{name}=")]
+        assert stolen, thief.cookies  # the browser did hand the other port our cookie
+        assert other.evaluate("window.__got") == []  # no tab of the view gave it the key
+        assert other.evaluate("window.__reads") == ["blocked", "blocked"]
+        assert other.evaluate("sessionStorage.length") == 0
+        value = stolen[0].split("=", 1)[1]
+        with httpx2.Client(base_url=site.url, timeout=30, cookies={name: value}) as client:
+            for path in ("/ui/api/tasks", f"/ui/api/tasks/{created}", "/ui/api/stream"):
+                refused = client.get(path)
+                assert refused.status_code == 401 and key not in refused.text, path
+            session = client.get("/ui/api/session")
+            assert session.status_code == 404 and key not in session.text
+            shell = client.get("/ui/")
+            assert shell.status_code == 200 and key not in shell.text
+            cancel = client.post(f"/ui/api/tasks/{created}/cancel", headers={"origin": site.url})
+            assert cancel.status_code == 401
+        assert bridge.get_task(created).status == "created"
+        # A new tab of the view is handed the key by the open one, and works.
+        second = context.new_page()
+        second.goto(f"{site.url}/ui/tasks/{created}")
+        expect(second.locator("#status")).to_have_text("created")
+        assert second.evaluate("sessionStorage.getItem('wb-ui-key')") == key
+    finally:
+        context.close()
+        thief.close()

@@ -8,7 +8,6 @@ subprocess and plain HTTP; the browser tests are in test_ui_browser.py."""
 from __future__ import annotations
 
 import argparse
-import json
 import uuid
 
 import httpx2
@@ -423,10 +422,12 @@ def test_one_client_holds_at_most_its_share_of_live_streams(ui, token, created):
     from bridge.ui.sse import MAX_STREAMS_PER_CLIENT
 
     with signed_in(ui.url, token) as browser, ExitStack() as streams:
+        held = []  # each stream's line reader, kept: a dropped reader closes its connection
         for _ in range(MAX_STREAMS_PER_CLIENT):
             stream = streams.enter_context(browser.client.stream("GET", "/ui/api/stream"))
             assert stream.status_code == 200
-            assert next(stream.iter_lines()) == "retry: 2000"
+            held.append(stream.iter_lines())
+            assert next(held[-1]) == "retry: 2000"
         refused = browser.client.get(f"/ui/api/tasks/{created}/stream")
         assert refused.status_code == 503
         assert f"{MAX_STREAMS_PER_CLIENT} live views" in refused.json()["error"]
