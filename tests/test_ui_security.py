@@ -12,6 +12,7 @@ import uuid
 
 import httpx2
 import pytest
+from support.cli import cli_runner
 from support.mcp_http_server import http_server
 from support.repos import calc_repo
 from support.scratch import TEST_ROOT
@@ -105,20 +106,37 @@ def test_the_session_cookie_alone_reads_streams_and_does_nothing(ui, token, crea
         "/ui/api/stream",
         f"/ui/api/tasks/{created}/stream",
     )
+    logged = _refusal_lines(ui, "with the session cookie but without its key")
     with signed_in(ui.url, token) as browser, browser.cookie_only() as thief:
-        assert thief.get("/ui/").status_code == 200  # the static shell: no data in it
+        answers = [thief.get("/ui/")]  # the static shell: no data in it
+        assert answers[0].status_code == 200
         for path in reads:
-            assert thief.get(path).status_code == 401, path
+            answers.append(thief.get(path))
+            assert answers[-1].status_code == 401, path
             wrong = {"x-ui-key": browser.key[:-1] + ("A" if browser.key[-1] != "A" else "B")}
-            assert thief.get(path, headers=wrong).status_code == 401, path
+            answers.append(thief.get(path, headers=wrong))
+            assert answers[-1].status_code == 401, path
         for verb in ACTIONS:
-            refused = thief.post(
-                f"/ui/api/tasks/{created}/{verb}", json={}, headers={"origin": ui.url}
-            )
-            assert refused.status_code == 401, verb
-        assert thief.post("/ui/logout", headers={"origin": ui.url}).status_code == 401
+            path = f"/ui/api/tasks/{created}/{verb}"
+            answers.append(thief.post(path, json={}, headers={"origin": ui.url}))
+            assert answers[-1].status_code == 401, verb
+        for verb in ("accept", "cancel"):
+            answers.append(thief.post(f"/ui/api/jobs/j/{verb}", headers={"origin": ui.url}))
+            assert answers[-1].status_code == 401, verb
+        answers.append(thief.post("/ui/logout", headers={"origin": ui.url}))
+        assert answers[-1].status_code == 401
+        # Nothing hands the key out for the cookie: the old cookie-for-CSRF exchange is gone
+        # and the login page, under a token, gives no session to a cookie.
+        answers += [thief.get("/ui/api/session"), thief.get("/ui/login")]
+        assert answers[-2].status_code == 404
+        answers.append(thief.post("/ui/login", data={"token": ""}, headers={"origin": ui.url}))
+        assert answers[-1].status_code == 401
+        for answer in answers:
+            assert browser.key not in answer.text and browser.key not in str(answer.headers)
         assert site.bridge.get_task(created).status == "created"  # none of it did anything
         assert browser.client.get("/ui/api/tasks").status_code == 200  # the page still works
+    now = _refusal_lines(ui, "with the session cookie but without its key")
+    assert now >= 1 and now - logged <= 1  # logged, but not once per request
 
 
 def test_an_action_without_the_cookie_or_from_elsewhere_is_refused(ui, token, created, site):
@@ -470,3 +488,18 @@ def test_a_diff_over_the_limit_is_cut_at_the_last_whole_file_or_line(tmp_path):
     one = diff_document(result, len(first) // 2)
     assert one["truncated"] is True and one["text"].endswith("\n")
     assert first.startswith(one["text"].encode()) and len(one["text"]) <= len(first) // 2
+
+
+def test_cancelling_a_job_that_had_ended_is_refused_as_the_cli_refuses_it(ui, token, site):
+    """`jobs cancel` of an ended job exits 1 with "already ended"; the page's cancel must not
+    answer 200 as if it had cancelled something."""
+    job_id = f"job-ended-{uuid.uuid4().hex[:8]}"
+    row = {"job_id": job_id, "kind": "compete", "status": "failed", "repository": str(site.repo)}
+    site.bridge.store.jobs.insert({**row, "spec": {}}, {})
+    with signed_in(ui.url, token) as browser:
+        refused = browser.act(f"/ui/api/jobs/{job_id}/cancel")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == f"Job {job_id} already ended failed."
+    assert site.bridge.job_status(job_id).status == "failed"
+    cli = cli_runner(site.home)("jobs", "cancel", job_id)
+    assert cli.code == 1 and f"job {job_id} already ended failed." in cli.stderr

@@ -72,7 +72,7 @@ def build_app(bridge: WorkerBridge, *, token: str | None, host: str, port: int) 
     got with ``token`` (None: `--no-token`, loopback only: the one shared session)."""
     sessions = Sessions(token, port)
     refusals = RefusalLog()
-    state = routes.UiState(bridge=bridge, sessions=sessions)
+    state = routes.UiState(bridge=bridge, sessions=sessions, refusals=refusals)
 
     async def login(request: Request) -> Response:
         return await _login(request, sessions, refusals)

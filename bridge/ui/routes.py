@@ -18,6 +18,7 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from bridge.errors import BridgeError, JobNotFound, TaskNotFound
+from bridge.mcp_http_limits import RefusalLog
 from bridge.models import Status
 from bridge.service import WorkerBridge
 from bridge.ui import views
@@ -34,11 +35,23 @@ Handler = Callable[[Request], Awaitable[Response]]
 class UiState:
     bridge: WorkerBridge
     sessions: Sessions
+    refusals: RefusalLog = field(default_factory=RefusalLog)
     streams: dict[str, int] = field(default_factory=dict)  # open event streams per client
 
     def session_of(self, request: Request) -> str | None:
-        """The request's session id when it carries both the cookie and the key."""
-        return self.sessions.authorized(request.cookies, request.headers.get(KEY_HEADER))
+        """The request's session id when it carries both the cookie and the key. A live
+        cookie without its key is what another local page or process that got hold of the
+        cookie would send: logged (once per client per interval), then refused as any."""
+        session_id = self.sessions.authorized(request.cookies, request.headers.get(KEY_HEADER))
+        if session_id is None and self.sessions.has_cookie(request.cookies):
+            client = request.client.host if request.client else "?"
+            self.refusals.warn(
+                client,
+                "ui key",
+                f"ui: refused a request from {client} with the session cookie but without its "
+                "key (another page or process may hold the cookie)",
+            )
+        return session_id
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
