@@ -16,7 +16,7 @@ from support.jobs import compete_task, wait_job
 from support.repos import git
 from support.scratch import TEST_ROOT
 from support.tasks import TERMINAL, mock_task
-from support.ui import launch_browser, screenshot, shared_site
+from support.ui import big_diff_task, launch_browser, screenshot, shared_site
 from support.waiting import poll
 
 from bridge import WorkerBridge
@@ -421,3 +421,16 @@ def test_a_page_on_another_loopback_port_gets_the_cookie_but_neither_the_key_nor
     finally:
         context.close()
         thief.close()
+
+
+def test_a_diff_over_the_cap_is_shown_cut_and_the_page_says_so(page, ui, site):
+    expect = _expect()
+    task_id, first, second = big_diff_task(site)
+    page.goto(f"{ui.url}/ui/tasks/{task_id}")
+    banner = page.locator("#diff-cut")
+    expect(banner).to_be_visible(timeout=LONG_MS)
+    total = f"{len(first + second) / 2**20:.1f} MiB"
+    expect(banner).to_contain_text(f"The diff is {total}: only its first")
+    expect(banner).to_contain_text("Accept writes all of it")
+    expect(page.locator("#diff .d2h-file-wrapper")).to_have_count(1, timeout=LONG_MS)
+    expect(page.locator("#diff .d2h-file-name").first).to_have_text("a.txt")

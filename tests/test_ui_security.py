@@ -17,7 +17,7 @@ from support.mcp_http_server import http_server
 from support.repos import calc_repo
 from support.scratch import TEST_ROOT
 from support.tasks import bare_spec
-from support.ui import log_in, shared_site, signed_in, ui_server
+from support.ui import big_diff_task, file_diff, log_in, shared_site, signed_in, ui_server
 
 from bridge.errors import ConfigError
 from bridge.ui.security import HostPolicy
@@ -460,12 +460,15 @@ def test_the_diff_comes_with_whether_it_was_cut_and_its_size(ui, token, created)
         assert doc == {"text": "", "truncated": False, "total_bytes": 0}
 
 
-def _file_diff(name: str, lines: int) -> bytes:
-    body = "".join(f"+line {n} of {name}\n" for n in range(lines))
-    return (
-        f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n"
-        f"@@ -0,0 +1,{lines} @@\n{body}"
-    ).encode()
+def test_a_diff_over_the_cap_comes_cut_at_a_whole_file_and_says_so(ui, token, site):
+    from bridge.ui.routes import MAX_DIFF_BYTES
+
+    task_id, first, second = big_diff_task(site)
+    assert len(first) < MAX_DIFF_BYTES < len(first + second)
+    with signed_in(ui.url, token) as browser:
+        doc = browser.client.get(f"/ui/api/tasks/{task_id}/diff").json()
+    assert doc["truncated"] is True and doc["total_bytes"] == len(first + second)
+    assert doc["text"].encode() == first  # the first file whole, none of the second
 
 
 def test_a_diff_over_the_limit_is_cut_at_the_last_whole_file_or_line(tmp_path):
@@ -473,7 +476,7 @@ def test_a_diff_over_the_limit_is_cut_at_the_last_whole_file_or_line(tmp_path):
 
     from bridge.ui.views import diff_document
 
-    first, second = _file_diff("a.txt", 50), _file_diff("b.txt", 50)
+    first, second = file_diff("a.txt", 50), file_diff("b.txt", 50)
     path = tmp_path / "diff"
     path.write_bytes(first + second)
     result = SimpleNamespace(artifacts={"diff": str(path)})

@@ -6,6 +6,7 @@ driven by Playwright (never a downloaded browser), and where screenshots go."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -203,3 +204,26 @@ def shared_site(workdir: Path) -> Iterator[Site]:
         remove_home_artifacts(home)
         reap(home)
         remove_tree(workdir)
+
+
+def file_diff(name: str, lines: int, pad: int = 0) -> bytes:
+    """A git diff adding file NAME of LINES lines (each PAD characters longer)."""
+    body = "".join(f"+line {n} of {name}{'.' * pad}\n" for n in range(lines))
+    return (
+        f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n"
+        f"@@ -0,0 +1,{lines} @@\n{body}"
+    ).encode()
+
+
+def big_diff_task(site) -> tuple[str, bytes, bytes]:
+    """A created task whose diff artifact is two files of about 5 and 4 MiB (in long lines, a
+    few thousand of them: a page draws them in reasonable time): over the 8 MiB cap."""
+    from support.tasks import bare_spec
+
+    task_id = site.bridge.create_task(bare_spec(site.repo)).task_id
+    first, second = file_diff("a.txt", 5 * 512, 2000), file_diff("b.txt", 4 * 512, 2000)
+    path = site.home.parent / f"{task_id}.diff"
+    path.write_bytes(first + second)
+    digest = hashlib.sha256(first + second).hexdigest()
+    site.bridge.store.add_artifact(task_id, "diff", path, len(first + second), digest)
+    return task_id, first, second
