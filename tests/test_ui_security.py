@@ -506,3 +506,47 @@ def test_cancelling_a_job_that_had_ended_is_refused_as_the_cli_refuses_it(ui, to
     assert site.bridge.job_status(job_id).status == "failed"
     cli = cli_runner(site.home)("jobs", "cancel", job_id)
     assert cli.code == 1 and f"job {job_id} already ended failed." in cli.stderr
+
+
+def test_recursion_and_overflow_while_handling_are_a_400_in_one_sentence(bridge, repo):
+    """Whatever input makes a parser recurse too deep or a number overflow, deeper in than the
+    checks above reach: the request gets a 400 and one sentence, not a 500 with a traceback.
+    The app in process, the verbs made to raise as such input would make them."""
+    import asyncio
+
+    from bridge.ui.app import build_app
+    from bridge.ui.routes import UNREADABLE
+
+    created = bridge.create_task(bare_spec(repo)).task_id
+    app = build_app(bridge, token="a-token-of-enough-length", host="127.0.0.1", port=8770)
+
+    def deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    def huge(*args, **kwargs):
+        raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+    bridge.get_task, bridge.follow_up, bridge.job_status = deep, huge, huge
+
+    async def run() -> list[httpx2.Response]:
+        origin = "http://127.0.0.1:8770"
+        transport = httpx2.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx2.AsyncClient(transport=transport, base_url=origin) as client:
+            login = await client.post(
+                "/ui/login", data={"token": "a-token-of-enough-length"}, headers={"origin": origin}
+            )
+            client.headers["x-ui-key"] = login.headers["location"].split("#k=")[1]
+            return [
+                await client.get(f"/ui/api/tasks/{created}"),
+                await client.get(f"/ui/api/tasks/{created}/diff"),
+                await client.get(f"/ui/api/tasks/{created}/stream"),
+                await client.get("/ui/api/jobs/j1"),
+                await client.post(
+                    f"/ui/api/tasks/{created}/follow-up",
+                    json={"message": "go on"},
+                    headers={"origin": origin},
+                ),
+            ]
+
+    for answer in asyncio.run(run()):
+        assert (answer.status_code, answer.json()) == (400, {"error": UNREADABLE}), answer.text

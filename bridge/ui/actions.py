@@ -16,7 +16,14 @@ from starlette.routing import Route
 
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.ui import views
-from bridge.ui.routes import PREFIX, UiState, error_response, read_body, unauthorized
+from bridge.ui.routes import (
+    PREFIX,
+    UiState,
+    error_response,
+    read_body,
+    unauthorized,
+    unreadable,
+)
 
 MAX_BODY = 64 * 1024
 Verb = Callable[[UiState, str, dict[str, Any]], Any]
@@ -56,6 +63,8 @@ def _action(state: UiState, verb: Verb) -> Callable[[Request], Awaitable[Respons
             outcome = await state.call(verb, state, request.path_params["id"], body)
         except BridgeError as exc:
             return error_response(exc)
+        except (RecursionError, OverflowError):
+            return unreadable()
         return JSONResponse(outcome, headers={"cache-control": "no-store"})
 
     return run

@@ -69,6 +69,18 @@ def error_response(exc: BridgeError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=status)
 
 
+UNREADABLE = (
+    "The request could not be handled: it is nested too deeply or holds a number too large."
+)
+
+
+def unreadable() -> JSONResponse:
+    """RecursionError or OverflowError while handling a request (input nested past a parser's
+    depth, a number past what the store holds): the client's doing, a 400 in one sentence,
+    never a 500 with a traceback."""
+    return JSONResponse({"error": UNREADABLE}, status_code=400)
+
+
 def api(state: UiState, handler: Handler) -> Handler:
     """A read of the API: only with a whole session (the cookie and its key)."""
 
@@ -79,6 +91,8 @@ def api(state: UiState, handler: Handler) -> Handler:
             response = await handler(request)
         except BridgeError as exc:
             return error_response(exc)
+        except (RecursionError, OverflowError):
+            return unreadable()
         response.headers.setdefault("cache-control", "no-store")
         return response
 

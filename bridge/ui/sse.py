@@ -105,6 +105,8 @@ async def _follow(
             page = await state.call(read, cursor)
         except BridgeError:  # the task went out of reach (pruned, scope changed): stream ends
             return
+        except (RecursionError, OverflowError):  # a cursor past what the store holds: ends too
+            return
         cursor = page.next_after
         if page.events:
             quiet = 0.0
