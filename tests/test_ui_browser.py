@@ -24,6 +24,8 @@ from bridge import WorkerBridge
 LONG_MS = 120_000  # a mock task from start to verified, on a busy host
 XSS = '<img src=x onerror="window.__pwned=1;alert(1)">'
 SCRIPT = "<script>window.__pwned=2;alert(2)</script>"
+BIDI = "\u202e// admin only"  # a right-to-left override: shown reversed unless escaped
+BIDI_SHOWN = "\\u202e// admin only"
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +247,9 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     expect = _expect()
     name = "<img src=x onerror=window.__pwned=3>.txt"
     mock = {
-        "write": {name: f"{SCRIPT}\n{XSS}\n"},
+        "write": {name: f"{SCRIPT}\n{XSS}\nx = 1 {BIDI}\n"},
         "script": f"echo '{XSS}'; echo '{SCRIPT}'",
-        "summary": f"Done {XSS} {SCRIPT}",
+        "summary": f"Done {XSS} {SCRIPT} {BIDI}",
     }
     task = bridge.create_task(mock_task(repo, mock, objective=f"objective {XSS}"))
     bridge.start_detached(task.task_id)
@@ -256,13 +258,16 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
         f"objective {XSS}"
     )
     page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
-    expect(page.locator("#summary")).to_have_text(f"Done {XSS} {SCRIPT}")
+    # A bidirectional override is shown as its escape: it cannot reorder what is shown.
+    expect(page.locator("#summary")).to_have_text(f"Done {XSS} {SCRIPT} {BIDI_SHOWN}")
     expect(page.locator("#objective")).to_have_text(f"objective {XSS}")
     expect(page.locator("#events")).to_contain_text(XSS)
     expect(page.locator("#events")).to_contain_text(SCRIPT)
     expect(page.locator("#changed-files")).to_contain_text(name)
     expect(page.locator("#diff .d2h-file-name").first).to_have_text(name)
     expect(page.locator("#diff")).to_contain_text("window.__pwned=2")
+    expect(page.locator("#diff")).to_contain_text(f"x = 1 {BIDI_SHOWN}")
+    assert "\u202e" not in page.locator("#diff").inner_text()
     page.click("#view-split")
     expect(page.locator("#diff .d2h-file-side-diff")).to_have_count(2)
     assert page.evaluate("typeof window.__pwned") == "undefined"

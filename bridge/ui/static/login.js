@@ -5,7 +5,9 @@ const form = document.getElementById("login");
 const match = location.hash.match(/^#token=(.+)$/);
 if (match) {
   history.replaceState(null, "", location.pathname);
-  form.elements.token.value = decodeURIComponent(match[1]);
+  let token = match[1];
+  try { token = decodeURIComponent(token); } catch { /* a stray %: posted as given */ }
+  form.elements.token.value = token;
   form.submit();
 } else if (document.body.dataset.open === "1") {
   form.submit();
