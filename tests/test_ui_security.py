@@ -239,6 +239,14 @@ def test_the_mcp_http_listener_serves_the_same_pages_behind_the_same_token(
             assert browser.client.get("/ui/", headers={"host": "evil.example"}).status_code == 421
             # The cookie is no bearer token: /mcp still wants the header.
             assert browser.client.post("/mcp", json={}).status_code == 401
+            with browser.cookie_only() as thief:  # nor, without the key, a session here
+                assert thief.get("/ui/api/tasks").status_code == 401
+                assert thief.get("/ui/api/stream").status_code == 401
+                cancel = thief.post(
+                    f"/ui/api/tasks/{created}/cancel", json={}, headers={"origin": mcp.url}
+                )
+                assert cancel.status_code == 401
+            assert bridge.get_task(created).status == "created"
             done = browser.act(f"/ui/api/tasks/{created}/cancel")
             assert done.status_code == 200 and done.json()["status"] == "cancelled"
 
