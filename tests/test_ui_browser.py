@@ -439,3 +439,30 @@ def test_a_diff_over_the_cap_is_shown_cut_and_the_page_says_so(page, ui, site):
     expect(banner).to_contain_text("Accept writes all of it")
     expect(page.locator("#diff .d2h-file-wrapper")).to_have_count(1, timeout=LONG_MS)
     expect(page.locator("#diff .d2h-file-name").first).to_have_text("a.txt")
+
+
+def test_signing_in_again_in_another_tab_keeps_the_open_tabs_working(browser, site, bridge, repo):
+    """One browser has one cookie, so a second sign-in replaces it: the tabs already open take
+    the new key from the tab that signed in (else their key would match no cookie and send
+    them to the login), and a tab opened later is handed a key that works."""
+    expect = _expect()
+    created = bridge.create_task(mock_task(repo, {})).task_id
+    context = browser.new_context()
+    try:
+        first = context.new_page()
+        sign_in(first, site.url, site.token)
+        old = first.evaluate("sessionStorage.getItem('wb-ui-key')")
+        second = context.new_page()
+        sign_in(second, site.url, site.token)
+        new = second.evaluate("sessionStorage.getItem('wb-ui-key')")
+        assert new != old
+        held = "sessionStorage.getItem('wb-ui-key')"
+        poll(lambda: first.evaluate(held) == new, "the first tab to take the new key", 30)
+        first.goto(f"{site.url}/ui/tasks/{created}")  # a read with the key it now holds
+        expect(first.locator("#status")).to_have_text("created")
+        third = context.new_page()
+        third.goto(f"{site.url}/ui/tasks/{created}")
+        expect(third.locator("#status")).to_have_text("created")
+        assert third.evaluate("sessionStorage.getItem('wb-ui-key')") == new
+    finally:
+        context.close()

@@ -169,6 +169,25 @@ def test_signing_out_ends_the_session(ui, token):
         assert browser.client.get("/ui/").status_code == 303
 
 
+@pytest.mark.timeout(120)
+def test_an_open_stream_ends_with_its_session(ui, token, created):
+    """A stream is checked when it opens and then as long as it runs: signed out, it ends
+    (it does not go on pushing the task's events to whoever held it)."""
+    with signed_in(ui.url, token) as browser:
+        with (
+            browser.client.stream("GET", "/ui/api/stream") as every,
+            browser.client.stream("GET", f"/ui/api/tasks/{created}/stream") as one,
+        ):
+            readers = [every.iter_lines(), one.iter_lines()]
+            assert [next(r) for r in readers] == ["retry: 2000", "retry: 2000"]
+            out = browser.client.post("/ui/logout", headers={"origin": ui.url})
+            assert out.status_code == 200
+            for reader in readers:
+                for _ in reader:  # ends: the loop would otherwise get keep-alives forever
+                    pass
+        assert browser.client.get("/ui/api/stream").status_code == 401
+
+
 def test_a_refused_action_says_the_bridges_one_sentence(ui, token, created):
     with signed_in(ui.url, token) as browser:
         refused = browser.act(f"/ui/api/tasks/{created}/accept")

@@ -96,6 +96,10 @@ class Sessions:
             return None
         return session
 
+    def is_live(self, session_id: str | None) -> bool:
+        """Whether the session is still open (not signed out, evicted or expired)."""
+        return self._live(session_id) is not None
+
     def has_cookie(self, cookies: dict[str, str]) -> bool:
         """A live session's cookie: enough for a page shell (static, no data), nothing else."""
         return self._live(cookies.get(self.cookie)) is not None

@@ -55,12 +55,14 @@ def stream_routes(state: UiState) -> list[Route]:
     bridge = state.bridge
 
     async def everything(request: Request) -> Response:
-        return _open(state, request, _all_events(state, _cursor(request)))
+        session = state.session_of(request)
+        return _open(state, request, _all_events(state, _cursor(request), session))
 
     async def one_task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         await state.call(bridge.get_task, task_id)  # 404 before the stream opens
-        return _open(state, request, _task_events(state, task_id, max(0, _cursor(request))))
+        cursor, session = max(0, _cursor(request)), state.session_of(request)
+        return _open(state, request, _task_events(state, task_id, cursor, session))
 
     return [
         Route(f"{PREFIX}/api/stream", api(state, everything)),
@@ -96,11 +98,15 @@ async def _counted(state: UiState, client: str, messages: AsyncIterator[str]) ->
 
 
 async def _follow(
-    state: UiState, cursor: int, read: Any
+    state: UiState, cursor: int, read: Any, session: str | None
 ) -> AsyncIterator[tuple[list[Event], int] | None]:
-    """Pages of new events as they come (None now and then: time for a keep-alive)."""
+    """Pages of new events as they come (None now and then: time for a keep-alive), while the
+    stream's session lasts: signed out, evicted or expired, the stream ends (its page then
+    opens it again, and is sent to the login)."""
     quiet = 0.0
     while True:
+        if not state.sessions.is_live(session):
+            return
         try:
             page = await state.call(read, cursor)
         except BridgeError:  # the task went out of reach (pruned, scope changed): stream ends
@@ -120,7 +126,7 @@ async def _follow(
             yield None
 
 
-async def _all_events(state: UiState, cursor: int) -> AsyncIterator[str]:
+async def _all_events(state: UiState, cursor: int, session: str | None) -> AsyncIterator[str]:
     bridge = state.bridge
     if cursor < 0:
         cursor = (await state.call(bridge.events_since, -1)).next_after
@@ -128,7 +134,7 @@ async def _all_events(state: UiState, cursor: int) -> AsyncIterator[str]:
     def read(after: int) -> Any:
         return bridge.events_since(after, PAGE)
 
-    async for batch in _follow(state, cursor, read):
+    async for batch in _follow(state, cursor, read, session):
         if batch is None:
             yield ": keep-alive\n\n"
             continue
@@ -152,11 +158,13 @@ def _row_of(state: UiState, owner: str) -> tuple[str, dict[str, Any] | None]:
         return "job", None
 
 
-async def _task_events(state: UiState, task_id: str, cursor: int) -> AsyncIterator[str]:
+async def _task_events(
+    state: UiState, task_id: str, cursor: int, session: str | None
+) -> AsyncIterator[str]:
     def read(after: int) -> Any:
         return state.bridge.task_logs(task_id, after=after, limit=PAGE)
 
-    async for batch in _follow(state, cursor, read):
+    async for batch in _follow(state, cursor, read, session):
         if batch is None:
             yield ": keep-alive\n\n"
             continue

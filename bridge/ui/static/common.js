@@ -10,17 +10,24 @@ const CHANNEL = "wb-ui-key";  // same-origin tabs hand a new tab the key (Broadc
 
 function takeKeyFromFragment() {
   const match = location.hash.match(/^#k=([A-Za-z0-9_-]+)$/);
-  if (!match) return;
+  if (!match) return false;
   sessionStorage.setItem(KEY, match[1]);
   history.replaceState(null, "", location.pathname + location.search);  // out of the URL
+  return true;
 }
 
+// Answers a new tab's "want" with this tab's key; takes a fresh key from a tab that has just
+// signed in (its login replaced the browser's one cookie, so only its key matches it now).
 function shareKey() {
   const channel = new BroadcastChannel(CHANNEL);
   channel.onmessage = (message) => {
     const key = sessionStorage.getItem(KEY);
     if (message.data === "want" && key) channel.postMessage({ key });
+    else if (message.data && message.data.fresh === true && typeof message.data.key === "string") {
+      sessionStorage.setItem(KEY, message.data.key);
+    }
   };
+  return channel;
 }
 
 function askOtherTabs() {
@@ -49,13 +56,14 @@ function signIn() {
 
 // Every page starts here: the key from the fragment, this tab or another tab of this view.
 export async function session() {
-  takeKeyFromFragment();
+  const fresh = takeKeyFromFragment();
   if (!key()) {
     const given = await askOtherTabs();
     if (!given) throw signIn();
     sessionStorage.setItem(KEY, given);
   }
-  shareKey();
+  const channel = shareKey();
+  if (fresh) channel.postMessage({ key: key(), fresh: true });
   const logout = document.getElementById("logout");
   if (logout) {
     logout.hidden = false;
