@@ -466,3 +466,23 @@ def test_signing_in_again_in_another_tab_keeps_the_open_tabs_working(browser, si
         assert third.evaluate("sessionStorage.getItem('wb-ui-key')") == new
     finally:
         context.close()
+
+
+def test_a_link_carrying_a_key_of_its_own_changes_no_open_tab(browser, site, bridge, repo):
+    """Any page may send the browser to `/ui/#k=...` with a key it made up: that tab goes to
+    the login, and the open tabs keep their key (only a key that worked is handed on)."""
+    expect = _expect()
+    created = bridge.create_task(mock_task(repo, {})).task_id
+    context = browser.new_context()
+    try:
+        view = context.new_page()
+        sign_in(view, site.url, site.token)
+        key = view.evaluate("sessionStorage.getItem('wb-ui-key')")
+        planted = context.new_page()
+        planted.goto(f"{site.url}/ui/#k={'A' * 43}")
+        planted.wait_for_url(f"{site.url}/ui/login")
+        assert view.evaluate("sessionStorage.getItem('wb-ui-key')") == key
+        view.goto(f"{site.url}/ui/tasks/{created}")
+        expect(view.locator("#status")).to_have_text("created")
+    finally:
+        context.close()

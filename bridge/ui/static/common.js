@@ -7,6 +7,7 @@
 
 const KEY = "wb-ui-key";
 const CHANNEL = "wb-ui-key";  // same-origin tabs hand a new tab the key (BroadcastChannel)
+let announce = null;  // a key from a login's fragment: told to the other tabs once it worked
 
 function takeKeyFromFragment() {
   const match = location.hash.match(/^#k=([A-Za-z0-9_-]+)$/);
@@ -63,7 +64,7 @@ export async function session() {
     sessionStorage.setItem(KEY, given);
   }
   const channel = shareKey();
-  if (fresh) channel.postMessage({ key: key(), fresh: true });
+  if (fresh) announce = channel;  // any page can link to `#k=...`: only a key that works is told
   const logout = document.getElementById("logout");
   if (logout) {
     logout.hidden = false;
@@ -78,6 +79,10 @@ async function answer(response) {
   const type = response.headers.get("content-type") || "";
   const body = type.includes("json") ? await response.json() : await response.text();
   if (response.status === 401) throw signIn();
+  if (response.ok && announce) {
+    announce.postMessage({ key: key(), fresh: true });
+    announce = null;
+  }
   if (!response.ok) {
     const message = typeof body === "object" && body && body.error ? body.error : `HTTP ${response.status}`;
     throw new Error(message);
