@@ -18,6 +18,7 @@ from support.repos import calc_repo
 from support.scratch import TEST_ROOT
 from support.tasks import bare_spec
 from support.ui import big_diff_task, file_diff, log_in, shared_site, signed_in, ui_server
+from support.waiting import poll
 
 from bridge.errors import ConfigError
 from bridge.ui.security import HostPolicy
@@ -479,6 +480,42 @@ def test_one_client_holds_at_most_its_share_of_live_streams(ui, token, created):
     with signed_in(ui.url, token) as browser:  # closed streams are counted out
         with browser.client.stream("GET", "/ui/api/stream") as stream:
             assert stream.status_code == 200
+
+
+def test_a_burst_of_stream_opens_gets_no_more_than_the_clients_share(ui, token):
+    """Opened all at once, before any has sent a byte: each is counted when it is granted."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from bridge.ui.sse import MAX_STREAMS_PER_CLIENT
+
+    tries = MAX_STREAMS_PER_CLIENT * 2
+    start = Barrier(tries)
+    with signed_in(ui.url, token) as browser:
+        cookies, key = dict(browser.client.cookies), browser.key
+
+        def open_one(_: int) -> tuple[int, httpx2.Client, httpx2.Response]:
+            client = httpx2.Client(base_url=ui.url, timeout=30, cookies=cookies)
+            start.wait()
+            request = client.build_request("GET", "/ui/api/stream", headers={"x-ui-key": key})
+            return client, client.send(request, stream=True)
+
+        with ThreadPoolExecutor(tries) as pool:
+            opened = list(pool.map(open_one, range(tries)))
+        try:
+            codes = sorted(response.status_code for _, response in opened)
+            assert codes.count(200) == MAX_STREAMS_PER_CLIENT, codes
+            assert set(codes) == {200, 503}, codes
+        finally:
+            for client, response in opened:
+                response.close()
+                client.close()
+
+        def granted() -> bool:
+            with browser.client.stream("GET", "/ui/api/stream") as stream:
+                return stream.status_code == 200
+
+        poll(granted, "the closed streams to be counted out", 60)
 
 
 def test_the_diff_comes_with_whether_it_was_cut_and_its_size(ui, token, created):

@@ -77,24 +77,38 @@ def _open(state: UiState, request: Request, messages: AsyncIterator[str]) -> Res
     elif state.streams.get(client, 0) >= MAX_STREAMS_PER_CLIENT:
         refusal = f"You already have {MAX_STREAMS_PER_CLIENT} live views open; close some."
     else:
-        return StreamingResponse(
-            _counted(state, client, messages),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-        )
+        return _CountedStream(state, client, _with_retry(messages))
     return JSONResponse({"error": refusal}, status_code=503)
 
 
-async def _counted(state: UiState, client: str, messages: AsyncIterator[str]) -> AsyncIterator[str]:
-    state.streams[client] = state.streams.get(client, 0) + 1
-    try:
-        yield "retry: 2000\n\n"
-        async for message in messages:
-            yield message
-    finally:
-        state.streams[client] -= 1
-        if not state.streams[client]:
-            del state.streams[client]
+class _CountedStream(StreamingResponse):
+    """A stream counted from the moment it is granted (so a burst of opens cannot all pass the
+    check before any is counted) until its answer ends, however it ends: Starlette sends a
+    response right after its handler returns it."""
+
+    def __init__(self, state: UiState, client: str, messages: AsyncIterator[str]) -> None:
+        super().__init__(
+            messages,
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
+        self._state, self._client = state, client
+        state.streams[client] = state.streams.get(client, 0) + 1
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            streams = self._state.streams
+            streams[self._client] -= 1
+            if not streams[self._client]:
+                del streams[self._client]
+
+
+async def _with_retry(messages: AsyncIterator[str]) -> AsyncIterator[str]:
+    yield "retry: 2000\n\n"
+    async for message in messages:
+        yield message
 
 
 async def _follow(
