@@ -7,6 +7,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= worker-bridge/rootfs:bookworm
 export TESTCONTAINERS_RYUK_DISABLED := true
+# The web view's browser tests drive Debian's chromium; Playwright never downloads one.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 # npm and pip inside image builds trust what this machine trusts (a TLS-intercepting proxy's CA
 # among them): the host's CA bundle goes into the images as their extra CA file.
 export WORKER_BRIDGE_EXTRA_CA_FILE ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
@@ -37,10 +39,12 @@ images-all: install base-image
 	  || (tail -30 .images-build.log; exit 1)
 	@tail -1 .images-build.log
 
-# What the tests need besides the images: docker-compose (the compose tests) and the TypeScript
-# MCP client's packages (the interop test), so a fresh `make test` skips nothing.
+# What the tests need besides the images: docker-compose (the compose tests), chromium (the web
+# view's browser tests) and the TypeScript MCP client's packages (the interop test), so a fresh
+# `make test` skips nothing.
 test-deps: install tests/interop/node_modules/.package-lock.json
 	@command -v docker-compose >/dev/null 2>&1 || scripts/install-test-deps docker-compose
+	@command -v chromium >/dev/null 2>&1 || scripts/install-test-deps chromium
 
 tests/interop/node_modules/.package-lock.json: tests/interop/package-lock.json
 	npm ci --prefix tests/interop --no-audit --no-fund --loglevel=error

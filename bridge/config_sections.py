@@ -156,6 +156,12 @@ class HttpConfig(BaseModel):
         description="An MCP session with no request in flight (and no open GET stream) for "
         "this long is closed; its id then answers 404 'Session not found'.",
     )
+    ui: bool = Field(
+        False,
+        description="Also serve the web view under /ui on this listener (signed in with the "
+        "same token). Off by default: a listener shared by agents need not take browser "
+        "sessions; `worker-bridge ui` serves the view on its own port.",
+    )
 
 
 class JobsConfig(BaseModel):

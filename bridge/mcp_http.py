@@ -3,8 +3,10 @@ behind a bearer-token gate, served with uvicorn.
 
 The tools are the stdio server's (bridge/mcp_server.py builds them); this module only adds what a
 network listener needs. Every request must carry `Authorization: Bearer <token>` except
-`GET /healthz`, which the container healthcheck calls. Tokens are compared in constant time and
-never logged; a refusal is logged with the client, the path and why (missing, malformed, wrong).
+`GET /healthz`, which the container healthcheck calls, and the web view under `/ui`
+(bridge/ui), which takes the same token once and gives the browser a session cookie. Tokens are
+compared in constant time and never logged; a refusal is logged with the client, the path and
+why (missing, malformed, wrong).
 
 The token comes from `--token-file PATH`, else `$WORKER_BRIDGE_MCP_TOKEN_FILE` (a compose secret),
 else `$WORKER_BRIDGE_MCP_TOKEN`; it is removed from the environment once read, so the task
@@ -31,13 +33,14 @@ import logging
 import os
 import re
 import stat
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridge.config import HttpConfig
-from bridge.errors import ConfigError
+from bridge.errors import BridgeError, ConfigError
 from bridge.mcp_flags import HEALTH_PATH, MCP_PATH, TOKEN_ENV, TOKEN_FILE_ENV
 from bridge.mcp_http_limits import (
     ASGIApp,
@@ -55,6 +58,7 @@ from bridge.version import __version__
 log = logging.getLogger("worker_bridge.mcp.http")
 
 SHUTDOWN_GRACE_S = 5
+RECOVERY_SECONDS = 30.0  # how often a long-lived server hands stranded tasks to new runners
 MIN_TOKEN_CHARS = 16
 
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -127,9 +131,9 @@ def _long_enough(token: str, host: str) -> str:
     return token
 
 
-def parse_bind(text: str) -> tuple[str, int]:
+def parse_bind(text: str, flag: str = "--http") -> tuple[str, int]:
     """`HOST:PORT` with HOST an IP address ([::1] for IPv6) or a hostname, PORT 1-65535."""
-    usage = f"--http wants HOST:PORT such as 127.0.0.1:8765 or 0.0.0.0:8765, not {text!r}."
+    usage = f"{flag} wants HOST:PORT such as 127.0.0.1:8765 or 0.0.0.0:8765, not {text!r}."
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ConfigError(usage)
@@ -148,6 +152,22 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# The Host names a loopback listener answers (DNS rebinding: a page whose own name resolves to
+# 127.0.0.1 must get nothing), for the MCP path's guard and the web view's Host policy alike.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def url_host(host: str) -> str:
+    """A host as it is written in a URL or a Host header: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def token_matches(presented: bytes, token: bytes | None) -> bool:
+    """The one comparison of a presented token with the server's (constant time); any
+    presented value matches when the server has none (`--no-token`)."""
+    return token is None or hmac.compare_digest(presented.strip(), token)
 
 
 def is_loopback(host: str) -> bool:
@@ -194,8 +214,9 @@ class BearerGate:
     through only with the right bearer token. Lifespan events pass straight through, so the
     SDK's session manager starts and stops with the server."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, ui: ASGIApp | None = None) -> None:
         self.app = app
+        self.ui = ui  # the web view (bridge/ui) under /ui: it signs in with the same token
         self._token = token.encode() if token is not None else None
         self._health = json.dumps({"ok": True, "version": __version__}).encode()
         self._refusals = RefusalLog()
@@ -206,6 +227,8 @@ class BearerGate:
             return await self.app(scope, receive, send)
         if kind == "http" and scope["path"] == HEALTH_PATH and scope["method"] == "GET":
             return await _respond(send, 200, self._health)
+        if self.ui is not None and kind == "http" and _is_ui(scope["path"]):
+            return await self.ui(scope, receive, send)
         refusal = self._refusal(scope)
         if refusal is None:
             return await self.app(scope, receive, send)
@@ -239,9 +262,13 @@ class BearerGate:
         scheme, _, presented = header.strip().partition(b" ")
         if scheme.lower() != b"bearer" or not presented.strip():
             return "malformed Authorization header (not 'Bearer <token>')"
-        if not hmac.compare_digest(presented.strip(), self._token):
+        if not token_matches(presented, self._token):
             return "wrong bearer token"
         return None
+
+
+def _is_ui(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
 
 
 def _printable(text: str, limit: int = 200) -> str:
@@ -269,8 +296,7 @@ def _rebinding_guard(host: str) -> Any:
 
     if not is_loopback(host):
         return None  # reached by name from elsewhere: the token is the protection
-    shown = f"[{host}]" if ":" in host else host
-    hosts = [f"{shown}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"]
+    hosts = [f"{url_host(name)}:*" for name in dict.fromkeys((host, *LOOPBACK_NAMES))]
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=hosts,
@@ -278,11 +304,11 @@ def _rebinding_guard(host: str) -> Any:
     )
 
 
-def serve(server: Any, options: HttpOptions, limits: HttpConfig | None = None) -> int:
+def serve(
+    server: Any, options: HttpOptions, limits: HttpConfig | None = None, ui: ASGIApp | None = None
+) -> int:
     """Serve the MCP server object (the SDK's MCPServer) until SIGINT/SIGTERM, within the
-    listener's bounds (config `http`)."""
-    import uvicorn
-
+    listener's bounds (config `http`); with ``ui``, the web view beside it under /ui."""
     limits = limits or HttpConfig()
     for warning in options.warnings:
         log.warning("%s", warning)
@@ -298,18 +324,26 @@ def serve(server: Any, options: HttpOptions, limits: HttpConfig | None = None) -
         max_sessions=limits.max_sessions,
         session_idle_timeout=limits.session_idle_timeout_s,
     )
-    shown = f"[{options.host}]" if ":" in options.host else options.host
     log.info(
         "serving MCP over streamable HTTP at http://%s:%d%s (health: %s), token from %s",
-        shown,
+        url_host(options.host),
         options.port,
         MCP_PATH,
         HEALTH_PATH,
         options.token_source,
     )
     log.info("listener bounds (config http): %s", describe_bounds(limits))
+    gate = BearerGate(WholeBody(SessionCapNotice(app, limits), limits), options.token, ui)
+    return run_listener(gate, options, limits)
+
+
+def run_listener(app: ASGIApp, options: HttpOptions, limits: HttpConfig) -> int:
+    """Serve ``app`` with uvicorn on the options' address within the listener's bounds until
+    SIGINT/SIGTERM (the MCP listener and `worker-bridge ui` alike)."""
+    import uvicorn
+
     config = uvicorn.Config(
-        BearerGate(WholeBody(SessionCapNotice(app, limits), limits), options.token),
+        app,
         host=options.host,
         port=options.port,
         log_config=None,  # uvicorn's loggers propagate to ours: stderr and logs/mcp-server.log
@@ -321,3 +355,26 @@ def serve(server: Any, options: HttpOptions, limits: HttpConfig | None = None) -
     )
     uvicorn.Server(config).run()
     return 0
+
+
+def keep_recovering(recover: Callable[[], Any], every_s: float = RECOVERY_SECONDS) -> None:
+    """For a long-lived server (the MCP server, `worker-bridge ui`): hand tasks whose runner
+    died to new runners now and every ``every_s``, in a daemon thread of its own, so that
+    reading (status, logs, the pages) never has to start a process."""
+
+    stop = threading.Event()  # never set: the thread ends with the process
+
+    def recover_now() -> None:
+        try:
+            recover()
+        except BridgeError as exc:
+            log.warning("recovery skipped: %s", exc.message)
+        except Exception:  # noqa: BLE001 - the server outlives a failed round
+            log.exception("recovery failed")
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            recover_now()
+
+    recover_now()
+    threading.Thread(target=loop, name="recovery", daemon=True).start()

@@ -2,7 +2,8 @@
 (bridge/mcp_tools.py) over the same WorkerBridge facade as the CLI, on stdio or (with --http,
 see bridge/mcp_http.py) over streamable HTTP. The `mcp` SDK is imported only by these three
 modules. stdout carries protocol messages only; logs go to stderr and a rotated file. Tasks
-whose runner died are handed to new runners at start and every RECOVERY_SECONDS.
+whose runner died are handed to new runners at start and every 30 s
+(mcp_http.keep_recovering).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import inspect
 import logging
 import logging.handlers
 import sys
-import threading
 
 from mcp.server.mcpserver import MCPServer
 
@@ -24,7 +24,6 @@ from bridge.version import __version__
 
 log = logging.getLogger("worker_bridge.mcp")
 
-RECOVERY_SECONDS = 30.0  # how often a long-lived server hands stranded tasks to new runners
 
 INSTRUCTIONS = """\
 worker-bridge delegates a scoped coding task to another coding agent (a "worker") that runs in a
@@ -72,27 +71,6 @@ def _setup_logging(bridge: WorkerBridge) -> None:
     )
 
 
-def _keep_recovering(bridge: WorkerBridge) -> None:
-    """Hand tasks whose runner died to new runners now and every RECOVERY_SECONDS, in a thread
-    of the server's own: the tools that only read (status, logs) never start a process."""
-    stop = threading.Event()
-
-    def recover_now() -> None:
-        try:
-            bridge.recover()
-        except BridgeError as exc:
-            log.warning("recovery skipped: %s", exc.message)
-        except Exception:  # noqa: BLE001 - the server outlives a failed round
-            log.exception("recovery failed")
-
-    def loop() -> None:
-        while not stop.wait(RECOVERY_SECONDS):
-            recover_now()
-
-    recover_now()
-    threading.Thread(target=loop, name="recovery", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="worker-bridge-mcp",
@@ -114,10 +92,15 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
         return exc.exit_code
     _setup_logging(bridge)
     log.info("worker-bridge MCP server %s, state root %s", __version__, bridge.config.home)
-    _keep_recovering(bridge)
+    mcp_http.keep_recovering(bridge.recover)
     server = build_server(bridge)
     if http is not None:
-        return mcp_http.serve(server, http, bridge.config.http)
+        ui = None
+        if bridge.config.http.ui:  # the web view under /ui, same token (config http.ui)
+            from bridge.ui.app import build_app
+
+            ui = build_app(bridge, token=http.token, host=http.host, port=http.port)
+        return mcp_http.serve(server, http, bridge.config.http, ui)
     server.run("stdio")
     return 0
 

@@ -277,6 +277,33 @@ class WorkerBridge(JobVerbs):
         events = self.store.events(task_id, after=after, limit=limit)
         return EventPage(events=events, next_after=events[-1].event_id if events else after)
 
+    def events_since(self, after: int = 0, limit: int = 200) -> EventPage:
+        """The events of every task and job in scope after the cursor (``after=-1``: none, the
+        cursor at the newest event), for a view of them all. The cursor moves past events
+        outside the scope too, which are left out."""
+        if after < 0:
+            return EventPage(events=[], next_after=self.store.last_event())
+        events = self.store.events(None, after, limit)
+        allowed: dict[str, bool] = {}
+        for event in events:
+            if event.task_id not in allowed:
+                allowed[event.task_id] = self._in_scope(event.task_id)
+        shown = [e for e in events if allowed[e.task_id]]
+        return EventPage(events=shown, next_after=events[-1].event_id if events else after)
+
+    def _in_scope(self, owner_id: str) -> bool:
+        """Whether the task or job of that id lies inside the scope (an unknown id: no)."""
+        if not self.scope.bounded:
+            return True
+        try:
+            self._task(owner_id)
+        except TaskNotFound:
+            try:
+                self._job(owner_id)
+            except BridgeError:
+                return False
+        return True
+
     def task_state(self, task_id: str) -> tuple[str, str | None]:
         """The task's status and phase, cheaply (a live view's status line)."""
         self._task(task_id)

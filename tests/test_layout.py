@@ -23,7 +23,8 @@ OWNERS = {
     "aiohttp": ("gateway/", "smoke/"),
     # h11 also for the MCP listener's protocol (its deadlines read the parser's state)
     "h11": ("gateway/", "mcp_http_limits.py"),
-    "uvicorn": ("mcp_http.py", "mcp_http_limits.py"),
+    "uvicorn": ("mcp_http.py", "mcp_http_limits.py", "ui/serve.py"),
+    "starlette": "ui/",  # the web view (its listener is the MCP one's stack)
 }
 
 
@@ -133,7 +134,7 @@ def test_no_package_imports_a_package_that_imports_it_back():
 # Layers, lowest first: a package may import its own layer and those below, never one above.
 LAYERS = [
     {"bridge.version", "bridge.errors", "bridge.models", "bridge.config_sections"},
-    {"bridge.config", "bridge.redact", "bridge.records", "bridge.profiles"},
+    {"bridge.config", "bridge.redact", "bridge.records", "bridge.profiles", "bridge.display"},
     {
         "bridge.store",
         "bridge.sandbox",
@@ -152,7 +153,7 @@ LAYERS = [
     {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
     {"bridge.mcp_job_tools"},  # mixed into the tools
     {"bridge.mcp_flags"},  # the transport flags, for both front ends' parsers
-    {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http"},
+    {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http", "bridge.ui"},
     {"bridge"},  # the public API: WorkerBridge and the records
 ]
 
@@ -184,11 +185,13 @@ def test_the_front_ends_call_only_the_facade():
         "bridge.config",
         "bridge.version",
         "bridge.smoke",
+        "bridge.display",
         "bridge.cli",
         "bridge.mcp_",
+        "bridge.ui",
     )
     for module, imported in _module_graph().items():
-        if module.startswith(("bridge.cli", "bridge.mcp_")):
+        if module.startswith(("bridge.cli", "bridge.mcp_", "bridge.ui")):
             beyond = sorted(m for m in imported if not m.startswith(allowed))
             assert beyond == [], (module, beyond)
 

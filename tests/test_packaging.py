@@ -121,6 +121,17 @@ def test_the_wheel_carries_every_image_context_file(installed):
     assert _files(site / "bridge" / "images") == expected
 
 
+def test_the_wheel_carries_the_web_views_pages_and_vendored_files(installed):
+    static = ROOT / "bridge" / "ui" / "static"
+    expected = {p.relative_to(static).as_posix() for p in static.rglob("*") if p.is_file()}
+    prefix = "bridge/ui/static/"
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        shipped = {n.removeprefix(prefix) for n in wheel.namelist() if n.startswith(prefix)}
+    assert shipped == expected
+    assert {"index.html", "task.js", "vendor/diff2html-ui-slim.min.js"} <= shipped
+    assert {"vendor/LICENSE.diff2html.md", "vendor/LICENSE.highlight.js"} <= shipped
+
+
 @pytest.fixture
 def image_tag(docker_images):
     """A tag of this test's own, with the engine's base image under it; removed afterwards."""

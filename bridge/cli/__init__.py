@@ -12,6 +12,7 @@ from typing import Any
 
 from bridge.cli.render import SafeStream
 from bridge.cli.table import COMMANDS, GROUPS
+from bridge.cli.ui import add_arguments as add_ui_arguments
 from bridge.errors import BridgeError
 from bridge.mcp_flags import add_arguments as add_mcp_transport_arguments
 
@@ -53,6 +54,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             p.add_argument(*argument.flags, **argument.options)
         if command.group == "mcp":
             add_mcp_transport_arguments(p)
+        if command.group == "ui":
+            add_ui_arguments(p)
         p.set_defaults(command_entry=command, acts=command.acts)
     return parser
 

@@ -12,66 +12,11 @@ import threading
 import time
 from typing import TextIO
 
-from bridge.cli.render import describe_request, one_line, terminal_safe
-from bridge.records import Event
+from bridge.display import describe, one_line, terminal_safe
 from bridge.service import WorkerBridge
 
 POLL_S = 0.3
 WIDTH = 160  # characters of one shown line
-
-
-def describe(event: Event) -> str | None:
-    """One line for a person, or None for an event not worth showing live."""
-    kind, data = event.kind, event.data
-    if kind == "worker.progress":
-        name = data.get("name")
-        label = data.get("kind", "message")
-        head = f"{label} {name}" if name else label
-        text = data.get("text", data.get("line", ""))
-        return f"  {head}: {text}" if label != "message" else f"  {text}"
-    if kind == "worker.started":
-        turn = data.get("turn", 0)
-        return f"worker {data.get('worker', '')} started" + (f" (turn {turn})" if turn else "")
-    if kind == "worker.completed":
-        return f"worker exited with status {data.get('exit_code')}"
-    if kind == "verification.command":
-        status = data.get("status") or ("passed" if data.get("exit_code") == 0 else "failed")
-        return f"  check `{data.get('command', '')}`: {status}"
-    if kind == "verification.auto_repair":
-        return f"repair turn {data.get('repair')}: `{data.get('command', '')}` failed"
-    if kind == "environment.setup":
-        status = data.get("status")
-        if status == "started":
-            count = len(data.get("commands") or [])
-            return f"environment setup ({data.get('reason', '')}): {count} command(s)"
-        if status == "command":
-            return f"  setup `{data.get('command', '')}`: exit {data.get('exit_code')}"
-        return f"environment ready in {data.get('duration_s')} s"
-    if kind == "environment.output":
-        return f"  {data.get('text', '')}"
-    if kind == "environment.cached":
-        return "environment from the cache"
-    if kind == "environment.cache_corrupt":
-        return f"environment cache not trusted ({data.get('reason', '')}): setting up again"
-    if kind == "environment.build":
-        return f"building the environment image from {data.get('dockerfile', '')}"
-    if kind == "task.request":
-        request = {"kind": data.get("kind", ""), "detail": data.get("detail") or {}}
-        return (
-            f"request {data.get('request_id', '')} ({request['kind']}): "
-            f"{describe_request(request)}; answer with `worker-bridge tasks answer "
-            f"{event.task_id} {data.get('request_id', '')} (--approve | --deny | --text TEXT)`"
-        )
-    if kind == "task.answer":
-        return f"request {data.get('request_id', '')}: {data.get('status', '')}"
-    if kind == "task.status" and data.get("to") == "waiting_input":
-        return "waiting for input (the task resumes once its requests are answered)"
-    if kind == "network.refused":
-        return f"  network refused: {data.get('host', '')} ({data.get('reason', '')})"
-    # Status changes are not lines of their own: the terminal's status line shows them, the
-    # result says how it ended, and a task refused before its worker starts (a missing image,
-    # no engine) explains itself in the one error line alone.
-    return None
 
 
 class LiveView:

@@ -6,22 +6,7 @@ import json
 import sys
 from typing import Any
 
-# What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts
-# escape sequences, CR rewrites a line), DEL, C1 controls (0x9b is CSI), and the bidirectional
-# overrides that reorder what is shown. Each is shown as its escape instead.
-_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
-_UNSAFE.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
-_UNSAFE.update(
-    {
-        c: f"\\u{c:04x}"
-        for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
-    }
-)
-_UNSAFE.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line and paragraph separators
-
-
-def terminal_safe(text: str) -> str:
-    return text.translate(_UNSAFE)
+from bridge.display import describe_request, one_line, terminal_safe
 
 
 class SafeStream:
@@ -42,12 +27,6 @@ def out_json(doc: Any) -> None:
     """One JSON document; every character outside printable ASCII escaped (\\uXXXX), so the
     text is all there and nothing in it reaches a terminal raw."""
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=True) + "\n")
-
-
-def one_line(text: object) -> str:
-    """A field of one line: newlines in what a worker wrote cannot start lines of their own
-    (a summary cannot print a fake `verification: ok` under the real one)."""
-    return str(text).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -104,23 +83,6 @@ def print_result(result: dict[str, Any]) -> None:
         )
     for name, path in result.get("artifacts", {}).items():
         print(f"  {name}: {path}")
-
-
-def describe_request(request: dict[str, Any]) -> str:
-    """What a request asks for, in a few words (tasks show, the live view)."""
-    detail = request.get("detail") or {}
-    if request["kind"] == "network":
-        attempts = request.get("attempts", 1)
-        return f"reach {detail.get('host')}:{detail.get('port')} ({attempts} attempt(s))"
-    if request["kind"] == "paths":
-        covered = detail.get("covers") or {}
-        paths = [
-            f"{p} ({covered[p]} protected file(s))" if p in covered else p
-            for p in detail.get("paths") or []
-        ]
-        return f"change {', '.join(paths)}: {detail.get('reason', '')}"
-    choices = detail.get("choices")
-    return str(detail.get("text", "")) + (f" [{' | '.join(choices)}]" if choices else "")
 
 
 def _mark(cmd: dict[str, Any]) -> str:

@@ -82,7 +82,7 @@ FANOUT_FLAGS = tuple(
 )
 
 # Every command: adding one is an entry here and its function in commands.py (tasks), jobs.py
-# or admin.py (the host: workspaces, environments, workers, images, doctor, mcp).
+# or admin.py (the host: workspaces, environments, workers, images, doctor, mcp), or ui.py.
 COMMANDS = (
     Command(
         "tasks",
@@ -369,6 +369,9 @@ COMMANDS = (
         ),
     ),
     Command("doctor", None, "check that tasks can run here", "admin.cmd_doctor", (JSON,)),
+    Command(
+        "ui", None, "serve the local web view (tasks, jobs, diffs, accept)", "ui.cmd_ui", acts=True
+    ),
     Command(
         "mcp",
         None,

@@ -353,15 +353,14 @@ class Store:
             return self.event_in(conn, task_id, kind, data or {})
 
     def events(
-        self, task_id: str, after: int = 0, limit: int = 200, kinds: tuple[str, ...] = ()
+        self, task_id: str | None, after: int = 0, limit: int = 200, kinds: tuple[str, ...] = ()
     ) -> list[Event]:
-        """The task's events after ``after`` in order, at most ``limit``; only ``kinds`` when
-        given."""
-        sql = (
-            "SELECT event_id, task_id, kind, at, data FROM events"
-            " WHERE task_id = ? AND event_id > ?"
-        )
-        params: list[Any] = [task_id, after]
+        """The task's events (every task's and job's when ``task_id`` is None: a live view of
+        them all) after ``after`` in order, at most ``limit``; only ``kinds`` when given."""
+        sql = "SELECT event_id, task_id, kind, at, data FROM events WHERE event_id > ?"
+        params: list[Any] = [after]
+        if task_id is not None:
+            sql, params = sql + " AND task_id = ?", [*params, task_id]
         if kinds:
             sql += f" AND kind IN ({', '.join('?' for _ in kinds)})"
             params += kinds
@@ -369,6 +368,10 @@ class Store:
         return [
             Event.model_validate({**row, "data": json.loads(row["data"] or "{}")}) for row in rows
         ]
+
+    def last_event(self) -> int:
+        """The newest event id of the store (0 when there is none)."""
+        return int(self.query("SELECT max(event_id) AS n FROM events")[0]["n"] or 0)
 
     def status_and_phase(self, task_id: str) -> tuple[str, str | None]:
         """What a live view's status line shows, without decoding the whole row."""

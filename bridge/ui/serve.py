@@ -1,0 +1,75 @@
+"""`worker-bridge ui`: the web view alone on its own listener (loopback by default), with the
+MCP HTTP listener's token handling (bridge/mcp_http.py: `--token-file`, the same environment
+variables, `--no-token` only on loopback), its connection bounds and its periodic recovery of
+tasks whose runner died. Given no token at all, it makes one for this run and prints the login
+URL that carries it (in the fragment), once, to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+from collections.abc import MutableMapping
+from urllib.parse import quote
+
+from bridge.config import HttpConfig
+from bridge.mcp_http import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    HttpOptions,
+    keep_recovering,
+    parse_bind,
+    resolve_options,
+    run_listener,
+    url_host,
+)
+from bridge.service import WorkerBridge
+
+DEFAULT_LISTEN = "127.0.0.1:8770"
+log = logging.getLogger("worker_bridge.ui")
+
+
+def ui_options(args: argparse.Namespace, env: MutableMapping[str, str] = os.environ) -> HttpOptions:
+    """The listener's address and token: as `worker-bridge-mcp --http` resolves them, or a
+    token made for this run when none is given. ConfigError (exit 2) in one sentence."""
+    listen = args.listen or DEFAULT_LISTEN
+    parse_bind(listen, "--listen")
+    if args.token_file or args.no_token or env.get(TOKEN_FILE_ENV) or env.get(TOKEN_ENV):
+        given = argparse.Namespace(http=listen, token_file=args.token_file, no_token=args.no_token)
+        return resolve_options(given, env)
+    host, port = parse_bind(listen, "--listen")
+    return HttpOptions(host, port, secrets.token_urlsafe(32), "made for this run")
+
+
+def login_url(options: HttpOptions, *, with_token: bool) -> str:
+    """The login page's URL; ``with_token``: with the token in its fragment (`#token=`), which
+    the browser never sends, and the page's script posts and removes from the address bar."""
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
+    base = f"http://{url_host(host)}:{options.port}/ui/login"
+    if with_token and options.token is not None:
+        return f"{base}#token={quote(options.token)}"
+    return base
+
+
+def serve(bridge: WorkerBridge, options: HttpOptions, limits: HttpConfig | None = None) -> int:
+    """Serve the web view until SIGINT/SIGTERM, handing tasks whose runner died to new runners
+    now and then, as the MCP server does."""
+    from bridge.ui.app import build_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    limits = limits or HttpConfig()
+    for warning in options.warnings:
+        log.warning("%s", warning)
+    made = options.token_source == "made for this run"
+    if options.token is None:
+        where = f"{login_url(options, with_token=False)} (no token: --no-token)"
+    elif made:
+        where = login_url(options, with_token=True)
+    else:
+        where = f"{login_url(options, with_token=False)} with the token from {options.token_source}"
+    print(f"worker-bridge ui: open {where}", file=sys.stderr, flush=True)
+    keep_recovering(bridge.recover)
+    app = build_app(bridge, token=options.token, host=options.host, port=options.port)
+    return run_listener(app, options, limits)
