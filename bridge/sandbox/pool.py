@@ -72,12 +72,12 @@ def _pool(home: Path) -> _Pool:
 
 
 @atexit.register
-def _join_fillers() -> None:
-    """A process that ends lets its fillers finish (a few hundred ms at most), so it leaves
-    started containers rather than half-made ones for the next process."""
+def wait_for_fillers(timeout: float = 10.0) -> None:
+    """Let this process's fillers finish. At exit too (a few hundred ms at most), so that a
+    process leaves started containers rather than half-made ones for the next one."""
     for pool in list(_POOLS.values()):
         for thread in list(pool.threads):
-            thread.join(timeout=10)
+            thread.join(timeout=timeout)
 
 
 def pooled(sandbox: Sandbox, slots: PoolSlots, home: Path, settings: PoolConfig) -> Sandbox:
@@ -210,6 +210,19 @@ class PooledSandbox:
 
     # -- filling ------------------------------------------------------------------------------
 
+    def prefill(self, spec: ContainerSpec) -> int:
+        """Fill the shape of ``spec`` up to `pool.size` now, in this thread (the bench, tests);
+        how many containers were made."""
+        image = self.inner.inspect_image(spec.image)
+        plan = None if image is None else pool_shape.make_plan(spec, image.id)
+        if not isinstance(plan, Plan):
+            return 0
+        self._share_root()
+        made = 0
+        while self._fill_one(plan):
+            made += 1
+        return made
+
     def refill(self, plan: Plan) -> None:
         """Fill ``plan``'s shape back up to `pool.size` in a background thread (one per shape
         and process at a time)."""
@@ -303,6 +316,15 @@ class PooledSandbox:
         for name in folders:
             if name not in after:
                 self._remove_folder(self.pool.root / name)
+        return undone
+
+    def drain(self) -> list[str]:
+        """Reclaim, then remove every idle pooled container too (`workspaces prune`): what
+        serves a task stays; the next task's start fills the pool again."""
+        undone = self.reclaim()
+        for slot in self.slots.rows():
+            if slot.state == "idle" and self._clear(slot, taken_from=("idle",)):
+                undone.append(slot.slot_id)
         return undone
 
     def slot_rows(self) -> list[PoolSlot]:

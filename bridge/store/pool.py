@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from bridge.store.owners import Owner, process_alive
@@ -176,6 +177,23 @@ class PoolSlots:
 
     def rows(self) -> list[PoolSlot]:
         return [_slot(r) for r in self.store.query("SELECT * FROM pool_slots ORDER BY created_at")]
+
+
+def read_slots(path: Path) -> list[PoolSlot]:
+    """Every slot, read without writing (nothing from a store not made yet, or older)."""
+    if not path.exists():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return []
+    try:
+        conn.row_factory = sqlite3.Row
+        return [_slot(dict(r)) for r in conn.execute("SELECT * FROM pool_slots")]
+    except sqlite3.OperationalError:  # no such table: a store from before the pool
+        return []
+    finally:
+        conn.close()
 
 
 def _who(owner: Owner) -> tuple[str, str, int, float | None]:

@@ -1,0 +1,292 @@
+"""The container pool (issue 23, part 2; bridge/sandbox/pool.py): a pooled container is hardened
+exactly like a cold one, runs the task's command as its own (exit, output, environment, OOM,
+timeout kill), is claimed by one task only (two processes racing for one slot: one wins), is
+removed after its task and never handed to another, and what a process killed with -9 left
+(its slots, containers and mounts) is reclaimed or adopted by the next process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge.config_sections import PoolConfig
+from bridge.sandbox import LABEL, ContainerSpec, DockerSandbox, Mount, home_id
+from bridge.sandbox import mounts as host_mounts
+from bridge.sandbox.pool import PooledSandbox, wait_for_fillers
+from bridge.sandbox.pool_shape import CONTROL
+from bridge.store import Store
+from bridge.store.owners import Owner
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="pool mounts need root")
+
+
+def _spec(home: Path, workspace: Path, command: str, task: str, image: str, **fields):
+    settings = {"memory_mb": 256, "tmpfs": ("/tmp", "/home/worker"), **fields}
+    return ContainerSpec(
+        image=image,
+        command=["sh", "-c", command],
+        user="10001:10001",
+        labels={f"{LABEL}.task": task, f"{LABEL}.role": "verify", f"{LABEL}.home": home_id(home)},
+        mounts=[
+            Mount(workspace, "/workspace", read_only=False),
+            Mount(workspace / "hook.txt", "/etc/worker-bridge/hook.txt", read_only=True),
+            Mount(workspace / "sub", "/workspace/nested", read_only=True),
+        ],
+        env={"FOO": "a b'c $x", "HOME": "/home/worker"},
+        **settings,
+    )
+
+
+def _workspace(root: Path, name: str) -> Path:
+    path = root / name
+    (path / "sub").mkdir(parents=True)
+    (path / "file.txt").write_text(f"content of {name}\n")
+    (path / "hook.txt").write_text("hook\n")
+    (path / "sub" / "inner.txt").write_text("inner\n")
+    os.chown(path, 10001, 10001)
+    return path
+
+
+def _pool(home: Path, size: int = 1) -> tuple[PooledSandbox, Store]:
+    store = Store(home / "bridge.db")
+    return PooledSandbox(DockerSandbox(), store.pool, home, PoolConfig(size=size)), store
+
+
+def _logs(container_id: str) -> str:
+    return b"".join(DockerSandbox().output(container_id, tail=200)).decode()
+
+
+def _inspect(container_id: str) -> dict:
+    return DockerSandbox().client.api.inspect_container(container_id)
+
+
+def _pool_mounts(home: Path) -> set[str]:
+    return host_mounts.mount_points(home / "pool") - {str(home / "pool")}
+
+
+@needs_root
+def test_a_pooled_container_is_a_cold_one_in_all_but_its_mounts(docker_images, workdir, home):
+    image = docker_images.verify_image_ref
+    sandbox, store = _pool(home)
+    script = (
+        'pwd; cat file.txt; cat nested/inner.txt; cat /etc/worker-bridge/hook.txt; echo "$FOO";'
+        f" id -u; ls -A {CONTROL}; echo done > out.txt; echo to-stderr >&2;"
+        " echo ---; grep /pool/ /proc/self/mountinfo; exit 3"
+    )
+    cold = sandbox.start(_spec(home, _workspace(workdir, "one"), script, "task-one", image))
+    assert sandbox.origin(cold)["pooled"] is False  # nothing pooled yet: made cold, then refilled
+    wait_for_fillers()
+    two = _workspace(workdir, "two")
+    pooled = sandbox.start(_spec(home, two, script, "task-two", image))
+    assert sandbox.origin(pooled) == {"pooled": True, "slot": sandbox.origin(pooled)["slot"]}
+    try:
+        a, b = _inspect(cold), _inspect(pooled)
+        hosts = [dict(x["HostConfig"]) for x in (a, b)]
+        targets = [sorted(m["Target"] for m in h.pop("Mounts")) for h in hosts]
+        assert hosts[0] == hosts[1]  # network none, caps, seccomp, ro root, limits, runtime, log
+        assert hosts[0]["NetworkMode"] == "none" and hosts[0]["CapDrop"] == ["ALL"]
+        tops = ["/etc/worker-bridge/hook.txt", "/workspace"]
+        assert targets == [[*tops, "/workspace/nested"], sorted([*tops, CONTROL])]
+        assert a["Config"]["User"] == b["Config"]["User"] == "10001:10001"
+        assert b["Config"]["Labels"][f"{LABEL}.slot"] == sandbox.origin(pooled)["slot"]
+        # The recovery and cancel paths find it by the task's labels, as a cold one.
+        found = sandbox.containers({f"{LABEL}.task": "task-two"})
+        assert [(c.id, c.labels[f"{LABEL}.role"]) for c in found] == [(pooled, "verify")]
+        info = sandbox.wait(pooled, timeout=60)
+        assert (info.exit_code, info.oom_killed, info.timed_out) == (3, False, False)
+        assert info.duration_s is not None
+        lines = _logs(pooled).splitlines()
+        assert lines[:6] == ["/workspace", "content of two", "inner", "hook", "a b'c $x", "10001"]
+        assert "to-stderr" in lines
+        # Its control folder is empty once the command runs (the next line is the marker),
+        # and of the pool's folders it sees its own slot's points only.
+        assert lines[6] in ("---", "to-stderr")
+        slot = sandbox.origin(pooled)["slot"]
+        seen = [line for line in lines[lines.index("---") + 1 :] if line != "to-stderr"]
+        assert len(seen) == 3 and all(f"/pool/{slot}/" in line for line in seen)
+        assert (two / "out.txt").read_text() == "done\n"
+    finally:
+        for container in (cold, pooled):
+            sandbox.remove(container)
+    assert not sandbox.containers({f"{LABEL}.task": "task-two"})
+    wait_for_fillers()
+    assert [s.state for s in store.pool.rows()] == ["idle"]  # the refill; never the used one
+    assert store.pool.by_container(pooled) is None
+    assert _pool_mounts(home) == set()
+    sandbox.drain()
+    store.close()
+
+
+@needs_root
+def test_a_pooled_container_keeps_the_oom_and_the_timeout_kill(docker_images, workdir, home):
+    image = docker_images.verify_image_ref
+    sandbox, store = _pool(home, size=2)
+    hog = "head -c 400000000 /dev/zero | tail > /dev/null"  # tail holds the one line in memory
+    small = _spec(home, _workspace(workdir, "w0"), hog, "t0", image, memory_mb=64)
+    assert sandbox.prefill(small) == 2
+    oom = sandbox.start(_spec(home, _workspace(workdir, "w1"), hog, "t1", image, memory_mb=64))
+    slow = _spec(home, _workspace(workdir, "w2"), "sleep 60", "t2", image, memory_mb=64)
+    slow = sandbox.start(slow)
+    assert sandbox.origin(oom)["pooled"] is True and sandbox.origin(slow)["pooled"] is True
+    try:
+        info = sandbox.wait(oom, timeout=60)
+        assert info.oom_killed and info.exit_code != 0
+        info = sandbox.wait(slow, timeout=0.5)
+        assert info.timed_out
+        assert _inspect(slow)["State"]["Running"] is False
+    finally:
+        for container in (oom, slow):
+            sandbox.remove(container)
+        wait_for_fillers()
+        sandbox.drain()
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    store.close()
+
+
+_CLAIMER = """
+import json, sys, time
+from pathlib import Path
+from bridge.store import Store
+from bridge.store.owners import Owner
+store, go = Store(sys.argv[1]), Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.001)
+slot = store.pool.claim("shape", Owner(), sys.argv[3], {})
+print(json.dumps(slot.slot_id if slot else None))
+"""
+
+
+def test_two_processes_racing_for_one_slot_one_wins(home):
+    store = Store(home / "bridge.db")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for round_ in range(4):
+        slot = f"slot-{round_}"
+        owner = Owner()
+        assert store.pool.reserve(
+            slot, "shape", owner, 64, size=1, max_containers=8, max_memory_mb=1024
+        )
+        assert store.pool.filled(slot, f"container-{round_}" * 4, time.time() + 60)
+        go = home / f"go-{round_}"
+        racers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CLAIMER, str(home / "bridge.db"), str(go), f"task-{n}"],
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            for n in range(2)
+        ]
+        time.sleep(0.3)  # both waiting for the go (not a timing assertion: a late one loses too)
+        go.touch()
+        results = [json.loads(p.communicate(timeout=60)[0]) for p in racers]
+        assert sorted(results, key=str) == [None, slot]
+        row = store.pool.get(slot)
+        assert row is not None and row.state == "claimed"
+        assert store.pool.claim("shape", owner, "late", {}) is None  # and never a second time
+    store.close()
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.test_pool import _pool, _spec, _workspace
+from bridge.sandbox.pool import wait_for_fillers
+home, work, image = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+sandbox, store = _pool(home, size=3)
+first = _spec(home, _workspace(work, "a"), "sleep 300", "gone-task", image)
+sandbox.prefill(first)
+running = sandbox.start(first)  # serving a task the store does not know
+wait_for_fillers()  # back to three idle ones
+plan = __import__("bridge.sandbox.pool_shape", fromlist=["x"]).make_plan(
+    first, sandbox.inner.inspect_image(image).id)
+claimed = store.pool.claim(plan.key, sandbox.pool.owner, "half-claimed", {})
+store.pool.reserve("half-filled", plan.key, sandbox.pool.owner, 64, size=9,
+                   max_containers=64, max_memory_mb=99999)
+print(sandbox.pool.owner.id, running, claimed.slot_id, flush=True)
+time.sleep(600)
+"""
+
+
+@needs_root
+def test_a_pool_left_by_a_killed_process_is_reclaimed_by_the_next(docker_images, workdir, home):
+    from bridge.config import load_config
+    from bridge.phase.context import Context
+    from bridge.pipeline.recovery import remove_orphan_containers
+
+    image = docker_images.verify_image_ref
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(ROOT), str(home), str(workdir), image],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+    )
+    try:
+        owner, running, half_claimed = holder.stdout.readline().split()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    sandbox, store = _pool(home, size=3)
+    held = DockerSandbox().containers({f"{LABEL}.pool": owner})
+    assert len(held) == 4  # serving one task, two idle, one claimed: all the killed one's
+    assert len(_pool_mounts(home)) == 3  # the serving slot's points
+    states = sorted(s.state for s in store.pool.rows())
+    assert states == ["claimed", "filling", "idle", "idle", "running"]
+
+    undone = sandbox.reclaim()  # the next process: what the dead one was doing goes
+    assert half_claimed in undone and "half-filled" in undone
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    assert remove_orphan_containers(Context(config, store, DockerSandbox())) == 1  # its task's
+    assert not DockerSandbox().containers({f"{LABEL}.task": "gone-task"})
+    assert running not in {c.id for c in DockerSandbox().containers({f"{LABEL}.pool": owner})}
+    assert sorted(s.state for s in store.pool.rows()) == ["idle", "idle"]  # adopted
+    assert _pool_mounts(home) == set()
+
+    # The idle ones it made serve this process's tasks, each once.
+    adopted = sandbox.start(_spec(home, _workspace(workdir, "b"), "cat file.txt", "next", image))
+    assert sandbox.origin(adopted)["pooled"] is True
+    assert sandbox.wait(adopted, timeout=60).exit_code == 0
+    assert _logs(adopted).strip() == "content of b"
+    sandbox.remove(adopted)
+    wait_for_fillers()
+    sandbox.drain()
+    assert not DockerSandbox().containers({f"{LABEL}.home": home_id(home)})
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    assert sorted(os.listdir(home / "pool")) == []
+    store.close()
+
+
+@needs_root
+def test_gvisor_tasks_skip_the_pool_and_say_why(docker_images, workdir, home):
+    if "runsc" not in DockerSandbox().runtimes():
+        pytest.skip("runsc is not registered")
+    sandbox, store = _pool(home)
+    spec = _spec(home, _workspace(workdir, "g"), "true", "t", docker_images.verify_image_ref)
+    spec.runtime = "runsc"
+    container = sandbox.start(spec)
+    try:
+        origin = sandbox.origin(container)
+        assert origin["pooled"] is False and "gVisor" in origin["why"]
+    finally:
+        sandbox.remove(container)
+    wait_for_fillers()
+    assert store.pool.rows() == []  # nothing is made for a shape the pool skips
+    store.close()
+
+
+def test_a_failed_release_script_check_refuses_an_unmounted_point():
+    from bridge.sandbox.pool_shape import NOT_MOUNTED, Plan, Point, release_script
+
+    spec = ContainerSpec("i", ["echo", "it's"], "1:1", {}, env={"A": "x y"})
+    plan = Plan(spec, "id", (Point("/workspace", "dir"), Point("/f", "file")), [], [], "k")
+    script = release_script(plan, spec, ".tok")
+    assert f"[ -e /workspace/.tok ] && exit {NOT_MOUNTED}" in script
+    assert script.rstrip().endswith("exec echo 'it'\"'\"'s'")
+    assert "export 'A=x y'" in script
