@@ -290,3 +290,69 @@ def test_a_failed_release_script_check_refuses_an_unmounted_point():
     assert f"[ -e /workspace/.tok ] && exit {NOT_MOUNTED}" in script
     assert script.rstrip().endswith("exec echo 'it'\"'\"'s'")
     assert "export 'A=x y'" in script
+
+
+@needs_root
+def test_tasks_take_fresh_pooled_containers_and_never_one_used(docker_images, home, repo):
+    from bridge import WorkerBridge
+
+    (home / "config.yaml").write_text("pool:\n  size: 1\n")
+    bridge = WorkerBridge(home=home)
+    peek = f"ls -A {CONTROL}; grep -r secret-of /workspace /tmp /home 2>/dev/null; true"
+    used: list[set[str]] = []
+    try:
+        for n in range(3):
+            spec = {
+                "objective": "write a file",
+                "worker": "mock",
+                "workspace": {"repository": str(repo)},
+                "metadata": {"mock": {"script": f"{peek}; echo secret-of-{n} > secret.txt"}},
+                "verification": {
+                    "commands": [
+                        f"grep -qx secret-of-{n} secret.txt",
+                        f'test -z "$(ls -A {CONTROL})" && ! grep -rq secret-of-{n - 1} /tmp',
+                    ]
+                },
+            }
+            result = bridge.run_task(bridge.create_task(spec).task_id).document()
+            assert result["status"] == "succeeded", result["error"]
+            events = bridge.task_logs(result["task_id"]).events
+            notes = [e.data for e in events if e.kind == "sandbox.pool"]
+            assert [d["role"] for d in notes] == ["worker", "verify", "verify"]
+            if n > 0:  # the worker and the first command from the pool; the second made cold
+                assert [d["pooled"] for d in notes] == [True, True, False]
+            progress = [e.data.get("text", "") for e in events if e.kind == "worker.progress"]
+            assert not any("secret-of" in text for text in progress)  # nothing of the last task
+            used.append({d["container"] for d in notes})
+            wait_for_fillers()
+    finally:
+        bridge.close()
+    assert len(set.union(*used)) == sum(len(u) for u in used)  # no container served twice
+    left = {c.id[:12] for c in DockerSandbox().containers({f"{LABEL}.home": home_id(home)})}
+    assert left and not left & set.union(*used)  # only the refills are left, all idle
+    store = Store(home / "bridge.db")
+    assert {s.state for s in store.pool.rows()} == {"idle"}
+    store.close()
+
+
+@needs_root
+def test_doctor_shows_the_pool_and_prune_drains_it(docker_images, workdir, home):
+    from bridge import WorkerBridge
+
+    sandbox, store = _pool(home, size=2)
+    spec = _spec(home, _workspace(workdir, "p"), "true", "t", docker_images.verify_image_ref)
+    assert sandbox.prefill(spec) == 2
+    (home / "config.yaml").write_text("pool:\n  size: 2\n")
+    bridge = WorkerBridge(home=home)
+    try:
+        check = next(c for c in bridge.doctor() if c["check"] == "pool")
+        assert "2 idle" in check["detail"] and check["ok"]
+        planned = [a for a in bridge.prune_workspaces()["actions"] if a["kind"] == "pool"]
+        assert planned and "2 pooled container(s)" in planned[0]["reason"]
+        applied = bridge.prune_workspaces(apply=True)["actions"]
+        assert [a["failed"] for a in applied if a["kind"] == "pool"] == [None]
+    finally:
+        bridge.close()
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    assert not DockerSandbox().containers({f"{LABEL}.home": home_id(home)})
+    store.close()
