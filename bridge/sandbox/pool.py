@@ -237,15 +237,23 @@ class PooledSandbox:
         thread.start()
 
     def _fill(self, plan: Plan) -> None:
+        # A connection of its own: the caller's store may be closed while this thread runs.
+        from bridge.store.db import Store
+
+        store = None
         try:
+            store = Store(self.slots.store.path)
+            own = PooledSandbox(self.inner, store.pool, self.home, self.settings)
             if time.time() - self.pool.reclaimed_at > RECLAIM_EVERY_S:
-                self.reclaim()
-            self._share_root()
-            while self._fill_one(plan):
+                own.reclaim()
+            own._share_root()
+            while own._fill_one(plan):
                 pass
-        except (OSError, BridgeError):
-            pass  # the pool is an optimisation: a task made cold loses nothing
+        except Exception:  # noqa: BLE001 - the pool is an optimisation: a cold start loses nothing
+            pass  # a half-made slot is reclaimed (its owner stuck or gone)
         finally:
+            if store is not None:
+                store.close()
             with self.pool.lock:
                 self.pool.filling.discard(plan.key)
 

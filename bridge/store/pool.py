@@ -24,6 +24,8 @@ STALE_S = 300.0  # a filling, claimed or removing row this old has a stuck owner
 
 
 class Store(Protocol):
+    path: Path
+
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]: ...
