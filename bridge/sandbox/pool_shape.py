@@ -159,9 +159,11 @@ def pooled_spec(plan: Plan, folder: Path, slot_id: str, owner: str) -> Container
         Mount(folder / f"m{index}", point.target, read_only=True, propagation="rslave")
         for index, point in enumerate(plan.points)
     ]
+    # Not `.role`: an idle container is no task's worker or verifier (whoever counts those by
+    # the engine's labels must not count it); the role it is for is `.pool_role`.
     labels = {
         f"{LABEL}.home": plan.home,
-        f"{LABEL}.role": plan.role,
+        f"{LABEL}.pool_role": plan.role,
         f"{LABEL}.pool": owner,
         f"{LABEL}.slot": slot_id,
     }
