@@ -73,6 +73,7 @@ class EngineSampler:
         from bridge.sandbox import home_id
 
         self.client = docker.from_env()
+        self.store_path = home / "bridge.db"
         self.filters = {"label": [f"{LABEL}.home={home_id(home)}"]}
         self.samples: list[list[tuple[str, str]]] = []
         self.errors: list[str] = []
@@ -96,8 +97,18 @@ class EngineSampler:
                 self.errors.append(repr(exc))
             else:
                 sample = []
+                slots = None
                 for c in found:
                     labels = c.attrs.get("Labels") or {}
+                    if f"{LABEL}.slot" in labels:  # pooled: the task's labels are in its row
+                        from bridge.store.pool import read_slots
+
+                        if slots is None:
+                            slots = {r.slot_id: r for r in read_slots(self.store_path)}
+                        row = slots.get(labels[f"{LABEL}.slot"])
+                        if row is None or row.state != "running":
+                            continue  # idle (or being made): no task's, bounded by pool.* instead
+                        labels = row.labels
                     if c.attrs.get("State", "running") == "running":
                         sample.append((labels.get(f"{LABEL}.task"), labels.get(f"{LABEL}.role")))
                 self.samples.append(sample)
