@@ -25,6 +25,7 @@ from bridge.store import Store
 from bridge.store.owners import Owner
 
 ROOT = Path(__file__).resolve().parents[1]
+SLOT = f"{LABEL}.slot"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="pool mounts need root")
 
 
@@ -355,4 +356,30 @@ def test_doctor_shows_the_pool_and_prune_drains_it(docker_images, workdir, home)
         bridge.close()
     assert store.pool.rows() == [] and _pool_mounts(home) == set()
     assert not DockerSandbox().containers({f"{LABEL}.home": home_id(home)})
+    store.close()
+
+
+@needs_root
+def test_an_idle_container_that_died_is_dropped_and_the_task_made_cold(
+    docker_images, workdir, home
+):
+    image = docker_images.verify_image_ref
+    sandbox, store = _pool(home)
+    spec = _spec(home, _workspace(workdir, "d"), "cat file.txt", "t", image)
+    assert sandbox.prefill(spec) == 1
+    (dead,) = store.pool.rows()
+    DockerSandbox().kill(str(dead.container_id))  # e.g. the engine restarted
+    container = sandbox.start(spec)
+    try:
+        origin = sandbox.origin(container)
+        assert origin["pooled"] is False and "not running" in origin["why"]
+        assert sandbox.wait(container, timeout=60).exit_code == 0
+        assert _logs(container).strip() == "content of d"
+        assert store.pool.get(dead.slot_id) is None  # removed, mounts and all
+        assert not DockerSandbox().containers({SLOT: dead.slot_id})
+    finally:
+        sandbox.remove(container)
+        wait_for_fillers()
+        sandbox.drain()
+    assert _pool_mounts(home) == set()
     store.close()

@@ -188,7 +188,7 @@ class PooledSandbox:
             _attach(mount.source, folder / f"m{index}", rel, kind, mount)
         script = pool_shape.release_script(plan, plan.spec, token).encode()
         fifo = folder / "ctl" / FIFO
-        deadline = time.monotonic() + RELEASE_WAIT_S
+        deadline, checked = time.monotonic() + RELEASE_WAIT_S, False
         while True:
             try:
                 fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -196,6 +196,11 @@ class PooledSandbox:
             except OSError as exc:  # ENXIO: no reader (yet): PID 1 has not opened it
                 if exc.errno != errno.ENXIO or time.monotonic() > deadline:
                     raise
+                if not checked:  # a container that stopped (no `sh` or `cat` in its image)
+                    checked = True
+                    found = self.inner.containers({SLOT_LABEL: slot.slot_id})
+                    if not any(c.state == "running" for c in found):
+                        raise OSError(errno.ESRCH, "the pooled container is not running") from exc
                 time.sleep(0.002)
         at = time.time()
         try:

@@ -32,6 +32,7 @@ TOKEN = "token"  # in the slot folder (not mounted): the name of its points' sen
 INIT = f'eval "$(cat {CONTROL}/{FIFO})"; exit 125'
 NOT_MOUNTED = 125  # the release script's exit when a point still shows the slot's own entry
 POOLED_ROLES = ("worker", "verify")
+RUNC = (None, "runc", "io.containerd.runc.v2")  # where host mounts reach a started container
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -70,6 +71,8 @@ def why_not(spec: ContainerSpec) -> str | None:
             "the pool is not used under gVisor (runsc): its sandbox would not see mounts the host "
             "makes after it started; the container was made cold"
         )
+    if spec.runtime not in RUNC:
+        return f"the pool is used with runc only, not with the runtime {spec.runtime}"
     if os.geteuid() != 0:
         return "the bridge does not run as root: it cannot attach a task's folders to a slot"
     if not re.fullmatch(r"\d+:\d+", spec.user):
