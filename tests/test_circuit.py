@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -154,8 +155,10 @@ def test_a_turn_timeout_counts(fast, repo):
 
 
 def test_failures_outside_the_window_do_not_add_up(home, repo):
-    bridge = breaker(home, window_s=0.05)
-    trip(bridge, repo)  # each run takes longer than the window
+    bridge = breaker(home, window_s=0.2)
+    for _ in range(2):
+        trip(bridge, repo, 1)
+        time.sleep(0.3)  # the next failure comes after this one has left the window
     assert state(bridge)["state"] == "closed"
     bridge.close()
 

@@ -32,7 +32,9 @@ def test_a_linked_cli_runs_in_the_base_image_with_the_prompt_filled_in(cli, repo
     assert result["summary"] == "final: done"
     assert result["changed_files"] == [{"path": "linked.txt", "change": "added"}]
     worktree_file = f"{result['branch']}:linked.txt"
-    assert git(repo, "show", worktree_file) == "say hello\n"
+    prompt = git(repo, "show", worktree_file)
+    assert prompt.startswith("say hello\n")  # the objective, then how to ask (issue 21)
+    assert "worker-bridge-request" in prompt
 
 
 def test_linking_with_a_command_that_is_not_a_json_list_is_a_usage_error(cli):

@@ -23,7 +23,7 @@ def reach(port: int, host: str = "vm", tries: int = 1, out: str = "probe.txt") -
     then write what the last attempt got to OUT."""
     return py(
         f"""
-        import socket, time
+        import re, socket, time
         def attempt():
             s = socket.create_connection(("127.0.0.1", 7801), timeout=20)
             s.sendall(b"CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n")
@@ -34,6 +34,11 @@ def reach(port: int, host: str = "vm", tries: int = 1, out: str = "probe.txt") -
                     break
                 head += chunk
             if b" 200 " not in head.split(b"\\r\\n")[0]:
+                length = int(re.search(rb"content-length: *(\\d+)", head, re.I)[1])
+                while len(head.partition(b"\\r\\n\\r\\n")[2]) < length:
+                    if not (chunk := s.recv(65536)):  # the refusal's body; the connection
+                        break  # stays open after it
+                    head += chunk
                 return "refused: " + head.decode(errors="replace")
             s.sendall(b"GET /asked HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n\\r\\n")
             data = b""
