@@ -17,7 +17,7 @@ _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alik
 _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
 _MOVE_F_EMPTY, _MOVE_T_EMPTY = 0x4, 0x40
 _ATTR_RDONLY, _ATTR_NOSUID, _ATTR_NODEV = 0x1, 0x2, 0x4
-_MS_BIND, _MS_SHARED, _MNT_DETACH = 4096, 1 << 20, 2
+_MS_BIND, _MS_PRIVATE, _MS_SHARED, _MNT_DETACH = 4096, 1 << 18, 1 << 20, 2
 _AT_FDCWD = -100
 
 
@@ -46,7 +46,10 @@ def _check(result: int, what: str) -> int:
 
 def attach(source: Path, point: int, *, read_only: bool) -> None:
     """Bind ``source`` (recursively) onto the open point ``point`` (an O_PATH descriptor);
-    nosuid and nodev always, read-only when asked, before it becomes visible anywhere."""
+    nosuid and nodev always, read-only when asked, and private (as the engine's own binds):
+    a clone of a shared mount would be a peer of it, so a mount made under the point later
+    (a nested mount of the task) would appear at ``source`` on the host too, and one the
+    host makes under ``source`` would reach the container; all before it is visible."""
     libc = _libc()
     tree = _check(
         libc.syscall(
@@ -59,7 +62,7 @@ def attach(source: Path, point: int, *, read_only: bool) -> None:
     )
     try:
         flags = _ATTR_NOSUID | _ATTR_NODEV | (_ATTR_RDONLY if read_only else 0)
-        attr = _Attr(flags, 0, 0, 0)
+        attr = _Attr(flags, 0, _MS_PRIVATE, 0)
         _check(
             libc.syscall(
                 _MOUNT_SETATTR,
@@ -124,8 +127,10 @@ def detach(path: Path) -> None:
 
 
 def share(folder: Path) -> None:
-    """Make ``folder`` a shared mount of its own (a bind of itself, once), so that mounts made
-    under it reach the containers that mount parts of it with `rslave` propagation."""
+    """Make ``folder`` a shared mount of its own (a bind of itself, once, in a peer group of its
+    own: made private first, as a bind of a shared mount would be its peer and send every
+    slot's mounts to the host's other namespaces), so that mounts made under it reach the
+    containers that mount parts of it with `rslave` propagation."""
     if shared(folder):
         return
     libc = _libc()
@@ -134,6 +139,7 @@ def share(folder: Path) -> None:
             libc.mount(os.fsencode(folder), os.fsencode(folder), None, _MS_BIND, None),
             f"bind {folder}",
         )
+    _check(libc.mount(None, os.fsencode(folder), None, _MS_PRIVATE, None), f"isolate {folder}")
     _check(libc.mount(None, os.fsencode(folder), None, _MS_SHARED, None), f"share {folder}")
 
 
