@@ -291,7 +291,7 @@ def test_a_failed_release_script_check_refuses_an_unmounted_point():
     plan = Plan(spec, "id", (Point("/workspace", "dir"), Point("/f", "file")), [], [], "k")
     script = release_script(plan, spec, ".tok")
     assert f"[ -e /workspace/.tok ] && exit {NOT_MOUNTED}" in script
-    assert script.rstrip().endswith("exec echo 'it'\"'\"'s'")
+    assert "  exec echo 'it'\"'\"'s'\n}\nwb_release\n" in script
     assert "export 'A=x y'" in script
 
 
@@ -423,3 +423,34 @@ def test_a_slot_s_mounts_stay_private_on_a_host_whose_mounts_are_shared(docker_i
             store.close()
     finally:
         subprocess.run(["umount", "-R", "-l", str(shared)], check=False)
+
+
+@needs_root
+def test_a_release_cut_short_runs_nothing(docker_images, workdir, home, monkeypatch):
+    """The host dies while writing the release script: PID 1 reads a script cut short, and
+    runs none of it (never the command with its last arguments missing)."""
+    from bridge.sandbox import pool_shape
+
+    sandbox, store = _pool(home)
+    workspace = _workspace(workdir, "cut")
+    spec = _spec(home, workspace, "true", "t", docker_images.verify_image_ref)
+    spec.command = ["touch", "/workspace/a", "/workspace/b"]
+    assert sandbox.prefill(spec) == 1
+    whole = pool_shape.release_script
+
+    def cut(plan, spec, token):
+        script = whole(plan, spec, token)
+        return script[: script.index(" /workspace/b")]  # ends `exec touch /workspace/a`
+
+    monkeypatch.setattr(pool_shape, "release_script", cut)
+    monkeypatch.setattr(sandbox, "refill", lambda plan: None)
+    container = sandbox.start(spec)
+    try:
+        assert sandbox.origin(container)["pooled"] is True
+        # `sh` refuses a script that does not parse (2) or exits after it (125).
+        assert sandbox.wait(container, timeout=60).exit_code in (2, pool_shape.NOT_MOUNTED)
+        assert not (workspace / "a").exists() and not (workspace / "b").exists()
+    finally:
+        sandbox.remove(container)
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    store.close()

@@ -184,7 +184,7 @@ def release_script(plan: Plan, spec: ContainerSpec, token: str) -> str:
     """What the pooled container's PID 1 runs for the task: refuse (exit 125) when a point
     still shows the slot's own entry (the task's folder did not reach it), enter the working
     folder again (the one PID 1 started in is the slot's), set the task's environment, and
-    become the task's command."""
+    become the task's command; all or nothing (see the end)."""
     q = shlex.quote
     lines = []
     for point in plan.points:
@@ -199,4 +199,8 @@ def release_script(plan: Plan, spec: ContainerSpec, token: str) -> str:
     lines.append(f"cd -- {q(spec.workdir)} || exit {NOT_MOUNTED}")
     lines += [f"export {q(f'{k}={v}')}" for k, v in spec.env.items()]
     lines.append("exec " + " ".join(q(part) for part in spec.command))
-    return "\n".join(lines) + "\n"
+    # One function, called on the last line: a script cut short (the host died while writing
+    # it) does not parse, or defines without calling, so PID 1 runs none of it (exit 125),
+    # never a command with its last arguments missing.
+    body = "".join(f"  {line}\n" for line in lines)
+    return f"wb_release() {{\n{body}}}\nwb_release\n"
