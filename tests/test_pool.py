@@ -454,3 +454,60 @@ def test_a_release_cut_short_runs_nothing(docker_images, workdir, home, monkeypa
         sandbox.remove(container)
     assert store.pool.rows() == [] and _pool_mounts(home) == set()
     store.close()
+
+
+@needs_root
+def test_a_store_failing_at_the_handover_leaves_nothing_running(
+    docker_images, workdir, home, monkeypatch
+):
+    """The store cannot record the handover (locked, full): the command is not handed to the
+    pooled container, which is removed; the task's container is made cold and runs it once."""
+    import sqlite3
+
+    sandbox, store = _pool(home)
+    workspace = _workspace(workdir, "locked")
+    spec = _spec(
+        home, workspace, "echo ran >> /workspace/runs", "t", docker_images.verify_image_ref
+    )
+    assert sandbox.prefill(spec) == 1
+    (idle,) = store.pool.rows()
+
+    def locked(slot_id, at):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(store.pool, "released", locked)
+    monkeypatch.setattr(sandbox, "refill", lambda plan: None)
+    container = sandbox.start(spec)
+    try:
+        origin = sandbox.origin(container)
+        assert origin["pooled"] is False and "database is locked" in origin["why"]
+        assert sandbox.wait(container, timeout=60).exit_code == 0
+        assert not DockerSandbox().containers({SLOT: idle.slot_id})
+        assert (workspace / "runs").read_text() == "ran\n"  # once, by the cold container
+    finally:
+        sandbox.remove(container)
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    store.close()
+
+
+@needs_root
+def test_a_claimed_container_is_found_by_its_task_before_its_command_runs(
+    docker_images, workdir, home
+):
+    """Between the claim and the handover a pooled container is its task's: cancel and
+    recovery find it by the task's labels (as `created`: adopt removes it, never waits on it)."""
+    from bridge.sandbox.pool_shape import make_plan
+
+    sandbox, store = _pool(home)
+    image = docker_images.verify_image_ref
+    spec = _spec(home, _workspace(workdir, "c"), "true", "claimed-task", image)
+    assert sandbox.prefill(spec) == 1
+    plan = make_plan(spec, DockerSandbox().inspect_image(image).id)
+    slot = store.pool.claim(plan.key, Owner(), "claimed-task", spec.labels)
+    assert slot is not None
+    found = sandbox.containers({f"{LABEL}.task": "claimed-task"})
+    assert [(c.id, c.state) for c in found] == [(slot.container_id, "created")]
+    assert sandbox.remove_by_labels({f"{LABEL}.task": "claimed-task"}) == 1
+    assert not DockerSandbox().containers({SLOT: slot.slot_id})
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    store.close()

@@ -33,8 +33,13 @@ from typing import TYPE_CHECKING, Any
 from bridge.errors import BridgeError
 from bridge.sandbox import mounts, pool_shape
 from bridge.sandbox.pool_shape import FIFO, POOLED_ROLES, TOKEN, Plan
+from bridge.sandbox.pool_shape import quiet_listdir as _listdir
+from bridge.sandbox.pool_shape import quiet_read as _read
+from bridge.sandbox.pool_shape import quiet_rmdir as _rmdir
+from bridge.sandbox.pool_shape import quiet_unlink as _unlink
 from bridge.sandbox.spec import LABEL, ContainerInfo, ContainerSpec, ExitInfo, home_id
 from bridge.store.owners import Owner, new_runner_id
+from bridge.store.pool import StoreError
 
 if TYPE_CHECKING:
     from bridge.config_sections import PoolConfig
@@ -119,8 +124,8 @@ class PooledSandbox:
         else:
             try:
                 self._release(slot, plan)
-            except (OSError, BridgeError, TimeoutError) as exc:
-                self._clear(slot, taken_from=("claimed",))
+            except (OSError, BridgeError, TimeoutError, StoreError) as exc:
+                self._clear(slot, taken_from=("claimed", "running"))
                 reason = f"the pooled container could not take the task ({exc})"
                 container_id = self._cold(spec, reason)
             else:
@@ -159,8 +164,9 @@ class PooledSandbox:
         engine = {c.id: c for c in self._pool_containers()}
         for slot in serving:
             item = engine.get(slot.container_id or "")
-            if item is not None:
-                found.append(ContainerInfo(item.id, item.state, dict(slot.labels)))
+            if item is not None:  # claimed: not started as the task's yet (adopt removes it)
+                state = "created" if slot.state == "claimed" else item.state
+                found.append(ContainerInfo(item.id, state, dict(slot.labels)))
         return found
 
     def remove_by_labels(self, labels: dict[str, str]) -> int:
@@ -204,14 +210,17 @@ class PooledSandbox:
                 time.sleep(0.002)
         at = time.time()
         try:
+            # Marked before the command is handed over: once it is, the container is the
+            # task's, found by its labels (a store that fails here leaves nothing running).
+            if not self.slots.released(slot.slot_id, at):
+                raise OSError(errno.ESTALE, "the slot was taken by another process")
             os.set_blocking(fd, True)
             view = memoryview(script)
             while view:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-        fifo.unlink()
-        self.slots.released(slot.slot_id, at)
+        _unlink(fifo)  # the command runs: nothing after this may send the task elsewhere
 
     # -- filling ------------------------------------------------------------------------------
 
@@ -390,31 +399,3 @@ def _attach(source: Path, root: Path, rel: str, kind: str, mount: Any) -> None:
         mounts.attach(source, point, read_only=mount.read_only)
     finally:
         os.close(point)
-
-
-def _listdir(folder: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(folder))
-    except OSError:
-        return []
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
-def _rmdir(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass

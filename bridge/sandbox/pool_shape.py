@@ -204,3 +204,32 @@ def release_script(plan: Plan, spec: ContainerSpec, token: str) -> str:
     # never a command with its last arguments missing.
     body = "".join(f"  {line}\n" for line in lines)
     return f"wb_release() {{\n{body}}}\nwb_release\n"
+
+
+# Slot folders' entries, read and removed by the pool without raising (bridge/sandbox/pool.py).
+def quiet_listdir(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def quiet_read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def quiet_unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def quiet_rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from bridge.store.owners import Owner, process_alive
 
 STALE_S = 300.0  # a filling, claimed or removing row this old has a stuck owner
+StoreError = sqlite3.Error  # what a change of a row raises when the store fails (locked, full)
 
 
 class Store(Protocol):
@@ -137,14 +138,16 @@ class PoolSlots:
                 return None
         return self.get(found[0])
 
-    def released(self, slot_id: str, at: float) -> None:
-        """The task's command was handed to the claimed slot's container."""
+    def released(self, slot_id: str, at: float) -> bool:
+        """The task's command is being handed to the claimed slot's container (False: the
+        slot is no longer claimed, its container not this task's to use)."""
         with self.store.transaction() as conn:
-            conn.execute(
+            cur = conn.execute(
                 "UPDATE pool_slots SET state = 'running', released_at = ?, updated_at = ?"
                 " WHERE slot_id = ? AND state = 'claimed'",
                 (at, at, slot_id),
             )
+        return cur.rowcount == 1
 
     def take(self, slot_id: str, owner: Owner, states: Iterable[str]) -> bool:
         """Take the slot for removal, if it is still in one of ``states`` (a compare-and-set:
@@ -172,9 +175,9 @@ class PoolSlots:
         return _slot(rows[0]) if rows else None
 
     def running(self) -> list[PoolSlot]:
-        """The slots serving a task now (their container carries the pool's labels; these are
-        the labels the task's own container would have had)."""
-        rows = self.store.query("SELECT * FROM pool_slots WHERE state = 'running'")
+        """The slots serving a task now, or claimed for one (their container carries the
+        pool's labels; these are the labels the task's own container would have had)."""
+        rows = self.store.query("SELECT * FROM pool_slots WHERE state IN ('claimed', 'running')")
         return [_slot(r) for r in rows]
 
     def rows(self) -> list[PoolSlot]:
