@@ -511,3 +511,46 @@ def test_a_claimed_container_is_found_by_its_task_before_its_command_runs(
     assert not DockerSandbox().containers({SLOT: slot.slot_id})
     assert store.pool.rows() == [] and _pool_mounts(home) == set()
     store.close()
+
+
+_ELSEWHERE = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.test_pool import _pool, _spec
+home, workspace, image = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+sandbox, store = _pool(home)
+sandbox.refill = lambda plan: None
+container = sandbox.start(_spec(home, workspace, "cat file.txt", "t", image))
+info, origin = sandbox.wait(container, timeout=60), sandbox.origin(container)
+sandbox.remove(container)
+print(json.dumps({"origin": origin, "exit": info.exit_code}))
+"""
+
+
+@needs_root
+def test_a_bridge_in_a_mount_namespace_of_its_own_makes_the_task_cold(docker_images, workdir, home):
+    """A bridge whose mounts do not reach the engine's namespace (a systemd unit with
+    PrivateTmp or ProtectSystem: a namespace of its own, a slave of the host's): the task's
+    folders attached on a slot never reach the container, which is found before the command is
+    handed over; the task's container is made cold, and runs."""
+    sandbox, store = _pool(home)
+    workspace = _workspace(workdir, "ns")
+    spec = _spec(home, workspace, "true", "t", docker_images.verify_image_ref)
+    assert sandbox.prefill(spec) == 1
+    child = subprocess.run(
+        ["unshare", "--mount", "--propagation", "slave", sys.executable, "-c", _ELSEWHERE]
+        + [str(ROOT), str(home), str(workspace), docker_images.verify_image_ref],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+    )
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.splitlines()[-1])
+    assert result["exit"] == 0 and result["origin"]["pooled"] is False
+    assert "did not reach" in result["origin"]["why"]
+    sandbox.drain()
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    assert not DockerSandbox().containers({f"{LABEL}.home": home_id(home)})
+    store.close()

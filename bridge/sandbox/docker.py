@@ -91,6 +91,17 @@ class DockerSandbox(DockerImages):
         )
         return None if attrs is None else list(attrs.get("Mounts") or [])
 
+    def container_pid(self, container_id: str) -> int | None:
+        """The host pid of a running container's first process (None: not running, or gone)."""
+        attrs = call(
+            f"inspect container {container_id[:12]}",
+            self.client.api.inspect_container,
+            container_id,
+            tolerate=(404,),
+            retried=True,
+        )
+        return int(((attrs or {}).get("State") or {}).get("Pid") or 0) or None
+
     # -- containers -------------------------------------------------------------------------
 
     def start(self, spec: ContainerSpec) -> str:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.errors import BridgeError
 from bridge.sandbox import mounts, pool_shape
-from bridge.sandbox.pool_shape import FIFO, POOLED_ROLES, TOKEN, Plan
+from bridge.sandbox.pool_shape import CONTROL, FIFO, POOLED_ROLES, TOKEN, Plan
 from bridge.sandbox.pool_shape import quiet_listdir as _listdir
 from bridge.sandbox.pool_shape import quiet_read as _read
 from bridge.sandbox.pool_shape import quiet_rmdir as _rmdir
@@ -212,6 +212,7 @@ class PooledSandbox:
         try:
             # Marked before the command is handed over: once it is, the container is the
             # task's, found by its labels (a store that fails here leaves nothing running).
+            self._check_reached(slot, plan, token)
             if not self.slots.released(slot.slot_id, at):
                 raise OSError(errno.ESTALE, "the slot was taken by another process")
             os.set_blocking(fd, True)
@@ -221,6 +222,24 @@ class PooledSandbox:
         finally:
             os.close(fd)
         _unlink(fifo)  # the command runs: nothing after this may send the task elsewhere
+
+    def _check_reached(self, slot: PoolSlot, plan: Plan, token: str) -> None:
+        """Refuse the handover (the task is then made cold) when a point still shows the
+        slot's sentinel in the container (seen through /proc/PID/root): this process's mounts
+        do not reach the engine's namespace (a systemd unit's namespace of its own...). Where
+        the container's processes are not visible here, the release script's check stands."""
+        pid = getattr(self.inner, "container_pid", lambda _: None)(str(slot.container_id))
+        root = Path(f"/proc/{pid}/root")
+        if not pid or not (root / CONTROL.lstrip("/") / FIFO).exists():
+            return
+        for point in plan.points:
+            path = root / point.target.lstrip("/")
+            if (path / token).exists() if point.kind == "dir" else _read(path) == token:
+                raise OSError(
+                    errno.EXDEV,
+                    f"the task's folders did not reach the container ({point.target}): this "
+                    "process's mounts are not seen in the engine's mount namespace",
+                )
 
     # -- filling ------------------------------------------------------------------------------
 
