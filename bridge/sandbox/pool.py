@@ -12,7 +12,7 @@ removed with its task (`remove`) and never returns to the pool.
 The slot table is shared by every process of the state root: a container made by one process
 can serve the next task of any other. Whatever a killed process left (a slot it was filling,
 claiming or removing, an idle one past `pool.idle_s`, a container or folder with no row) is
-reclaimed by the next one (`reclaim`, run by each filler, `doctor` and `workspaces prune`).
+reclaimed by the next one (`reclaim`: by each filler and `workspaces prune`; `doctor` shows it).
 A claimed container carries the pool's labels (a container's labels are fixed when it is
 made): `containers` answers with the task's labels for it, so recovery, cancel and clean-up
 find it as they find a cold one, and leave idle ones alone.
