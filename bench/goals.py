@@ -40,6 +40,12 @@ GOALS: dict[str, Goal] = {
     "cli_tasks_show_ms": Goal("`worker-bridge tasks show ID`", 150.0, "ms"),
     "cli_tasks_list_ms": Goal("`worker-bridge tasks list`", 150.0, "ms"),
     "cli_help_ms": Goal("`worker-bridge --help`", 150.0, "ms"),
+    # issue 23, part 2: the pool (bench/pool.py); on by default only where it pays
+    "pool_task_vs_cold_ratio": Goal("one task, library, pool on / pool off", 0.9),
+    "concurrency_pool_makespan_ratio": Goal("8 tasks at limit 4 / ideal, pool on (size 4)", 1.15),
+    "pool_container_start_ms": Goal(
+        "a container from the pool, claim to exit of `true`", 100.0, "ms"
+    ),
     # earlier issues' targets
     "store_read_p99_ms": Goal("store read p99", 20.0, "ms"),
     "mcp_delegate_ms": Goal("MCP delegate -> task id, median", 150.0, "ms"),

@@ -31,6 +31,7 @@ from bridge.config_sections import (
     JobsConfig,
     LimitDefaults,
     LinkedWorker,
+    PoolConfig,
     RouteConfig,
     TaskProfile,
     WorkerSettings,
@@ -70,6 +71,7 @@ OTHER_VARIABLES = {
 
 __all__ = [
     "CircuitConfig",
+    "PoolConfig",
     "Config",
     "GatewayConfig",
     "HttpConfig",
@@ -164,6 +166,10 @@ class Config(BaseModel):
         default_factory=CircuitConfig,
         description="The circuit breaker per worker: failures that open it, their window, and "
         "the cool-down before one task is tried again.",
+    )
+    pool: PoolConfig = Field(
+        default_factory=PoolConfig,
+        description="Started containers kept ready for the next tasks (size 0: none).",
     )
     profiles: dict[str, TaskProfile] = Field(
         default_factory=dict,

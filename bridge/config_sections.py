@@ -1,8 +1,8 @@
 """Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
 server's HTTP listener (`http`), the bounds of jobs (`jobs`), the workers' circuit breaker
-(`circuit`), the task types' profiles (`profiles`), the default limits (`limits`) and the
-workers' own settings (`workers`, `linked_workers`). bridge/config.py loads them as part of
-`Config`; they live apart so that module stays the loader."""
+(`circuit`), the container pool (`pool`), the task types' profiles (`profiles`), the default
+limits (`limits`) and the workers' own settings (`workers`, `linked_workers`). bridge/config.py
+loads them as part of `Config`; they live apart so that module stays the loader."""
 
 from __future__ import annotations
 
@@ -218,6 +218,31 @@ class CircuitConfig(BaseModel):
         le=30 * 86400,
         description="A timed-out turn counts as a failure only when the task's deadline was at "
         "least this long: a caller's own short budget is not a hanging worker.",
+    )
+
+
+class PoolConfig(BaseModel):
+    """Fresh containers made ahead of time (docs/architecture.md, "The container pool"): per
+    shape (image, runtime, limits, user, the places mounts go), up to ``size`` started, idle
+    containers wait for the next task's worker or verification command; each serves one
+    task and is removed after it. Idle ones count against no task limit and are bounded here."""
+
+    model_config = ConfigDict(extra="forbid")
+    size: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Idle started containers kept per shape for the next tasks; 0 disables the "
+        "pool (the default: on this engine it does not pay, see docs/benchmarks.md).",
+    )
+    max_containers: int = Field(
+        8, ge=1, le=64, description="Idle pooled containers of this state root, all shapes."
+    )
+    max_memory_mb: int = Field(
+        16384, ge=64, description="The memory limits of the idle pooled containers, added up."
+    )
+    idle_s: float = Field(
+        600, gt=0, description="An idle pooled container unused this long is removed."
     )
 
 

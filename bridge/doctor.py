@@ -14,6 +14,7 @@ from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import deployment_checks
 from bridge.sandbox.runtimes import runtime_check
 from bridge.store import store_writable
+from bridge.store.pool import read_slots
 from bridge.workers import all_workers
 
 
@@ -84,6 +85,23 @@ def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
     for name, circuit in sorted(circuits.items()):
         if not circuit.admits:
             add(f"circuit:{name}", False, circuit.refusal(), "warning")
+    slots = read_slots(config.store_path)
+    if slots or config.pool.size:
+        states = {s: sum(1 for r in slots if r.state == s) for s in ("idle", "running")}
+        other = len(slots) - sum(states.values())
+        add(
+            "pool",
+            other == 0,
+            f"container pool (size {config.pool.size}): {states['idle']} idle, "
+            f"{states['running']} serving a task"
+            + (
+                f", {other} being made or removed (`workspaces prune` clears what a killed "
+                "process left)"
+                if other
+                else ""
+            ),
+            "warning",
+        )
     existing = next(p for p in (config.home, *config.home.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")

@@ -61,6 +61,7 @@ def run_container(
         handle.update(container_id="starting")
         container_id = sandbox.start(spec)
         handle.update(container_id=container_id)
+        _note_origin(handle, spec, container_id)
     ended = threading.Event()
     finished = False  # False on a BaseException: the container is left, as a crash would
     try:
@@ -107,3 +108,13 @@ def run_container(
         if finished and not handle.lost():
             sandbox.remove(container_id)
             handle.update(container_id=None)
+
+
+def _note_origin(handle: PhaseHandle, spec: ContainerSpec, container_id: str) -> None:
+    """Say whether the container came from the pool (when the pool is on; see
+    bridge/sandbox/pool.py), and if not, why."""
+    origin = getattr(handle.ctx.sandbox, "origin", None)
+    note = origin(container_id) if origin is not None else None
+    if note is not None:
+        role = spec.labels.get(f"{LABEL}.role", "")
+        handle.emit("sandbox.pool", {"role": role, "container": container_id[:12], **note})

@@ -19,6 +19,15 @@ class Context:
     store: Store
     sandbox: Sandbox
 
+    def __post_init__(self) -> None:
+        # The engine's containers may come from the pool (bridge/sandbox/pool.py): whatever
+        # the pool's size, claimed pooled containers are found by their task's labels.
+        from bridge.sandbox.pool import pooled
+
+        slots = getattr(self.store, "pool", None)
+        if slots is not None:
+            self.sandbox = pooled(self.sandbox, slots, self.config.home, self.config.pool)
+
     @property
     def home(self) -> Path:
         return self.config.home

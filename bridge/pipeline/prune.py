@@ -38,6 +38,7 @@ RECLAIMABLE = {Status.FAILED, Status.CANCELLED, Status.TIMED_OUT, Status.REJECTE
 @dataclass
 class PruneAction:
     kind: str  # workspace | artifacts | orphan_dir | orphan_log | container | object_cache | trash
+    # | pool
     target: str
     task_id: str | None
     reason: str
@@ -128,6 +129,7 @@ def plan_prune(
         PruneAction("object_cache", str(folder), None, "base tree no layered checkout uses")
         for folder in unused_bases(home, {a.target for a in actions if a.kind == "orphan_dir"})
     ]
+    actions += _pool_slots(ctx)
     try:
         for item in orphan_containers(ctx):
             task_id = item.labels.get("io.worker-bridge.task")
@@ -287,7 +289,21 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
         return fs.remove_tree(Path(action.target))
     if action.kind == "container":
         ctx.sandbox.remove(action.target)
+    if action.kind == "pool":
+        getattr(ctx.sandbox, "drain", list)()
     return []
+
+
+def _pool_slots(ctx: Context) -> list[PruneAction]:
+    """The container pool's slots that serve no task (idle ones, and what a killed process
+    left): removed together; the next task refills the pool."""
+    rows = getattr(ctx.sandbox, "slot_rows", None)
+    spare = [s for s in (rows() if rows else []) if s.state != "running"]
+    if not spare:
+        return []
+    idle = sum(1 for s in spare if s.state == "idle")
+    why = f"{len(spare)} pooled container(s) serving no task ({idle} idle)"
+    return [PruneAction("pool", str(ctx.home / "pool"), None, why)]
 
 
 def _remove_orphan_dir(ctx: Context, path: Path) -> list[str]:

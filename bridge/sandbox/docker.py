@@ -34,20 +34,26 @@ _STATES: dict[str, ContainerState] = {
 }
 
 
+def _parse(text: str) -> datetime:
+    head, _, frac = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00")
+
+
 def _seconds(start: str | None, end: str | None) -> float | None:
     """The engine's start and finish timestamps (RFC 3339, nanoseconds) as a duration."""
     if not start or not end or start.startswith("0001") or end.startswith("0001"):
         return None
+    return round(max((_parse(end) - _parse(start)).total_seconds(), 0.0), 3)
 
-    def parse(text: str) -> datetime:
-        head, _, frac = text.rstrip("Z").partition(".")
-        return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00")
 
-    return round(max((parse(end) - parse(start)).total_seconds(), 0.0), 3)
+def _epoch(at: str | None) -> float | None:
+    return None if not at or at.startswith("0001") else _parse(at).timestamp()
 
 
 class DockerSandbox(DockerImages):
     """The only place worker-bridge talks to the container engine."""
+
+    supports_pool = True  # its containers may be pooled (bridge/sandbox/pool.py)
 
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         self._client = client
@@ -85,11 +91,28 @@ class DockerSandbox(DockerImages):
         )
         return None if attrs is None else list(attrs.get("Mounts") or [])
 
+    def container_pid(self, container_id: str) -> int | None:
+        """The host pid of a running container's first process (None: not running, or gone)."""
+        attrs = call(
+            f"inspect container {container_id[:12]}",
+            self.client.api.inspect_container,
+            container_id,
+            tolerate=(404,),
+            retried=True,
+        )
+        return int(((attrs or {}).get("State") or {}).get("Pid") or 0) or None
+
     # -- containers -------------------------------------------------------------------------
 
     def start(self, spec: ContainerSpec) -> str:
         mounts = [
-            docker.types.Mount(m.target, str(m.source), type="bind", read_only=m.read_only)
+            docker.types.Mount(
+                m.target,
+                str(m.source),
+                type="bind",
+                read_only=m.read_only,
+                **({"propagation": m.propagation} if m.propagation else {}),
+            )
             for m in spec.mounts
         ]
         tmpfs_size = f"size={spec.memory_mb}m"
@@ -184,6 +207,7 @@ class DockerSandbox(DockerImages):
             oom_killed=bool(state.get("OOMKilled")),
             timed_out=timed_out,
             duration_s=_seconds(state.get("StartedAt"), state.get("FinishedAt")),
+            finished_at=_epoch(state.get("FinishedAt")),
         )
 
     @retry_idempotent

@@ -25,6 +25,9 @@ class Mount:
     source: Path
     target: str
     read_only: bool = True
+    # `rslave`: mounts the host makes under the source later reach the container (the pool's
+    # slot folders, bridge/sandbox/pool.py); None: the engine's default (private).
+    propagation: str | None = None
 
 
 @dataclass
@@ -78,3 +81,4 @@ class ExitInfo:
     oom_killed: bool
     timed_out: bool = False
     duration_s: float | None = None
+    finished_at: float | None = None  # the engine's record of the exit (epoch seconds)

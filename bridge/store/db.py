@@ -22,6 +22,7 @@ from bridge.records import Event, TaskRecord
 from bridge.store.jobs import Jobs
 from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
+from bridge.store.pool import PoolSlots
 from bridge.store.requests import Requests
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class Store:
         self.jobs = Jobs(self, now_iso, self.event_in)
         self.job_runners = Runners(self, JOBS)
         self.requests = Requests(self, now_iso, self.event_in)
+        self.pool = PoolSlots(self)
 
     @property
     def db(self) -> sqlite_utils.Database:

@@ -242,6 +242,38 @@ def _circuits(db: sqlite_utils.Database) -> None:
 
 STEPS.append(("0010_circuits", _circuits))
 
+
+def _pool(db: sqlite_utils.Database) -> None:
+    """The container pool's slots (bridge/store/pool.py): one row per pooled container, from
+    its reservation (`filling`) through `idle` and its one claim (`claimed`, then `running`
+    once the task's command was handed to it) to its removal (`removing`, then no row)."""
+    db["pool_slots"].create(
+        {
+            "slot_id": str,
+            "shape": str,
+            "state": str,
+            "owner": str,
+            "host": str,
+            "pid": int,
+            "pid_started": float,
+            "container_id": str,
+            "memory_mb": int,
+            "created_at": float,
+            "updated_at": float,
+            "expires_at": float,
+            "task_id": str,
+            "labels": str,  # JSON: the claiming task's container labels
+            "released_at": float,
+        },
+        pk="slot_id",
+        not_null={"shape", "state", "created_at"},
+    )
+    db["pool_slots"].create_index(["shape", "state", "created_at"])
+    db["pool_slots"].create_index(["container_id"])
+
+
+STEPS.append(("0011_pool", _pool))
+
 MIGRATION_SET = "worker-bridge"
 
 

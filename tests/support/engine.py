@@ -37,9 +37,30 @@ def task_containers(task_id: str, **labels: str) -> list:
     wanted = [f"{LABEL}.task={task_id}", *(f"{LABEL}.{k}={v}" for k, v in labels.items())]
     client = docker.from_env()
     try:
-        return client.containers.list(all=True, filters={"label": wanted})
+        found = client.containers.list(all=True, filters={"label": wanted})
+        return found + _pooled(client, {f"{LABEL}.task": task_id, **labels})
     finally:
         client.close()
+
+
+def _pooled(client, labels: dict[str, str]) -> list:
+    """Pooled containers serving a task with ``labels`` (role=... as `role`): their engine
+    labels are the pool's, fixed when they were made; the task's are in the store's slot row
+    (bridge/sandbox/pool.py), found from the slot folder the container mounts."""
+    from bridge.store.pool import read_slots
+
+    wanted = {k if k.startswith(LABEL) else f"{LABEL}.{k}": v for k, v in labels.items()}
+    found = []
+    for container in client.containers.list(all=True, filters={"label": [f"{LABEL}.slot"]}):
+        slot_id = container.labels[f"{LABEL}.slot"]
+        for mount in container.attrs.get("Mounts") or []:
+            source = Path(mount.get("Source", ""))
+            if source.name == "ctl" and source.parent.name == slot_id:
+                rows = read_slots(source.parent.parent.parent / "bridge.db")
+                row = next((r for r in rows if r.slot_id == slot_id), None)
+                if row is not None and all(row.labels.get(k) == v for k, v in wanted.items()):
+                    found.append(container)
+    return found
 
 
 class EngineSampler:
@@ -52,6 +73,7 @@ class EngineSampler:
         from bridge.sandbox import home_id
 
         self.client = docker.from_env()
+        self.store_path = home / "bridge.db"
         self.filters = {"label": [f"{LABEL}.home={home_id(home)}"]}
         self.samples: list[list[tuple[str, str]]] = []
         self.errors: list[str] = []
@@ -75,8 +97,18 @@ class EngineSampler:
                 self.errors.append(repr(exc))
             else:
                 sample = []
+                slots = None
                 for c in found:
                     labels = c.attrs.get("Labels") or {}
+                    if f"{LABEL}.slot" in labels:  # pooled: the task's labels are in its row
+                        from bridge.store.pool import read_slots
+
+                        if slots is None:
+                            slots = {r.slot_id: r for r in read_slots(self.store_path)}
+                        row = slots.get(labels[f"{LABEL}.slot"])
+                        if row is None or row.state != "running":
+                            continue  # idle (or being made): no task's, bounded by pool.* instead
+                        labels = row.labels
                     if c.attrs.get("State", "running") == "running":
                         sample.append((labels.get(f"{LABEL}.task"), labels.get(f"{LABEL}.role")))
                 self.samples.append(sample)

@@ -1,0 +1,235 @@
+"""What a pooled container is made of, apart from the pool's bookkeeping (bridge/sandbox/pool.py):
+the *shape* of a task container (everything fixed when a container is created: image id, user,
+working folder, runtime, limits, read-only root, tmpfs, log bound, entrypoint, role, state root,
+and where each mount goes), the idle container of that shape, the slot folder it mounts, and
+the release script that turns it into the task's container.
+
+A pooled container is created from the task's own spec with three differences only: its mounts
+are the slot's empty points (read-only, `rslave`), one more read-only folder holds a FIFO at
+`/run/worker-bridge-pool`, and its command waits on that FIFO. Claiming it, the host attaches
+the task's sources onto the slot's points (they appear at the same targets inside) and writes
+the task's command, environment and working folder into the FIFO; the container's PID 1 then
+`exec`s the command, so its exit, output, engine log, memory and the kill of a timeout are the
+container's own, as for a container made cold."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bridge.sandbox.spec import LABEL, ContainerSpec, Mount
+
+CONTROL = "/run/worker-bridge-pool"  # the control folder inside a pooled container
+FIFO = "go"
+TOKEN = "token"  # in the slot folder (not mounted): the name of its points' sentinel
+# PID 1 of an idle pooled container: wait for the release script, run it; it ends in `exec`.
+INIT = f'eval "$(cat {CONTROL}/{FIFO})"; exit 125'
+NOT_MOUNTED = 125  # the release script's exit when a point still shows the slot's own entry
+POOLED_ROLES = ("worker", "verify")
+RUNC = (None, "runc", "io.containerd.runc.v2")  # where host mounts reach a started container
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class Point:
+    """A top-level mount target of the shape, and what its source is (dir or file)."""
+
+    target: str
+    kind: str
+
+
+@dataclass
+class Plan:
+    """A task container's spec, seen as a shape plus what is the task's own."""
+
+    spec: ContainerSpec
+    image_id: str
+    points: tuple[Point, ...]
+    tops: list[Mount]  # one per point, in the same order
+    nested: list[tuple[int, str, Mount]]  # (its point's index, path under it, the mount)
+    key: str
+
+    @property
+    def role(self) -> str:
+        return self.spec.labels.get(f"{LABEL}.role", "")
+
+    @property
+    def home(self) -> str:
+        return self.spec.labels.get(f"{LABEL}.home", "")
+
+
+def why_not(spec: ContainerSpec) -> str | None:
+    """Why ``spec`` cannot come from the pool (None: it can)."""
+    if spec.runtime and "runsc" in spec.runtime:
+        return (
+            "the pool is not used under gVisor (runsc): its sandbox would not see mounts the host "
+            "makes after it started; the container was made cold"
+        )
+    if spec.runtime not in RUNC:
+        return f"the pool is used with runc only, not with the runtime {spec.runtime}"
+    if os.geteuid() != 0:
+        return "the bridge does not run as root: it cannot attach a task's folders to a slot"
+    if not re.fullmatch(r"\d+:\d+", spec.user):
+        return f"the container user {spec.user!r} is not uid:gid"
+    if any(not _NAME.match(k) or "\0" in v for k, v in spec.env.items()):
+        return "an environment variable's name cannot be set from a shell"
+    if any(m.propagation for m in spec.mounts):
+        return "a mount already has a propagation of its own"
+    return None
+
+
+def make_plan(spec: ContainerSpec, image_id: str) -> Plan | str:
+    """The shape of ``spec`` with ``image_id`` (its image's current id), or why it has none."""
+    tops: list[Mount] = []
+    nested: list[tuple[int, str, Mount]] = []
+    ordered = sorted(spec.mounts, key=lambda m: (m.target.rstrip("/").count("/"), m.target))
+    for mount in ordered:
+        target = mount.target.rstrip("/") or "/"
+        parent = next(
+            (i for i, top in enumerate(tops) if target.startswith(top.target.rstrip("/") + "/")),
+            None,
+        )
+        if parent is None:
+            if any(t.target == target for t in tops):
+                return f"two mounts go to {target}"
+            tops.append(replace(mount, target=target))
+        else:
+            nested.append((parent, target[len(tops[parent].target.rstrip("/")) + 1 :], mount))
+    points = []
+    for mount in tops:
+        if not os.path.exists(mount.source):
+            return f"the mount source {mount.source} is missing"
+        points.append(Point(mount.target, "dir" if os.path.isdir(mount.source) else "file"))
+    fixed = [
+        image_id,
+        spec.user,
+        spec.workdir,
+        spec.memory_mb,
+        spec.cpus,
+        spec.pids,
+        spec.runtime,
+        list(spec.tmpfs),
+        spec.log_max_mb,
+        spec.entrypoint,
+        spec.read_only_root,
+        [[p.target, p.kind] for p in points],
+        spec.labels.get(f"{LABEL}.role"),
+        spec.labels.get(f"{LABEL}.home"),
+    ]
+    key = hashlib.sha256(json.dumps(fixed).encode()).hexdigest()[:24]
+    return Plan(spec, image_id, tuple(points), tops, nested, key)
+
+
+def owner_of(spec: ContainerSpec) -> tuple[int, int]:
+    uid, _, gid = spec.user.partition(":")
+    return int(uid), int(gid)
+
+
+def make_slot(folder: Path, plan: Plan) -> None:
+    """The slot folder of a new pooled container of ``plan``'s shape: its control folder with
+    the FIFO (the container user's alone), one point per top-level mount, each holding the
+    slot's sentinel (a random name: no task's tree can be told it in advance)."""
+    folder.mkdir(mode=0o700)
+    token = f".worker-bridge-pool-{secrets.token_hex(8)}"
+    (folder / TOKEN).write_text(token)
+    control = folder / "ctl"
+    control.mkdir(mode=0o755)
+    os.mkfifo(control / FIFO, 0o600)
+    os.chown(control / FIFO, *owner_of(plan.spec))
+    for index, point in enumerate(plan.points):
+        path = folder / f"m{index}"
+        if point.kind == "dir":
+            path.mkdir(mode=0o755)
+            (path / token).write_bytes(b"")
+        else:
+            path.write_text(token + "\n")
+            path.chmod(0o644)
+    folder.chmod(0o755)
+
+
+def pooled_spec(plan: Plan, folder: Path, slot_id: str, owner: str) -> ContainerSpec:
+    """The idle container of ``plan``'s shape in the slot ``folder``: the task's spec with the
+    slot's points as its mounts, the control folder, no environment, and the waiting init."""
+    spec = plan.spec
+    mounts = [Mount(folder / "ctl", CONTROL, read_only=True, propagation="rslave")]
+    mounts += [
+        Mount(folder / f"m{index}", point.target, read_only=True, propagation="rslave")
+        for index, point in enumerate(plan.points)
+    ]
+    # Not `.role`: an idle container is no task's worker or verifier (whoever counts those by
+    # the engine's labels must not count it); the role it is for is `.pool_role`.
+    labels = {
+        f"{LABEL}.home": plan.home,
+        f"{LABEL}.pool_role": plan.role,
+        f"{LABEL}.pool": owner,
+        f"{LABEL}.slot": slot_id,
+    }
+    return replace(
+        spec,
+        image=plan.image_id,
+        command=["sh", "-c", INIT],
+        labels=labels,
+        mounts=mounts,
+        env={},
+    )
+
+
+def release_script(plan: Plan, spec: ContainerSpec, token: str) -> str:
+    """What the pooled container's PID 1 runs for the task: refuse (exit 125) when a point
+    still shows the slot's own entry (the task's folder did not reach it), enter the working
+    folder again (the one PID 1 started in is the slot's), set the task's environment, and
+    become the task's command; all or nothing (see the end)."""
+    q = shlex.quote
+    lines = []
+    for point in plan.points:
+        if point.kind == "dir":
+            lines.append(f"[ -e {q(point.target + '/' + token)} ] && exit {NOT_MOUNTED}")
+        else:
+            lines.append(
+                f"IFS= read -r wb_line < {q(point.target)} 2>/dev/null; "
+                f'[ "$wb_line" = {q(token)} ] && exit {NOT_MOUNTED}'
+            )
+    lines.append("unset wb_line")
+    lines.append(f"cd -- {q(spec.workdir)} || exit {NOT_MOUNTED}")
+    lines += [f"export {q(f'{k}={v}')}" for k, v in spec.env.items()]
+    lines.append("exec " + " ".join(q(part) for part in spec.command))
+    # One function, called on the last line: a script cut short (the host died while writing
+    # it) does not parse, or defines without calling, so PID 1 runs none of it (exit 125),
+    # never a command with its last arguments missing.
+    body = "".join(f"  {line}\n" for line in lines)
+    return f"wb_release() {{\n{body}}}\nwb_release\n"
+
+
+# Slot folders' entries, read and removed by the pool without raising (bridge/sandbox/pool.py).
+def quiet_listdir(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def quiet_read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def quiet_unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def quiet_rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
