@@ -85,8 +85,12 @@ def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
     for name, circuit in sorted(circuits.items()):
         if not circuit.admits:
             add(f"circuit:{name}", False, circuit.refusal(), "warning")
-    slots = read_slots(config.store_path)
-    if slots or config.pool.size:
+    try:
+        slots = read_slots(config.store_path)
+    except BridgeError as exc:  # said once, as for the circuits
+        slots = None
+        add("pool", False, exc.message)
+    if slots is not None and (slots or config.pool.size):
         states = {s: sum(1 for r in slots if r.state == s) for s in ("idle", "running")}
         other = len(slots) - sum(states.values())
         add(

@@ -15,6 +15,7 @@ from typing import Any
 from bridge.errors import BridgeError
 from bridge.store.db import now_iso
 from bridge.store.owners import owner_live
+from bridge.store.sql import marks, read_only
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,10 @@ def load(conn: sqlite3.Connection, worker: str) -> CircuitRow:
 def save(conn: sqlite3.Connection, row: CircuitRow) -> None:
     values = [getattr(row, name) for name in _COLUMNS]
     values[-1] = json.dumps(row.reason) if row.reason else None
-    marks = ", ".join("?" for _ in range(len(_COLUMNS) + 2))
+    places = marks(range(len(_COLUMNS) + 2))
     conn.execute(
         f"INSERT OR REPLACE INTO circuits (worker, {', '.join(_COLUMNS)}, updated_at)"
-        f" VALUES ({marks})",
+        f" VALUES ({places})",
         (row.worker, *values, now_iso()),
     )
 
@@ -169,8 +170,8 @@ def read_circuits(
     all from a store that does not exist yet (or predates the circuits tables)."""
     if not path.exists():
         return {}, {}, {}
-    try:  # a URI, so the path's own `?` or `#` must be escaped: as_uri does it
-        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+    try:
+        conn = read_only(path)
     except sqlite3.Error as exc:
         raise _unreadable(path, exc) from exc
     try:

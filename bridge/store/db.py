@@ -24,6 +24,7 @@ from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
 from bridge.store.pool import PoolSlots
 from bridge.store.requests import Requests
+from bridge.store.sql import insert, marks
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -207,16 +208,10 @@ class Store:
                     return found[0], False
             refusal = admit(conn) if admit is not None else None
             if refusal is None:
-                encoded = self._encode(row)
-                columns = ", ".join(encoded)
-                marks = ", ".join("?" for _ in encoded)
-                conn.execute(
-                    f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(encoded.values())
-                )
+                insert(conn, "tasks", self._encode(row))
+                status = {"from": None, "to": row["status"]}
                 self.event_in(conn, row["task_id"], "task.created", event)
-                self.event_in(
-                    conn, row["task_id"], "task.status", {"from": None, "to": row["status"]}
-                )
+                self.event_in(conn, row["task_id"], "task.status", status)
         if refusal is not None:
             raise refusal
         return row["task_id"], True
@@ -273,8 +268,7 @@ class Store:
 
     def statuses(self, task_ids: list[str]) -> dict[str, str]:
         """task id -> status for those of ``task_ids`` that exist."""
-        marks = ", ".join("?" for _ in task_ids)
-        sql = f"SELECT task_id, status FROM tasks WHERE task_id IN ({marks})"
+        sql = f"SELECT task_id, status FROM tasks WHERE task_id IN ({marks(task_ids)})"
         return {row["task_id"]: row["status"] for row in self.query(sql, task_ids)}
 
     def set_phase(self, task_id: str, phase: str) -> bool:
@@ -326,7 +320,6 @@ class Store:
             raise InvalidTransition(f"No status may move to '{target}'.")
         encoded = self._encode({**fields, "status": str(target), "updated_at": now_iso()})
         sets = ", ".join(f"{key} = ?" for key in encoded)
-        marks = ", ".join("?" for _ in sources)
         with self.transaction() as conn:
             before = conn.execute(
                 "SELECT status FROM tasks WHERE task_id = ?", (task_id,)
@@ -334,7 +327,7 @@ class Store:
             if before is None:
                 raise TaskNotFound.of(task_id)
             cur = conn.execute(
-                f"UPDATE tasks SET {sets} WHERE task_id = ? AND status IN ({marks})",
+                f"UPDATE tasks SET {sets} WHERE task_id = ? AND status IN ({marks(sources)})",
                 (*encoded.values(), task_id, *(str(s) for s in sources)),
             )
             if cur.rowcount != 1:
@@ -410,9 +403,9 @@ class Store:
 
     def artifacts_of(self, task_ids: list[str]) -> dict[str, dict[str, str]]:
         """task id -> {artifact name: path}, in one query for any number of tasks."""
-        marks = ", ".join("?" for _ in task_ids)
         rows = self.query(
-            f"SELECT task_id, name, path FROM artifacts WHERE task_id IN ({marks}) ORDER BY name",
+            "SELECT task_id, name, path FROM artifacts"
+            f" WHERE task_id IN ({marks(task_ids)}) ORDER BY name",
             task_ids,
         )
         found: dict[str, dict[str, str]] = {}

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from bridge.errors import JobNotFound
 from bridge.models import JOB_TERMINAL, JobStatus
+from bridge.store.sql import insert, marks
 
 JOB_JSON = ("spec", "config", "result", "error")
 
@@ -46,11 +47,8 @@ class Jobs:
     def insert(self, row: dict[str, Any], created: dict[str, Any]) -> None:
         """A new job with its `job.created` event."""
         row = {**row, "created_at": self._now(), "updated_at": self._now()}
-        encoded = _encode(row)
-        columns = ", ".join(encoded)
-        marks = ", ".join("?" for _ in encoded)
         with self.store.transaction() as conn:
-            conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(encoded.values()))
+            insert(conn, "jobs", _encode(row))
             self._event(conn, row["job_id"], "job.created", created)
 
     def load(self, job_id: str) -> dict[str, Any]:
@@ -84,13 +82,12 @@ class Jobs:
             fields.setdefault("finished_at", self._now())
         encoded = _encode({**fields, "status": str(target), "updated_at": self._now()})
         sets = ", ".join(f"{key} = ?" for key in encoded)
-        marks = ", ".join("?" for _ in sources)
         with self.store.transaction() as conn:
             before = conn.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if before is None:
                 raise JobNotFound.of(job_id)
             cur = conn.execute(
-                f"UPDATE jobs SET {sets} WHERE job_id = ? AND status IN ({marks})",
+                f"UPDATE jobs SET {sets} WHERE job_id = ? AND status IN ({marks(sources)})",
                 (*encoded.values(), job_id, *sources),
             )
             if cur.rowcount != 1:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from bridge.errors import JobNotFound, TaskNotFound
 from bridge.models import JOB_TERMINAL, TERMINAL
 from bridge.store.owners import Owner, owner_live
+from bridge.store.sql import marks
 
 
 class Store(Protocol):
@@ -170,12 +171,12 @@ class Runners:
     def stranded(self) -> list[dict[str, Any]]:
         """Unfinished rows past `created` whose runner is gone (expired, or dead here); each
         row's id is under the table's key (`task_id` or `job_id`)."""
-        marks = ", ".join("?" for _ in self.owned.active)
+        places = marks(self.owned.active)
         extra = ", phase" if self.owned is TASKS else ""
         rows = self.store.query(
             f"SELECT {self.owned.key}, status{extra}, runner_id, runner_host, runner_pid,"
             f" runner_pid_started, runner_expires_at FROM {self.owned.table}"
-            f" WHERE status IN ({marks})",
+            f" WHERE status IN ({places})",
             self.owned.active,
         )
         return [row for row in rows if not _runner_live(row)]

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from bridge.errors import BridgeError
 from bridge.store.owners import Owner, process_alive
+from bridge.store.sql import marks, read_only
 
 STALE_S = 300.0  # a filling, claimed or removing row this old has a stuck owner
 StoreError = sqlite3.Error  # what a change of a row raises when the store fails (locked, full)
@@ -153,11 +155,11 @@ class PoolSlots:
         """Take the slot for removal, if it is still in one of ``states`` (a compare-and-set:
         an idle slot taken here can no longer be claimed, nor one claimed be taken twice)."""
         wanted = tuple(states)
-        marks = ", ".join("?" for _ in wanted)
+        places = marks(wanted)
         with self.store.transaction() as conn:
             cur = conn.execute(
                 "UPDATE pool_slots SET state = 'removing', owner = ?, host = ?, pid = ?,"
-                f" pid_started = ?, updated_at = ? WHERE slot_id = ? AND state IN ({marks})",
+                f" pid_started = ?, updated_at = ? WHERE slot_id = ? AND state IN ({places})",
                 (*_who(owner), time.time(), slot_id, *wanted),
             )
         return cur.rowcount == 1
@@ -188,17 +190,20 @@ def read_slots(path: Path) -> list[PoolSlot]:
     """Every slot, read without writing (nothing from a store not made yet, or older)."""
     if not path.exists():
         return []
+    conn = None
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return []
-    try:
-        conn.row_factory = sqlite3.Row
+        conn = read_only(path)
         return [_slot(dict(r)) for r in conn.execute("SELECT * FROM pool_slots")]
-    except sqlite3.OperationalError:  # no such table: a store from before the pool
-        return []
+    except sqlite3.Error as exc:
+        if "no such table" in str(exc):  # a store from before the pool
+            return []
+        raise BridgeError(
+            f"The store at {path} could not be read for the container pool ({exc}); "
+            "check that it is readable here."
+        ) from exc
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def _who(owner: Owner) -> tuple[str, str, int, float | None]:

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from bridge.records import RequestRecord
+from bridge.store.sql import marks
 
 RESOLVED = ("approved", "denied", "answered", "expired")
 # The statuses of a task that may still raise a request: one raised after a cancel (a gateway
@@ -166,9 +167,9 @@ class Requests:
         """task id -> its requests, oldest first, in one query for any number of tasks."""
         if not task_ids:
             return {}
-        marks = ", ".join("?" for _ in task_ids)
+        places = marks(task_ids)
         rows = self.store.query(
-            f"SELECT * FROM requests WHERE task_id IN ({marks}) ORDER BY rowid", task_ids
+            f"SELECT * FROM requests WHERE task_id IN ({places}) ORDER BY rowid", task_ids
         )
         found: dict[str, list[RequestRecord]] = {}
         for row in rows:
@@ -287,9 +288,9 @@ class Requests:
 
     def undelivered(self, task_id: str) -> list[RequestRecord]:
         """Requests answered (or expired) whose answer no turn has carried to the worker yet."""
-        marks = ", ".join("?" for _ in RESOLVED)
+        places = marks(RESOLVED)
         rows = self.store.query(
-            f"SELECT * FROM requests WHERE task_id = ? AND status IN ({marks})"
+            f"SELECT * FROM requests WHERE task_id = ? AND status IN ({places})"
             " AND delivered_turn IS NULL ORDER BY rowid",
             (task_id, *RESOLVED),
         )
