@@ -486,3 +486,29 @@ def test_a_link_carrying_a_key_of_its_own_changes_no_open_tab(browser, site, bri
         expect(view.locator("#status")).to_have_text("created")
     finally:
         context.close()
+
+
+def test_a_requests_confirmation_shows_a_workers_bidi_override_as_its_escape(
+    page, ui, bridge, repo
+):
+    """The dialog is what the user confirms: a worker's U+202E in the path it asks for must not
+    reorder the words there either (the list shows it escaped; the question must as well)."""
+    expect = _expect()
+    asked = "docs/\u202elmy.tset/**"  # shown raw: "docs/**/test.yml" read right to left
+    ask = {"kind": "paths", "paths": [asked], "reason": f"fix {BIDI}"}
+    block = f"```worker-bridge-request\n{json.dumps(ask)}\n```"
+    verification = {"commands": ["true"], "protected_paths": ["docs/**"]}
+    mock = {"summary": f"Need docs.\n\n{block}"}
+    task = bridge.create_task(mock_task(repo, mock, verification=verification))
+    bridge.start_detached(task.task_id)
+    poll(lambda: bridge.get_task(task.task_id).status == "waiting_input", "a paths request", 180)
+    page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
+    request = page.locator(".request-pending")
+    expect(request).to_contain_text("docs/\\u202elmy.tset/**")
+    request.locator("button.approve").click()
+    question = page.locator("#confirm-text")
+    expect(question).to_contain_text("docs/\\u202elmy.tset/**")
+    assert "\u202e" not in question.inner_text()
+    page.locator("#confirm button[value=no]").click()
+    assert bridge.get_task(task.task_id).requests[0]["status"] == "pending"
+    bridge.cancel_task(task.task_id)

@@ -141,20 +141,22 @@ export function text(id, value) {
 
 export function showError(message) {
   const box = document.getElementById("error");
-  box.textContent = message;
+  box.textContent = safe(message);
   box.hidden = !message;
 }
 
 export function notice(message) {
   const box = document.getElementById("notice");
   if (!box) return;
-  box.textContent = message;
+  box.textContent = safe(message);
   box.hidden = !message;
 }
 
+// The question is what the user decides on: a worker's words in it (a path it asks for, a
+// choice it offers) are shown display-safe too, so an override cannot reorder them there.
 export function confirmAction(question) {
   const dialog = document.getElementById("confirm");
-  document.getElementById("confirm-text").textContent = question;
+  document.getElementById("confirm-text").textContent = safe(question);
   return new Promise((resolve) => {
     dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
     dialog.returnValue = "";
