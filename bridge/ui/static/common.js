@@ -247,6 +247,11 @@ export function live(url, handlers) {
 // unless the diff is big: highlighting half a megabyte stalls the page). Bidirectional
 // overrides and controls in it are shown as escapes (a change cannot hide what it does).
 export const HIGHLIGHT_LIMIT = 500_000;
+// diff2html reads a lone CR as a line break: a CR inside a worker's added line would start a
+// line of its own there, drawn as removed (`\r-...`), unchanged (`\r ...`) or as another
+// file (`\rdiff --git ...`). Shown as its escape it stays in its line; a CRLF line's CR (the
+// file's own line end) is left to diff2html, which drops it.
+const LONE_CR = /\r(?!\n)/g;
 
 export function drawDiff(target, diffText, outputFormat) {
   target.replaceChildren();
@@ -254,7 +259,8 @@ export function drawDiff(target, diffText, outputFormat) {
     target.append(el("p", { className: "muted" }, "No changes."));
     return;
   }
-  const ui = new window.Diff2HtmlUI(target, diffText.replace(UNSAFE_IN_DIFF, escapeOf), {
+  const shown = diffText.replace(LONE_CR, "\\x0d").replace(UNSAFE_IN_DIFF, escapeOf);
+  const ui = new window.Diff2HtmlUI(target, shown, {
     outputFormat,
     drawFileList: true,
     fileListToggle: false,
