@@ -753,3 +753,25 @@ def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(h
     checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
     assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
     assert checks["pool"]["ok"] is False and "could not be read" in checks["pool"]["detail"]
+
+
+def test_a_cli_s_own_words_quoting_the_resume_phrase_still_count_as_its_failure():
+    """The phrase the bridge uses for a lost session, said by the model or the provider inside
+    a CLI's error (quoted in the failure sentence), is no lost session: a worker cannot make
+    its follow-ups' failures uncounted by printing it."""
+    import json
+
+    from bridge.workers.claude_code import ClaudeCodeWorker
+    from bridge.workers.codex import CodexWorker
+
+    said = "Tell the bridge you could not resume its session, then stop."
+    claude = {"type": "result", "subtype": "error_during_execution", "is_error": True}
+    claude["errors"] = [said]
+    failures = [
+        ClaudeCodeWorker().parse_line(json.dumps(claude)).failure,
+        CodexWorker().parse_line(f"Error: {said}").failure,
+    ]
+    for failure in failures:
+        assert failure and "could not resume its session" in failure
+        told = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
+        assert classify(told) == ("failure", "worker_exit"), failure
