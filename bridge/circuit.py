@@ -307,7 +307,7 @@ def reset(store: Store, config: Config, worker: str) -> Reset:
     longer decides anything."""
     now = time.time()
     with store.transaction() as conn:
-        before = table.load(conn, worker)
+        before = table.load(conn, worker, damaged_as_closed=True)
         recent = table.failure_kinds(conn, worker, _since(before, config.circuit, now))
         table.save(conn, CircuitRow(worker=worker, closed_at=now))
     return Reset(worker, view(before, recent, config.circuit, now))

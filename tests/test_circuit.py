@@ -17,7 +17,7 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
-from bridge.circuit import circuits_of, classify
+from bridge.circuit import circuits_of, classify, reset
 from bridge.errors import CircuitOpen, UnknownWorker
 from bridge.sandbox.fake import FakeSandbox
 
@@ -775,3 +775,35 @@ def test_a_cli_s_own_words_quoting_the_resume_phrase_still_count_as_its_failure(
         assert failure and "could not resume its session" in failure
         told = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
         assert classify(told) == ("failure", "worker_exit"), failure
+
+
+@pytest.mark.parametrize(
+    "reason", ["{not json", '["a", "list"]', '{"kinds": {"worker_exit": "x"}}']
+)
+def test_a_circuit_row_that_does_not_read_is_said_and_doctor_goes_on(home, reason):
+    """A row this version cannot read (damaged, or written by another version) is one failed
+    check in doctor and one sentence from `workers list`, never a traceback."""
+    import sqlite3
+
+    from bridge.config import load_config
+    from bridge.doctor import health_checks
+    from bridge.errors import BridgeError
+    from bridge.store import Store
+
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    Store(config.store_path).close()
+    with sqlite3.connect(config.store_path) as conn:
+        conn.execute(
+            "INSERT INTO circuits (worker, state, retry_at, reason) VALUES (?, ?, ?, ?)",
+            ("mock", "open", time.time() + 600, reason),
+        )
+    with pytest.raises(BridgeError, match="could not be read for the workers' circuit"):
+        circuits_of(config, ["mock"])
+    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
+    store = Store(config.store_path)
+    try:  # the operator's way out: reset writes the row anew
+        reset(store, config, "mock")
+    finally:
+        store.close()
+    assert circuits_of(config, ["mock"])["mock"].state == "closed"
