@@ -807,3 +807,23 @@ def test_a_circuit_row_that_does_not_read_is_said_and_doctor_goes_on(home, reaso
     finally:
         store.close()
     assert circuits_of(config, ["mock"])["mock"].state == "closed"
+
+
+def test_a_task_elsewhere_the_worker_never_ran_does_not_keep_a_broken_worker_s_circuit_closed(
+    fast, repo, tmp_path
+):
+    """The two-repository rule counts the repositories the worker *ran* in: a task made in
+    another one and cancelled before its worker started (or never started at all) says nothing
+    of the worker, so a broken worker failing every task it runs is still shut out."""
+    import subprocess
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "i"]):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=other, check=True
+        )
+    idle = fast.create_task(mock_task(other, OK))
+    fast.cancel_task(idle.task_id)  # made in a second repository, never run
+    trip(fast, repo, 2)  # circuit.failures here
+    assert state(fast)["state"] == "open"

@@ -130,12 +130,12 @@ def failure_repositories(conn: sqlite3.Connection, worker: str, after: float) ->
 
 
 def repositories_used(conn: sqlite3.Connection, worker: str, after: float) -> int:
-    """How many repositories the worker was given tasks in that were made or ended after
-    ``after``."""
+    """How many repositories the worker ran in (a task with an exit recorded) made or ended
+    after ``after``: a task it never ran (cancelled before, or not started) says nothing."""
     since = _iso(after)
     found = conn.execute(
-        "SELECT count(DISTINCT repository) FROM tasks"
-        " WHERE worker = ? AND (created_at > ? OR finished_at > ?)",
+        "SELECT count(DISTINCT repository) FROM tasks WHERE worker = ?"
+        " AND worker_exit IS NOT NULL AND (created_at > ? OR finished_at > ?)",
         (worker, since, since),
     ).fetchone()
     return int(found[0] or 0)
