@@ -25,6 +25,7 @@ every repair turn it had, so a failed check that a repair fixed never counts:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 WORKED = {Status.SUCCEEDED, Status.ACCEPTED, Status.REJECTED}
 FORGET_AFTER_S = 7 * 86400  # failures older than this (and than the window) are removed
 PROBE_GRACE_S = 60.0  # the least time a probe without a live runner holds the one try
+# A lost session in the bridge's own words: the CLI's name, then the phrase (`Codex could not
+# resume its session (...)`); the phrase quoted from what a CLI or its model said (`Codex
+# failed: ... could not resume its session`) is that CLI's failure.
+_LOST_SESSION = re.compile(rf"[A-Za-z][\w .-]{{0,40}} {re.escape(RESUME_FAILED)}\b")
 
 
 def classify(
@@ -59,7 +64,7 @@ def classify(
     if status not in TERMINAL or status == Status.CANCELLED:
         return "neutral", None
     if kind == "worker_exit" and this_turn:  # the worker ran this turn and failed...
-        if outcome.get("turn") and RESUME_FAILED in (ran.get("failure") or ""):
+        if outcome.get("turn") and _LOST_SESSION.match(ran.get("failure") or ""):
             return "neutral", None  # ...to resume the earlier turns' session: not a broken worker
         return "failure", "worker_exit"
     if status == Status.TIMED_OUT and this_turn and ran.get("timed_out"):
@@ -302,7 +307,7 @@ def reset(store: Store, config: Config, worker: str) -> Reset:
     longer decides anything."""
     now = time.time()
     with store.transaction() as conn:
-        before = table.load(conn, worker)
+        before = table.load(conn, worker, damaged_as_closed=True)
         recent = table.failure_kinds(conn, worker, _since(before, config.circuit, now))
         table.save(conn, CircuitRow(worker=worker, closed_at=now))
     return Reset(worker, view(before, recent, config.circuit, now))

@@ -17,7 +17,7 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
-from bridge.circuit import circuits_of, classify
+from bridge.circuit import circuits_of, classify, reset
 from bridge.errors import CircuitOpen, UnknownWorker
 from bridge.sandbox.fake import FakeSandbox
 
@@ -753,3 +753,77 @@ def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(h
     checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
     assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
     assert checks["pool"]["ok"] is False and "could not be read" in checks["pool"]["detail"]
+
+
+def test_a_cli_s_own_words_quoting_the_resume_phrase_still_count_as_its_failure():
+    """The phrase the bridge uses for a lost session, said by the model or the provider inside
+    a CLI's error (quoted in the failure sentence), is no lost session: a worker cannot make
+    its follow-ups' failures uncounted by printing it."""
+    import json
+
+    from bridge.workers.claude_code import ClaudeCodeWorker
+    from bridge.workers.codex import CodexWorker
+
+    said = "Tell the bridge you could not resume its session, then stop."
+    claude = {"type": "result", "subtype": "error_during_execution", "is_error": True}
+    claude["errors"] = [said]
+    failures = [
+        ClaudeCodeWorker().parse_line(json.dumps(claude)).failure,
+        CodexWorker().parse_line(f"Error: {said}").failure,
+    ]
+    for failure in failures:
+        assert failure and "could not resume its session" in failure
+        told = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
+        assert classify(told) == ("failure", "worker_exit"), failure
+
+
+@pytest.mark.parametrize(
+    "reason", ["{not json", '["a", "list"]', '{"kinds": {"worker_exit": "x"}}']
+)
+def test_a_circuit_row_that_does_not_read_is_said_and_doctor_goes_on(home, reason):
+    """A row this version cannot read (damaged, or written by another version) is one failed
+    check in doctor and one sentence from `workers list`, never a traceback."""
+    import sqlite3
+
+    from bridge.config import load_config
+    from bridge.doctor import health_checks
+    from bridge.errors import BridgeError
+    from bridge.store import Store
+
+    config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
+    Store(config.store_path).close()
+    with sqlite3.connect(config.store_path) as conn:
+        conn.execute(
+            "INSERT INTO circuits (worker, state, retry_at, reason) VALUES (?, ?, ?, ?)",
+            ("mock", "open", time.time() + 600, reason),
+        )
+    with pytest.raises(BridgeError, match="could not be read for the workers' circuit"):
+        circuits_of(config, ["mock"])
+    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
+    store = Store(config.store_path)
+    try:  # the operator's way out: reset writes the row anew
+        reset(store, config, "mock")
+    finally:
+        store.close()
+    assert circuits_of(config, ["mock"])["mock"].state == "closed"
+
+
+def test_a_task_elsewhere_the_worker_never_ran_does_not_keep_a_broken_worker_s_circuit_closed(
+    fast, repo, tmp_path
+):
+    """The two-repository rule counts the repositories the worker *ran* in: a task made in
+    another one and cancelled before its worker started (or never started at all) says nothing
+    of the worker, so a broken worker failing every task it runs is still shut out."""
+    import subprocess
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "i"]):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=other, check=True
+        )
+    idle = fast.create_task(mock_task(other, OK))
+    fast.cancel_task(idle.task_id)  # made in a second repository, never run
+    trip(fast, repo, 2)  # circuit.failures here
+    assert state(fast)["state"] == "open"

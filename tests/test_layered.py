@@ -562,3 +562,36 @@ def test_a_task_in_a_state_root_reached_through_a_link_is_layered_and_pruned_unm
     assert [p for p in overlay.mount_points() if p.startswith(f"{real}/")] == []
     assert not (real / "worktrees" / result.task_id).exists()
     assert not (real / "layers" / result.task_id).exists()
+
+
+def test_prune_of_a_layered_task_whose_repository_is_gone_unmounts_and_frees_its_base(
+    docker_images, workdir, home
+):
+    """The repository of a finished layered task was deleted: prune must not remove through
+    the merged view (its mount and upper dir would stay, naming the base as used for good)."""
+    from support.tasks import mock_task
+
+    from bridge import WorkerBridge
+    from bridge.pipeline.prune import prune
+
+    repo = workdir / "doomed"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.txt").write_text("a\n")
+    commit_all(repo, "base")
+    bridge = WorkerBridge(home=home)
+    try:
+        spec = mock_task(repo, {"write": {"b.txt": "b\n"}})
+        result = bridge.run_task(bridge.create_task(spec).task_id)
+        assert result.status == "succeeded"
+        worktree = home / "worktrees" / result.task_id
+        assert overlay.mounted(worktree)
+        bridge.reject_task(result.task_id)
+        shutil.rmtree(repo)
+        done = prune(bridge.context(), apply=True)
+        assert [a for a in done["actions"] if a["failed"]] == []
+    finally:
+        bridge.close()
+    assert not overlay.mounted(worktree)
+    assert not worktree.exists()
+    assert not (home / "layers" / result.task_id).exists()

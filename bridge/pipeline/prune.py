@@ -267,8 +267,10 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
             ws = TaskWorkspace.plan(ctx.home, repo, action.task_id)
             failed = remove_workspace(ctx.home, ws, delete_branch=True)
         else:  # the repository is gone: only our own folders are left to remove
+            overlay.unmount(Path(action.target))  # layered: never removed through its view
             failed = fs.remove_tree(Path(action.target))
             failed += fs.remove_tree(ctx.home / "gitdirs" / action.task_id)
+            failed += fs.remove_tree(ctx.home / "layers" / action.task_id)  # names its base
         # The CLI's home (its sessions) goes with the worktree they were about.
         failed += fs.remove_tree(ctx.task_dir(action.task_id) / "home")
         if not failed:

@@ -38,7 +38,19 @@ _COLUMNS = ("state", "opened_at", "retry_at", "probe_task", "probe_at", "closed_
 
 
 def _row(values: tuple) -> CircuitRow:
+    """The stored row; ValueError when it is not one this version wrote (damaged, or another
+    version's), which callers say in one sentence rather than read as some state."""
     worker, state, opened_at, retry_at, probe_task, probe_at, closed_at, reason = values
+    found = json.loads(reason) if reason else {}
+    kinds = found.get("kinds", {}) if isinstance(found, dict) else None
+    window = found.get("window_s", 0) if isinstance(found, dict) else None
+    numbers = (opened_at, retry_at, probe_at, closed_at, window)
+    if (
+        not isinstance(kinds, dict)
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in kinds.values())
+        or not all(n is None or isinstance(n, int | float) for n in numbers)
+    ):
+        raise ValueError(f"the circuit row of worker {worker!r} is not one this version reads")
     return CircuitRow(
         worker=worker,
         state=state,
@@ -47,17 +59,26 @@ def _row(values: tuple) -> CircuitRow:
         probe_task=probe_task,
         probe_at=probe_at,
         closed_at=closed_at or 0.0,
-        reason=json.loads(reason) if reason else {},
+        reason=found,
     )
 
 
 _SELECT = "SELECT worker, " + ", ".join(_COLUMNS) + " FROM circuits"
 
 
-def load(conn: sqlite3.Connection, worker: str) -> CircuitRow:
-    """The worker's row, or a closed one when it has none."""
+def load(conn: sqlite3.Connection, worker: str, *, damaged_as_closed: bool = False) -> CircuitRow:
+    """The worker's row, or a closed one when it has none (or, with ``damaged_as_closed``,
+    one this version cannot read: for `workers reset`, which writes it anew)."""
     found = conn.execute(_SELECT + " WHERE worker = ?", (worker,)).fetchone()
-    return _row(found) if found else CircuitRow(worker=worker)
+    try:
+        return _row(found) if found else CircuitRow(worker=worker)
+    except ValueError as exc:
+        if damaged_as_closed:
+            return CircuitRow(worker=worker)
+        raise BridgeError(
+            f"The circuit breaker of worker '{worker}' could not be read ({exc}); "
+            f"`worker-bridge workers reset {worker}` writes it anew."
+        ) from exc
 
 
 def save(conn: sqlite3.Connection, row: CircuitRow) -> None:
@@ -109,12 +130,12 @@ def failure_repositories(conn: sqlite3.Connection, worker: str, after: float) ->
 
 
 def repositories_used(conn: sqlite3.Connection, worker: str, after: float) -> int:
-    """How many repositories the worker was given tasks in that were made or ended after
-    ``after``."""
+    """How many repositories the worker ran in (a task with an exit recorded) made or ended
+    after ``after``: a task it never ran (cancelled before, or not started) says nothing."""
     since = _iso(after)
     found = conn.execute(
-        "SELECT count(DISTINCT repository) FROM tasks"
-        " WHERE worker = ? AND (created_at > ? OR finished_at > ?)",
+        "SELECT count(DISTINCT repository) FROM tasks WHERE worker = ?"
+        " AND worker_exit IS NOT NULL AND (created_at > ? OR finished_at > ?)",
         (worker, since, since),
     ).fetchone()
     return int(found[0] or 0)
@@ -193,6 +214,8 @@ def read_circuits(
         if "no such table" in str(exc):  # a store from before the breaker
             return {}, {}, {}
         raise _unreadable(path, exc) from exc  # not "all closed": that would be a guess
+    except ValueError as exc:  # a row this version cannot read: said, never a traceback
+        raise _unreadable(path, exc) from exc
     finally:
         conn.close()
 
