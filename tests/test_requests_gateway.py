@@ -318,3 +318,20 @@ def test_an_approved_name_the_hosts_file_maps_is_reached_at_its_address(tmp_path
     assert hosts_addresses("mirror.example.", hosts) == ["192.0.2.7"]
     assert hosts_addresses("vm", hosts) == ["127.0.0.1"]
     assert hosts_addresses("other.example", hosts) == []
+
+
+def test_a_storm_of_distinct_names_that_raise_no_request_leaves_nothing_kept_per_name(
+    asking, upstream
+):
+    """Names holding a secret (or asked once the task ended) raise no request; the worker can
+    make endless ones, so the runner hosting the gateway must not keep one entry per name."""
+    asker = asking["asker"]
+    for i in range(300):
+        host = f"sk-{'a' * 24}{i}.exfil.example"  # redacted: looks like an API key
+        assert asker(host, upstream.port) == ("withheld: it looks like a secret", None)
+    store, task_id = asking["store"], asking["task_id"]
+    with store.transaction() as conn:
+        store.set_status(conn, task_id, "running", "cancelled")
+    for i in range(300):
+        assert asker(f"late{i}.example", upstream.port) == ("ended", None)
+    assert len(asker._known) <= 1 and store.requests.for_task(task_id) == []
