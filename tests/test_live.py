@@ -103,3 +103,18 @@ def test_a_setup_shows_its_commands_and_output_and_cannot_drive_the_terminal():
         "environment ready in 1.5 s",
         "environment from the cache",
     ]
+
+
+def test_a_request_is_shown_whole_so_a_long_name_cannot_hide_where_it_leads():
+    """A worker asks for `files.pythonhosted.org.<padding>.evil.example`: cut at the view's
+    width, the caller would see a trusted name and approve the attacker's domain."""
+    host = "files.pythonhosted.org." + ".".join(["a" * 60] * 3) + ".evil.example"
+    assert len(host) <= 253
+    bridge, out = FakeBridge(), io.StringIO()
+    detail = {"host": host, "port": 443}
+    bridge.add("task.request", {"request_id": "r1", "kind": "network", "detail": detail})
+    with LiveView(bridge, "t1", stream=out):
+        pass
+    shown = out.getvalue()
+    assert f"reach {host}:443" in shown and "tasks answer t1 r1" in shown
+    assert shown.count("\n") == 1  # still one line

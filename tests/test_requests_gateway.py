@@ -23,8 +23,13 @@ from bridge.store import Store
 _real_getaddrinfo = socket.getaddrinfo
 
 
+SEARCH = "corp.example"  # the host's resolv.conf `search` domain, as the spy plays it
+
+
 class Dns:
-    """The host's resolver, spied on: ``names`` answer with their address, others as usual."""
+    """The host's resolver, spied on: ``names`` answer with their address (an absolute name,
+    with its trailing dot, as itself), others as usual. Like glibc with a `search` line, a
+    relative name that does not resolve is tried again under SEARCH."""
 
     def __init__(self, names: dict[str, str]) -> None:
         self.names = names
@@ -32,9 +37,11 @@ class Dns:
 
     def __call__(self, host, port, *args, **kwargs):
         name = host.decode() if isinstance(host, bytes) else str(host)
-        self.asked.append(name)
-        if name in self.names:
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (self.names[name], port))]
+        self.asked.append(name.rstrip("."))
+        for candidate in [name.rstrip(".")] + ([] if name.endswith(".") else [f"{name}.{SEARCH}"]):
+            if candidate in self.names:
+                address = self.names[candidate]
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
         return _real_getaddrinfo(host, port, *args, **kwargs)
 
 
@@ -288,3 +295,43 @@ def test_past_max_requests_a_new_name_is_refused_without_asking_the_store(
         assert status == 403 and "asked for" not in body
     assert len(asked) == 1  # the first one over learns it; the others ask nothing
     assert len(store.requests.for_task(asking["task_id"])) == 8
+
+
+def test_an_approved_name_is_looked_up_as_itself_never_under_the_hosts_search_domain(
+    asking, dns, upstream
+):
+    """The caller approves `wiki` (or `build.example`); the host's resolver must not turn it
+    into `wiki.corp.example`, a name of the host's own network nobody approved."""
+    for name in ("wiki", "build.example"):
+        dns.names[f"{name}.{SEARCH}"] = "127.0.0.1"  # trusted here: only the name stops it
+        assert tunnel(asking["gw"].folder, name, upstream.port)[0] == 403
+        rid = approve(asking, name, upstream.port)
+        status, body = tunnel(asking["gw"].folder, name, upstream.port)
+        assert status == 502 and f"approved as request {rid}, but does not resolve" in body
+
+
+def test_an_approved_name_the_hosts_file_maps_is_reached_at_its_address(tmp_path):
+    from bridge.gateway.policy import hosts_addresses
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost vm\n192.0.2.7 Mirror.Example\n")
+    assert hosts_addresses("mirror.example.", hosts) == ["192.0.2.7"]
+    assert hosts_addresses("vm", hosts) == ["127.0.0.1"]
+    assert hosts_addresses("other.example", hosts) == []
+
+
+def test_a_storm_of_distinct_names_that_raise_no_request_leaves_nothing_kept_per_name(
+    asking, upstream
+):
+    """Names holding a secret (or asked once the task ended) raise no request; the worker can
+    make endless ones, so the runner hosting the gateway must not keep one entry per name."""
+    asker = asking["asker"]
+    for i in range(300):
+        host = f"sk-{'a' * 24}{i}.exfil.example"  # redacted: looks like an API key
+        assert asker(host, upstream.port) == ("withheld: it looks like a secret", None)
+    store, task_id = asking["store"], asking["task_id"]
+    with store.transaction() as conn:
+        store.set_status(conn, task_id, "running", "cancelled")
+    for i in range(300):
+        assert asker(f"late{i}.example", upstream.port) == ("ended", None)
+    assert len(asker._known) <= 1 and store.requests.for_task(task_id) == []

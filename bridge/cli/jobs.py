@@ -97,7 +97,7 @@ def _progress(
     bridge: WorkerBridge, t: Any, seen: dict[str, tuple], cursors: dict[str, int]
 ) -> None:
     """One task's new lines: its status or phase when changed, then its new events."""
-    from bridge.cli.live import describe
+    from bridge.cli.live import WHOLE, describe
 
     state = (t.status, t.phase)
     if seen.get(t.task_id) != state:
@@ -109,7 +109,9 @@ def _progress(
     for event in page.events:
         line = describe(event)
         if line:
-            print(f"  {t.label}: {one_line(line.strip())[:WIDTH]}", file=sys.stderr)
+            shown = one_line(line.strip())
+            shown = shown if event.kind in WHOLE else shown[:WIDTH]
+            print(f"  {t.label}: {shown}", file=sys.stderr)
 
 
 def _show(job: dict[str, Any], args: argparse.Namespace) -> None:

@@ -17,6 +17,9 @@ from bridge.service import WorkerBridge
 
 POLL_S = 0.3
 WIDTH = 160  # characters of one shown line
+# Shown whole, however long (bounded by what a request may hold): cut, a request for
+# `files.pythonhosted.org.<padding>.evil.example` would show a trusted name to approve.
+WHOLE = ("task.request",)
 
 
 class LiveView:
@@ -61,14 +64,15 @@ class LiveView:
             for event in page.events:
                 line = describe(event)
                 if line is not None:
-                    self._print(line)
+                    self._print(line, whole=event.kind in WHOLE)
             self.cursor = page.next_after
             if len(page.events) < 200:
                 return
 
-    def _print(self, line: str) -> None:
+    def _print(self, line: str, whole: bool = False) -> None:
         self._clear_status()
-        self.stream.write(terminal_safe(one_line(line))[:WIDTH] + "\n")
+        shown = terminal_safe(one_line(line))
+        self.stream.write((shown if whole else shown[:WIDTH]) + "\n")
         self.stream.flush()
 
     def _draw_status(self) -> None:

@@ -286,6 +286,19 @@ def address_refusal(address: str, trusted: list) -> str | None:
     return None
 
 
+def hosts_addresses(name: str, hosts_file: Path = HOSTS_FILE) -> list[str]:
+    """The addresses the host's /etc/hosts gives ``name`` (none: it is not there)."""
+    return list(_hosts_entries(hosts_file).get(name.lower().rstrip("."), []))
+
+
+async def resolve_approved(name: str, port: int, timeout: float) -> list[str]:
+    """The addresses of an approved name, exactly that name: its /etc/hosts entry, else the
+    absolute name (a trailing dot) in DNS, so the resolver's `search` list never turns `wiki`
+    or a name that does not exist into one of the host's own network (`wiki.corp.example`)
+    that nobody approved."""
+    return hosts_addresses(name) or await resolve(name.rstrip(".") + ".", port, timeout)
+
+
 async def resolve(host: str, port: int, timeout: float) -> list[str]:
     """The host's addresses, resolved here (the sandbox has no DNS), without holding up the
     gateway's other connections."""

@@ -19,7 +19,13 @@ from bridge.gateway.accounting import Accounting
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn, connect_tcp
 from bridge.gateway.exchange import HOP_BY_HOP, READ, Exchange, Refused, content_length, shown
-from bridge.gateway.policy import address_refusal, name_allowed, request_refusal, resolve
+from bridge.gateway.policy import (
+    address_refusal,
+    name_allowed,
+    request_refusal,
+    resolve,
+    resolve_approved,
+)
 from bridge.gateway.upstream import Outgoing, stream
 
 _HOP = HOP_BY_HOP | {b"proxy-authorization"}
@@ -77,7 +83,8 @@ class Proxy:
                 )
             target = raw.strip().lower().rstrip(".")  # the name asked for is the one resolved
             approved = await self._ask(target, port)
-        addresses = await resolve(target, port, self.config.connect_timeout_s)
+        timeout = self.config.connect_timeout_s
+        addresses = await (resolve_approved if approved else resolve)(target, port, timeout)
         but = f"approved as request {approved}, but " if approved else ""
         if not addresses:
             refuse("host", host, f"{but}does not resolve", port=port)

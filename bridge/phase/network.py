@@ -55,12 +55,13 @@ class NetworkAsker:
     """What the proxy asks on refusing a name off the list (nothing resolved yet): the store's
     request for it (raised on the first attempt, later attempts counted). The store is the
     truth, so an approval given by any process lets an attempt through within PENDING_TTL_S;
-    a settled answer (approved, denied, expired, none raised) is final and kept here, and a
-    pending one for PENDING_TTL_S, with the attempts made meanwhile written in one go (a storm
-    of attempts is not a storm of writes). A name redaction would change (a secret in it)
-    raises no request: it is a plain refusal. An approval that lets an attempt through has
-    reached the worker: it is marked delivered with this turn (no later turn is resumed for
-    it)."""
+    a settled answer (approved, denied, expired) is final and kept here, and a pending one for
+    PENDING_TTL_S, with the attempts made meanwhile written in one go (a storm of attempts is
+    not a storm of writes). Only names with a request are kept (at most max_requests): past
+    that, or once the task ended, every new name is refused without asking. A name redaction
+    would change (a secret in it) raises no request and is kept nowhere: a plain refusal. An
+    approval that lets an attempt through has reached the worker: it is marked delivered with
+    this turn (no later turn is resumed for it)."""
 
     def __init__(
         self,
@@ -79,7 +80,8 @@ class NetworkAsker:
         self._lock = threading.Lock()
         self._known: dict[tuple[str, int], tuple[str, str | None, float]] = {}
         self._uncounted: dict[tuple[str, int], int] = {}
-        self._over = False  # max_requests reached: a new name is refused without asking
+        # "over" (max_requests reached) or "ended": a new name is refused without asking
+        self._ended: str | None = None
 
     @classmethod
     def of(cls, handle: PhaseHandle, turn: int) -> NetworkAsker:
@@ -101,24 +103,25 @@ class NetworkAsker:
                 if known[0] == "pending":
                     self._uncounted[key] = self._uncounted.get(key, 0) + 1
                 return known[0], known[1]
-            if known is None and self._over:  # the task raised its most: no store, no memory
-                return "over", None
-            if self.redact(host) != host:
-                found: tuple[str, str | None] = ("withheld: it looks like a secret", None)
-            else:
-                found = self.store.requests.network_attempt(
-                    self.task_id,
-                    host,
-                    port,
-                    turn=self.turn,
-                    expires_at=time.time() + self.timeout_s,
-                    max_requests=self.max_requests,
-                    attempts=1 + self._uncounted.pop(key, 0),
-                )
-                self._over = self._over or found[0] == "over"
-                if found[0] == "approved" and found[1] is not None:
-                    self.store.requests.mark_delivered([found[1]], self.turn)
-            self._known[key] = (*found, now)
+            if known is None and self._ended is not None:  # no store, no memory per name
+                return self._ended, None
+            if self.redact(host) != host:  # kept nowhere: the worker can make endless ones
+                return "withheld: it looks like a secret", None
+            found = self.store.requests.network_attempt(
+                self.task_id,
+                host,
+                port,
+                turn=self.turn,
+                expires_at=time.time() + self.timeout_s,
+                max_requests=self.max_requests,
+                attempts=1 + self._uncounted.pop(key, 0),
+            )
+            if found[1] is None:  # over max_requests, or the task ended: so for every new name
+                self._ended = found[0]
+                return found
+            if found[0] == "approved":
+                self.store.requests.mark_delivered([found[1]], self.turn)
+            self._known[key] = (*found, now)  # at most max_requests entries: each has a request
             return found
 
     def flush(self) -> None:
