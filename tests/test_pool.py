@@ -554,3 +554,42 @@ def test_a_bridge_in_a_mount_namespace_of_its_own_makes_the_task_cold(docker_ima
     assert store.pool.rows() == [] and _pool_mounts(home) == set()
     assert not DockerSandbox().containers({f"{LABEL}.home": home_id(home)})
     store.close()
+
+
+def test_the_handover_check_never_follows_a_link_of_the_container_s_image(tmp_path):
+    """The host looks for the slot's sentinel through /proc/PID/root as root: an image whose
+    mount target is an absolute link (to a host FIFO here: an open of it would block for good;
+    a device's open would act) must be read as not showing it, without the host opening what
+    the link names; the folder and file sentinels themselves are still seen."""
+    import threading
+
+    from bridge.sandbox.pool_shape import Plan, Point, sentinel_shown
+
+    def plan(*points: Point) -> Plan:
+        return Plan(ContainerSpec("x", ["true"], "1000", {}), "i", points, [], [], "k")
+
+    fifo = tmp_path / "host-fifo"
+    os.mkfifo(fifo)
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "input.txt").symlink_to(fifo)  # absolute: resolves on the host, not in root
+    (root / "via").symlink_to(tmp_path)  # a link on the way to a file point
+    found: list = []
+    worker = threading.Thread(
+        target=lambda: found.append(
+            sentinel_shown(
+                root, plan(Point("/input.txt", "file"), Point("/via/host-fifo", "file")), "t"
+            )
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the host opened the FIFO a link of the image named"
+    assert found == [None]
+    (root / "workspace").mkdir()
+    (root / "workspace" / "t").write_text("")
+    (root / "etc" / "token").write_text("t\n")
+    assert sentinel_shown(root, plan(Point("/workspace", "dir")), "t") == "/workspace"
+    assert sentinel_shown(root, plan(Point("/etc/token", "file")), "t") == "/etc/token"
+    assert sentinel_shown(root, plan(Point("/etc/token", "file")), "other") is None

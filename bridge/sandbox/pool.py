@@ -232,14 +232,13 @@ class PooledSandbox:
         root = Path(f"/proc/{pid}/root")
         if not pid or not (root / CONTROL.lstrip("/") / FIFO).exists():
             return
-        for point in plan.points:
-            path = root / point.target.lstrip("/")
-            if (path / token).exists() if point.kind == "dir" else _read(path) == token:
-                raise OSError(
-                    errno.EXDEV,
-                    f"the task's folders did not reach the container ({point.target}): this "
-                    "process's mounts are not seen in the engine's mount namespace",
-                )
+        shown = pool_shape.sentinel_shown(root, plan, token)
+        if shown is not None:
+            raise OSError(
+                errno.EXDEV,
+                f"the task's folders did not reach the container ({shown}): this "
+                "process's mounts are not seen in the engine's mount namespace",
+            )
 
     # -- filling ------------------------------------------------------------------------------
 

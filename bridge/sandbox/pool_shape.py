@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shlex
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -233,3 +234,41 @@ def quiet_rmdir(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
+
+
+def sentinel_shown(root: Path, plan: Plan, token: str) -> str | None:
+    """The first point of ``plan`` that still shows the slot's sentinel under ``root`` (a
+    container's root seen from the host, /proc/PID/root), or None: none does, or one cannot
+    tell. The walk refuses a link at every step: an absolute link in the container's image
+    would otherwise lead the host, as root, to one of its own files (a FIFO that blocks the
+    open, a device whose open acts); and a point that is not a plain folder or file is read
+    as not showing it."""
+    try:
+        top = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return next((p.target for p in plan.points if _shows(top, p, token)), None)
+    finally:
+        os.close(top)
+
+
+def _shows(top: int, point: Point, token: str) -> bool:
+    fd = os.dup(top)
+    try:
+        for part in [p for p in point.target.split("/") if p]:
+            child = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = child  # a link here is an O_PATH to the link: the next step fails, not follows
+        mode = os.fstat(fd).st_mode
+        if point.kind == "dir" and stat.S_ISDIR(mode):
+            os.stat(token, dir_fd=fd, follow_symlinks=False)
+            return True  # the slot's own folder: the task's did not reach it
+        if point.kind == "file" and stat.S_ISREG(mode):
+            with open(f"/proc/self/fd/{fd}", "rb") as file:
+                return file.read(len(token) + 2).strip() == token.encode()
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
