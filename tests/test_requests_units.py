@@ -201,3 +201,26 @@ def test_a_waiting_task_left_with_nothing_pending_is_moved_on_by_the_sweep(tmp_p
     record = store.load_task("t1")
     assert record.status == "failed" and record.error is not None
     assert record.error.message == "It failed." and record.held_outcome is None
+
+
+def test_an_answer_that_meets_a_cancel_in_between_changes_nothing(tmp_path):
+    # The answer's own check of the task's status ran before a cancel (another process) moved
+    # it on: the write itself must see the cancel, or a cancelled task shows an approval.
+    from bridge.pipeline.answer import ANSWERABLE
+    from bridge.store import Store
+
+    store = Store(tmp_path / "bridge.db")
+    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
+    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
+    with store.transaction() as conn:
+        store.set_status(conn, "t1", "created", "queued")
+        store.set_status(conn, "t1", "queued", "running")
+    args = {"turn": 0, "expires_at": 2_000_000_000.0, "max_requests": 2}
+    _, rid = store.requests.network_attempt("t1", "pypi.org", 443, **args)
+    live = tuple(str(s) for s in ANSWERABLE)
+    with store.transaction() as conn:
+        store.set_status(conn, "t1", "running", "cancelled")
+    assert not store.requests.resolve("t1", rid, "approved", {"decision": "approve"}, {}, live)
+    [request] = store.requests.for_task("t1")
+    assert request.status != "approved"
+    assert store.events("t1", kinds=("task.answer",)) == []

@@ -28,6 +28,7 @@ from bridge.workspace.changes import path_matches
 
 DECISIONS = ("approve", "deny")
 MAX_ANSWER = 4000  # characters of an answer's text
+ANSWERABLE = (Status.QUEUED, Status.RUNNING, Status.VERIFYING, Status.WAITING_INPUT)
 
 
 def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
@@ -182,19 +183,16 @@ def answer_request(
             f"Request {request_id} of task {task_id} is already {request.status}; only a "
             "pending request takes an answer."
         )
-    if task.status not in (
-        Status.QUEUED,
-        Status.RUNNING,
-        Status.VERIFYING,
-        Status.WAITING_INPUT,
-    ):
+    if task.status not in ANSWERABLE:
         raise TaskStateError(
             f"Task {task_id} is {task.status}; its requests can no longer be answered."
         )
     shown = redactor_for(task).redact_data(answer)
-    if not store.requests.resolve(task_id, request_id, status, answer, shown):
-        raise TaskStateError(
-            f"Request {request_id} of task {task_id} was answered meanwhile; check it again."
+    live = tuple(str(s) for s in ANSWERABLE)
+    if not store.requests.resolve(task_id, request_id, status, answer, shown, live):
+        raise TaskStateError(  # the task's status is checked in the same write: a cancel
+            f"Request {request_id} of task {task_id} was answered, or its task moved on, "
+            "meanwhile; check it again."  # in between leaves the request as the cancel made it
         )
     settle(ctx, task_id)
 

@@ -203,16 +203,22 @@ class Requests:
         status: str,
         answer: dict[str, Any],
         shown: dict[str, Any],
+        task_in: tuple[str, ...] = (),
     ) -> bool:
-        """Compare-and-set a pending request to ``status`` with its ``answer`` (False: it was
-        not pending any more), with its `task.answer` event holding ``shown`` (the answer
-        redacted)."""
+        """Compare-and-set a pending request (of a task whose status is one of ``task_in``) to
+        ``status`` with its ``answer`` (False: the request was not pending any more, or the
+        task had moved on, e.g. a cancel in between), with its `task.answer` event holding
+        ``shown`` (the answer redacted)."""
+        sql = (
+            "UPDATE requests SET status = ?, answer = ?, updated_at = ?"
+            " WHERE request_id = ? AND task_id = ? AND status = 'pending'"
+        )
+        params = [status, json.dumps(answer), self._now(), request_id, task_id]
+        if task_in:
+            sql += f" AND task_id IN (SELECT task_id FROM tasks WHERE status IN ({marks(task_in)}))"
+            params += task_in
         with self.store.transaction() as conn:
-            cur = conn.execute(
-                "UPDATE requests SET status = ?, answer = ?, updated_at = ?"
-                " WHERE request_id = ? AND task_id = ? AND status = 'pending'",
-                (status, json.dumps(answer), self._now(), request_id, task_id),
-            )
+            cur = conn.execute(sql, params)
             if cur.rowcount != 1:
                 return False
             self._event(
