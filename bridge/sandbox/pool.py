@@ -219,9 +219,9 @@ class PooledSandbox:
             view = memoryview(script)
             while view:
                 view = view[os.write(fd, view) :]
-        finally:
+        finally:  # unlinked before the close: `cat` sees its end, and the command runs, only
+            _unlink(fifo)  # once the control folder is empty; nothing may send it elsewhere
             os.close(fd)
-        _unlink(fifo)  # the command runs: nothing after this may send the task elsewhere
 
     def _check_reached(self, slot: PoolSlot, plan: Plan, token: str) -> None:
         """Refuse the handover (the task is then made cold) when a point still shows the
