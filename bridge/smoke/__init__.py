@@ -122,6 +122,9 @@ def _one(config: Config, worker: str, routes: dict, server) -> SmokeResult:
         except Exception:
             pass
         bridge.close()
+        from bridge.workspace.overlay import unmount_under
+
+        unmount_under(root)  # its layered worktree stays mounted until pruned: not here
         fs.remove_tree(root)
 
 
