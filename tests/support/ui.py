@@ -185,6 +185,7 @@ def shared_site(workdir: Path) -> Iterator[Site]:
 
     from bridge import WorkerBridge
     from bridge.workspace.fs import remove_tree
+    from bridge.workspace.overlay import unmount_under
     from bridge.workspace.trash import reap
 
     home = workdir / "home"
@@ -203,6 +204,7 @@ def shared_site(workdir: Path) -> Iterator[Site]:
         cancel_unfinished(home)
         remove_home_artifacts(home)
         reap(home)
+        unmount_under(workdir)  # the tasks' layered worktrees (never pruned here)
         remove_tree(workdir)
 
 
