@@ -16,6 +16,15 @@ from bridge.requests import MAX_BLOCK, parse_request_block, resume_message
 FENCE = "```"
 
 
+def running_task(store) -> None:
+    """Task t1 in the store, running (a runner's side, without a runner)."""
+    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
+    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
+    with store.transaction() as conn:
+        store.set_status(conn, "t1", "created", "queued")
+        store.set_status(conn, "t1", "queued", "running")
+
+
 def block(doc: object, info: str = "worker-bridge-request") -> str:
     return f"{FENCE}{info}\n{json.dumps(doc)}\n{FENCE}"
 
@@ -88,11 +97,7 @@ def test_the_store_moves_a_waiting_task_only_as_declared(tmp_path):
     from bridge.store import Store
 
     store = Store(tmp_path / "bridge.db")
-    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
-    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
-    with store.transaction() as conn:
-        store.set_status(conn, "t1", "created", "queued")
-        store.set_status(conn, "t1", "queued", "running")
+    running_task(store)
     assert store.transition("t1", Status.WAITING_INPUT, expect={Status.RUNNING})
     assert not store.transition("t1", Status.SUCCEEDED)  # a runner's finish cannot land
     assert store.status("t1") == "waiting_input"
@@ -107,11 +112,7 @@ def test_network_attempts_answers_and_expiry_are_one_truth_in_the_store(tmp_path
 
     path = tmp_path / "bridge.db"
     gateway, caller = Store(path), Store(path)  # two connections, as two processes have
-    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
-    gateway.insert_task({**row, "repository": "/r", "spec": {}}, {})
-    with gateway.transaction() as conn:
-        gateway.set_status(conn, "t1", "created", "queued")
-        gateway.set_status(conn, "t1", "queued", "running")
+    running_task(gateway)
     args = {"turn": 0, "expires_at": 2_000_000_000.0, "max_requests": 2}
     status, rid = gateway.requests.network_attempt("t1", "pypi.org", 443, **args)
     assert status == "pending" and rid
@@ -186,11 +187,7 @@ def test_a_waiting_task_left_with_nothing_pending_is_moved_on_by_the_sweep(tmp_p
 
     config = load_config({"WORKER_BRIDGE_HOME": str(tmp_path)})
     store = Store(tmp_path / "bridge.db")
-    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
-    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
-    with store.transaction() as conn:
-        store.set_status(conn, "t1", "created", "queued")
-        store.set_status(conn, "t1", "queued", "running")
+    running_task(store)
     held = {"status": "failed", "error": {"kind": "worker_exit", "message": "It failed."}}
     assert store.transition("t1", Status.WAITING_INPUT, held_outcome={**held, "fields": {}})
     rid = store.requests.add("t1", "question", {"text": "?"}, turn=0, expires_at=2e9)
@@ -210,11 +207,7 @@ def test_an_answer_that_meets_a_cancel_in_between_changes_nothing(tmp_path):
     from bridge.store import Store
 
     store = Store(tmp_path / "bridge.db")
-    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
-    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
-    with store.transaction() as conn:
-        store.set_status(conn, "t1", "created", "queued")
-        store.set_status(conn, "t1", "queued", "running")
+    running_task(store)
     args = {"turn": 0, "expires_at": 2_000_000_000.0, "max_requests": 2}
     _, rid = store.requests.network_attempt("t1", "pypi.org", 443, **args)
     live = tuple(str(s) for s in ANSWERABLE)
