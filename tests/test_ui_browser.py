@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
 import pytest
 from support.jobs import compete_task, wait_job
 from support.repos import git
-from support.scratch import TEST_ROOT
 from support.tasks import TERMINAL, mock_task
 from support.ui import big_diff_task, launch_browser, screenshot, shared_site
 from support.waiting import poll
@@ -40,8 +38,7 @@ def browser():
 def site(tmp_path_factory, docker_images):
     """One state root, repository and `worker-bridge ui` for the module; each test makes its
     own tasks there (and cancels none of the others')."""
-    base = TEST_ROOT or tmp_path_factory.getbasetemp()
-    with shared_site(base / f"wb-ui-{uuid.uuid4().hex[:10]}") as running:
+    with shared_site(tmp_path_factory) as running:
         yield running
 
 

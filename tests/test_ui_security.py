@@ -15,7 +15,6 @@ import pytest
 from support.cli import cli_runner
 from support.mcp_http_server import http_server
 from support.repos import calc_repo
-from support.scratch import TEST_ROOT
 from support.tasks import bare_spec
 from support.ui import big_diff_task, file_diff, log_in, shared_site, signed_in, ui_server
 from support.waiting import poll
@@ -30,8 +29,7 @@ ACTIONS = ("accept", "reject", "cancel", "follow-up", "answer")
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """One `worker-bridge ui` for the module's tests that need no state of their own."""
-    base = TEST_ROOT or tmp_path_factory.getbasetemp()
-    with shared_site(base / f"wb-ui-{uuid.uuid4().hex[:10]}") as running:
+    with shared_site(tmp_path_factory) as running:
         yield running
 
 

@@ -80,26 +80,24 @@ class DockerSandbox(DockerImages):
             for name, spec in (found or {}).items()
         }
 
-    def container_mounts(self, container_id: str) -> list[dict[str, Any]] | None:
-        """The `Mounts` of a container (None: the engine knows no such container)."""
-        attrs = call(
+    def _inspect(self, container_id: str) -> dict[str, Any] | None:
+        """The engine's inspect of a container (None: it knows no such container)."""
+        return call(
             f"inspect container {container_id[:12]}",
             self.client.api.inspect_container,
             container_id,
             tolerate=(404,),
             retried=True,
         )
+
+    def container_mounts(self, container_id: str) -> list[dict[str, Any]] | None:
+        """The `Mounts` of a container (None: the engine knows no such container)."""
+        attrs = self._inspect(container_id)
         return None if attrs is None else list(attrs.get("Mounts") or [])
 
     def container_pid(self, container_id: str) -> int | None:
         """The host pid of a running container's first process (None: not running, or gone)."""
-        attrs = call(
-            f"inspect container {container_id[:12]}",
-            self.client.api.inspect_container,
-            container_id,
-            tolerate=(404,),
-            retried=True,
-        )
+        attrs = self._inspect(container_id)
         return int(((attrs or {}).get("State") or {}).get("Pid") or 0) or None
 
     # -- containers -------------------------------------------------------------------------

@@ -8,10 +8,11 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx2
 from mcp import Client
@@ -59,11 +60,20 @@ def http_server(home: Path, *args: str, env: dict[str, str] | None = None) -> It
             stderr=stderr,
         )
     server = HttpServer(proc, f"http://127.0.0.1:{port}", home, stderr_path)
+    with serving(server, _healthy, "the server") as running:
+        yield running
+
+
+@contextmanager
+def serving(server: Any, ready: Callable[[str], bool], what: str) -> Iterator[Any]:
+    """SERVER (its `proc`, `url` and `log_text()`) until ``ready(url)``; on the way out stopped
+    by its pid (SIGTERM, then SIGKILL), and its log must hold no traceback."""
+    proc = server.proc
     try:
         deadline = time.monotonic() + START_DEADLINE_S
-        while not _healthy(server.url):
-            assert proc.poll() is None, f"the server exited {proc.returncode}: {server.log_text()}"
-            assert time.monotonic() < deadline, f"no /healthz answer: {server.log_text()}"
+        while not ready(server.url):
+            assert proc.poll() is None, f"{what} exited {proc.returncode}: {server.log_text()}"
+            assert time.monotonic() < deadline, f"no answer from {what}: {server.log_text()}"
             time.sleep(POLL_S)
         yield server
     finally:

@@ -10,7 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx2
 import pytest
 from support.cli import CLI
-from support.mcp_http_server import free_port
+from support.mcp_http_server import free_port, serving
+from support.scratch import TEST_ROOT
 
-START_DEADLINE_S = 30
 REQUIRE_BROWSER = os.environ.get("WORKER_BRIDGE_REQUIRE_BROWSER") == "1"
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("WORKER_BRIDGE_TEST_ARTIFACTS") or ROOT / "tests" / "artifacts")
@@ -53,22 +53,8 @@ def ui_server(home: Path, *args: str, env: dict[str, str] | None = None) -> Iter
             stderr=log,
         )
     server = UiServer(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while not _answers(server.url):
-            assert proc.poll() is None, f"the ui exited {proc.returncode}: {server.log_text()}"
-            assert time.monotonic() < deadline, f"no answer from the ui: {server.log_text()}"
-            time.sleep(0.1)
-        yield server
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, 15)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, 9)
-                proc.wait(timeout=10)
-    assert "Traceback" not in server.log_text(), server.log_text()
+    with serving(server, _answers, "the ui") as running:
+        yield running
 
 
 def _answers(url: str) -> bool:
@@ -174,9 +160,10 @@ class Site:
 
 
 @contextmanager
-def shared_site(workdir: Path) -> Iterator[Site]:
-    """A Site in WORKDIR; on the way out every unfinished task is cancelled (which kills its
-    containers), the state root's containers removed and the folder too."""
+def shared_site(factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """A Site in a folder of its own (under TEST_ROOT, else pytest's base temp); on the way
+    out every unfinished task is cancelled (which kills its containers), the state root's
+    containers removed and the folder too."""
     import secrets
 
     from support.engine import remove_home_artifacts
@@ -188,6 +175,7 @@ def shared_site(workdir: Path) -> Iterator[Site]:
     from bridge.workspace.overlay import unmount_under
     from bridge.workspace.trash import reap
 
+    workdir = (TEST_ROOT or factory.getbasetemp()) / f"wb-ui-{uuid.uuid4().hex[:10]}"
     home = workdir / "home"
     home.mkdir(parents=True)
     repo = calc_repo(workdir / "repo")
