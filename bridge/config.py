@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from bridge.config_names import ENV_PREFIX, OTHER_VARIABLES, default_home
 from bridge.config_sections import (
     CircuitConfig,
     GatewayConfig,
@@ -39,35 +40,6 @@ from bridge.config_sections import (
 from bridge.errors import ConfigError
 from bridge.models import Environment, describe_validation_error
 from bridge.version import __version__
-
-ENV_PREFIX = "WORKER_BRIDGE_"
-# WORKER_BRIDGE_* variables that are not configuration keys; any other that names no key is an
-# error naming it, as an unknown key in config.yaml is (a misspelt limit must not pass silently).
-OTHER_VARIABLES = {
-    "MCP_TOKEN": "the MCP HTTP server's bearer token",
-    "MCP_TOKEN_FILE": "a file holding that token",
-    "IN_CONTAINER": "set in the bridge's own image: the same-path check is on",
-    "REPOS": "the repositories folder of the compose deployment",
-    "IMAGES_DIR": "image contexts to build instead of the package's own",
-    "SMOKE_KEY": "the throwaway key of `images build --smoke`",
-    # compose/compose.yaml's own settings, read by docker-compose from the same shell
-    "VERSION": "compose: the bridge image's tag",
-    "BIND": "compose: the address the port is published on",
-    "PORT": "compose: the published port",
-    "TOKEN_FILE": "compose: the token file given to the container as a secret",
-    "SOURCE": "the bridge image's source label (a build argument)",
-    # the test suite's and CI's
-    "REQUIRE_DOCKER": "tests: fail rather than skip without an engine",
-    "REQUIRE_INTEROP": "tests: fail rather than skip without the TypeScript client",
-    "REQUIRE_RUNSC": "tests: fail rather than skip without gVisor",
-    "REQUIRE_BROWSER": "tests: fail rather than skip without chromium and Playwright",
-    "TEST_ARTIFACTS": "tests: where the browser tests' screenshots go",
-    "UPDATE_DOCS": "tests: also copy the README's screenshot into docs/",
-    "TEST_BASE_IMAGE": "tests and bench: the local base image",
-    "MCP_COMMAND": "the interop test's server command",
-    "INTEROP_REPO": "the interop test's repository",
-}
-
 
 __all__ = [
     "CircuitConfig",
@@ -257,12 +229,6 @@ def _settings_class() -> type[Config]:
             return tuple(sources)
 
     return _Settings
-
-
-def default_home(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    raw = env.get(f"{ENV_PREFIX}HOME")
-    return Path(raw).expanduser().absolute() if raw else Path.home() / ".worker-bridge"
 
 
 def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:

@@ -271,3 +271,13 @@ def _splice(m: re.Match[str], group: str, replacement: str) -> str:
 def redact(text: str) -> str:
     """Redact ``text`` with a fresh Redactor (no secrets remembered across calls)."""
     return Redactor().redact(text)
+
+
+def task_redactor(spec: dict[str, Any], config: dict[str, Any]) -> Redactor:
+    """A redactor for one task that already knows the secrets visible in its own spec, learning
+    at most as many as the limits recorded in its ``config`` allow (``spec`` and ``config`` as
+    stored with the task)."""
+    recorded = config.get("effective_limits") or {}
+    redactor = Redactor(max_learned=int(recorded.get("secrets", 1000)))
+    redactor.redact_data(spec)
+    return redactor

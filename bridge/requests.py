@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge.models import TaskSpec
-from bridge.records import RequestRecord
-from bridge.redact import Redactor
+if TYPE_CHECKING:  # this module loads no model: the fast reads use it too (bridge/reads.py)
+    from bridge.models import TaskSpec
+    from bridge.records import RequestRecord
+    from bridge.redact import Redactor
 
 INFO_STRING = "worker-bridge-request"
 MAX_BLOCK = 4000  # characters of the block's JSON
@@ -190,9 +191,13 @@ def listed_domains(spec: TaskSpec, *, asking: bool) -> list[str] | None:
     """The patterns the worker's proxy lets through: network.domains (with `allowlist`); an
     empty list with `none` when the task asks; None: the proxy refuses everything. Approved
     names are no patterns: each approval is for its (name, port) alone."""
-    network = spec.network
-    if network.mode == "allowlist":
-        return [d.strip().lower().rstrip(".") for d in network.domains]
+    return listed_patterns(spec.network.mode, spec.network.domains, asking=asking)
+
+
+def listed_patterns(mode: str, domains: list[str], *, asking: bool) -> list[str] | None:
+    """listed_domains from a spec's network ``mode`` and ``domains``, as they are stored."""
+    if mode == "allowlist":
+        return [d.strip().lower().rstrip(".") for d in domains]
     return [] if asking else None
 
 

@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)  # type: ignore
     bridge = None
     try:
+        quick = args.command_entry.quick_function()
+        answered = quick(args) if quick else None
+        if answered is not None:
+            return answered
         run = args.command_entry.function()
         from bridge.service import WorkerBridge
 

@@ -11,7 +11,13 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from bridge.cli.render import one_line, out_json, print_event, print_result
+from bridge.cli.render import (
+    out_json,
+    print_event,
+    print_result,
+    print_shown,
+    print_tasks,
+)
 from bridge.errors import InvalidSpec
 from bridge.models import TERMINAL, Status
 from bridge.service import WorkerBridge
@@ -143,26 +149,13 @@ def cmd_tasks_start(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_show(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    result = bridge.get_task(args.task_id).document()
-    if args.json:
-        out_json(result)
-    else:
-        print_result(result)
+    print_shown(bridge.get_task(args.task_id).document(), args.json)
     return 0
 
 
 def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     tasks = [t.document() for t in bridge.list_tasks(status=args.status, limit=args.limit)]
-    if args.json:
-        out_json({"tasks": tasks})
-        return 0
-    for task in tasks:
-        pending = sum(1 for r in task.get("requests") or [] if r["status"] == "pending")
-        asks = f"{pending} ask" if pending else "-"
-        print(
-            f"{task['task_id']}  {task['status']:<13} {task['worker']:<10} {asks:<6} "
-            f"{task['created_at']}  {one_line(task['objective'].strip()[:60])}"
-        )
+    print_tasks(tasks, args.json)
     return 0
 
 

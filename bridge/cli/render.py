@@ -29,6 +29,28 @@ def out_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=True) + "\n")
 
 
+def print_shown(result: dict[str, Any], as_json: bool) -> None:
+    """`tasks show`: the task result as JSON or for people."""
+    if as_json:
+        out_json(result)
+    else:
+        print_result(result)
+
+
+def print_tasks(tasks: list[dict[str, Any]], as_json: bool) -> None:
+    """`tasks list`: the task results as one JSON document, or a line each."""
+    if as_json:
+        out_json({"tasks": tasks})
+        return
+    for task in tasks:
+        pending = sum(1 for r in task.get("requests") or [] if r["status"] == "pending")
+        asks = f"{pending} ask" if pending else "-"
+        print(
+            f"{task['task_id']}  {task['status']:<13} {task['worker']:<10} {asks:<6} "
+            f"{task['created_at']}  {one_line(task['objective'].strip()[:60])}"
+        )
+
+
 def print_result(result: dict[str, Any]) -> None:
     f = one_line
     print(f"task {result['task_id']}: {result['status']}")

@@ -26,7 +26,8 @@ class Command:
     function that runs it (`module.function` in bridge/cli, imported only when the command
     runs, so that `--help` and a parse error load nothing but this module), and whether it acts
     (only a command that acts hands tasks whose runner died to new runners; one that reads
-    starts nothing)."""
+    starts nothing). A read may also name a `quick` function, which answers without the
+    facade when it can (returning its exit code) and returns None when it cannot."""
 
     group: str
     name: str | None
@@ -34,10 +35,18 @@ class Command:
     run: str
     args: tuple[Arg, ...] = ()
     acts: bool = False
+    quick: str | None = None
 
     def function(self) -> Callable[..., int]:
-        module, name = self.run.split(".")
-        return getattr(importlib.import_module(f"bridge.cli.{module}"), name)
+        return _named(self.run)
+
+    def quick_function(self) -> Callable[..., int | None] | None:
+        return _named(self.quick) if self.quick else None
+
+
+def _named(where: str) -> Callable[..., Any]:
+    module, name = where.split(".")
+    return getattr(importlib.import_module(f"bridge.cli.{module}"), name)
 
 
 JSON = arg("--json", action="store_true", help="print JSON (one document on stdout)")
@@ -112,13 +121,21 @@ COMMANDS = (
         ),
         acts=True,
     ),
-    Command("tasks", "show", "show a task result", "commands.cmd_tasks_show", (TASK_ID, JSON)),
+    Command(
+        "tasks",
+        "show",
+        "show a task result",
+        "commands.cmd_tasks_show",
+        (TASK_ID, JSON),
+        quick="quick.show",
+    ),
     Command(
         "tasks",
         "list",
         "list tasks, newest first",
         "commands.cmd_tasks_list",
         (arg("--status"), arg("--limit", type=int), JSON),
+        quick="quick.list_",
     ),
     Command(
         "tasks",

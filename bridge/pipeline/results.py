@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from bridge.records import RequestRecord, TaskRecord, TaskResult
-from bridge.redact import Redactor
+from bridge.redact import Redactor, task_redactor
 from bridge.requests import approved_hosts, approved_paths, listed_domains, request_document
 
 
 def redactor_for(record: TaskRecord) -> Redactor:
     """A redactor that already knows the secrets visible in the task's own spec."""
-    recorded = record.config_doc.get("effective_limits") or {}
-    redactor = Redactor(max_learned=int(recorded.get("secrets", 1000)))
-    redactor.redact_data(record.spec_doc)
-    return redactor
+    return task_redactor(record.spec_doc, record.config_doc)
 
 
 def task_result(

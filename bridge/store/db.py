@@ -19,29 +19,17 @@ from typing import TYPE_CHECKING, Any
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
 from bridge.records import Event, TaskRecord
+from bridge.store import rows
 from bridge.store.jobs import Jobs
 from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
 from bridge.store.pool import PoolSlots
 from bridge.store.requests import Requests
+from bridge.store.rows import JSON_COLUMNS, applied_migrations, decode_task, tasks_query
 from bridge.store.sql import insert, marks
 
 if TYPE_CHECKING:
     import sqlite_utils
-
-JSON_COLUMNS = (
-    "spec",
-    "config",
-    "error",
-    "verification",
-    "changed_files",
-    "timings",
-    "worker_exit",
-    "follow_ups",
-    "dropped",
-    "usage",
-    "held_outcome",
-)
 
 
 def _plain(value: Any) -> Any:
@@ -149,20 +137,7 @@ class Store:
             migrations().apply(db)
 
     def _applied(self) -> set[str]:
-        try:
-            rows = self.conn.execute(
-                "SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (MIGRATION_SET,)
-            ).fetchall()
-        except sqlite3.OperationalError:  # no such table: a new store, or one from before
-            return set()
-        return {row[0] for row in rows}
-
-    @staticmethod
-    def _decode(row: dict[str, Any]) -> dict[str, Any]:
-        for column in JSON_COLUMNS:
-            if row.get(column) is not None:
-                row[column] = json.loads(row[column])
-        return row
+        return applied_migrations(self.conn)
 
     @staticmethod
     def _encode(fields: dict[str, Any]) -> dict[str, Any]:
@@ -219,16 +194,14 @@ class Store:
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read under the connection lock (threads share the connection)."""
         with self._lock:
-            cur = self.conn.execute(sql, params)
-            names = [c[0] for c in cur.description]
-            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            return rows.query(self.conn, sql, params)
 
     def load_task(self, task_id: str) -> TaskRecord:
         """The task's record; TaskNotFound naming the id."""
         rows = self.query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         if not rows:
             raise TaskNotFound.of(task_id)
-        return TaskRecord.model_validate(self._decode(rows[0]))
+        return TaskRecord.model_validate(decode_task(rows[0]))
 
     def list_tasks(
         self,
@@ -238,26 +211,8 @@ class Store:
     ) -> list[TaskRecord]:
         """Tasks newest first; ``under``: only those whose repository is one of these folders
         or inside one."""
-        where: list[str] = []
-        params: list[Any] = []
-        if status:
-            where.append("status = ?")
-            params.append(status)
-        if under is not None:
-            inside = []
-            for folder in under:
-                prefix = folder.rstrip("/") + "/"
-                inside.append("(repository = ? OR substr(repository, 1, ?) = ?)")
-                params += [folder, len(prefix), prefix]
-            where.append("(" + (" OR ".join(inside) or "0") + ")")
-        sql = "SELECT * FROM tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, rowid DESC"
-        if limit:
-            sql += " LIMIT ?"
-            params.append(limit)
-        return [TaskRecord.model_validate(self._decode(row)) for row in self.query(sql, params)]
+        sql, params = tasks_query(status, limit, under)
+        return [TaskRecord.model_validate(decode_task(row)) for row in self.query(sql, params)]
 
     def status(self, task_id: str) -> str:
         """Just the status: what polling loops need, without decoding the whole row."""
@@ -403,15 +358,7 @@ class Store:
 
     def artifacts_of(self, task_ids: list[str]) -> dict[str, dict[str, str]]:
         """task id -> {artifact name: path}, in one query for any number of tasks."""
-        rows = self.query(
-            "SELECT task_id, name, path FROM artifacts"
-            f" WHERE task_id IN ({marks(task_ids)}) ORDER BY name",
-            task_ids,
-        )
-        found: dict[str, dict[str, str]] = {}
-        for row in rows:
-            found.setdefault(row["task_id"], {})[row["name"]] = row["path"]
-        return found
+        return rows.artifacts_of(self.query, task_ids)
 
     def remove_artifacts(self, task_id: str) -> None:
         with self.transaction() as conn:

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from bridge.records import RequestRecord
+from bridge.store.rows import decode_request, requests_of
 from bridge.store.sql import marks
 
 RESOLVED = ("approved", "denied", "answered", "expired")
@@ -32,10 +33,7 @@ class Store(Protocol):
 
 
 def _record(row: dict[str, Any]) -> RequestRecord:
-    row = dict(row)
-    row["detail"] = json.loads(row["detail"] or "{}")
-    row["answer"] = json.loads(row["answer"]) if row.get("answer") else None
-    return RequestRecord.model_validate(row)
+    return RequestRecord.model_validate(decode_request(row))
 
 
 def _asking(conn: sqlite3.Connection, task_id: str) -> bool:
@@ -165,16 +163,10 @@ class Requests:
 
     def of(self, task_ids: list[str]) -> dict[str, list[RequestRecord]]:
         """task id -> its requests, oldest first, in one query for any number of tasks."""
-        if not task_ids:
-            return {}
-        places = marks(task_ids)
-        rows = self.store.query(
-            f"SELECT * FROM requests WHERE task_id IN ({places}) ORDER BY rowid", task_ids
-        )
-        found: dict[str, list[RequestRecord]] = {}
-        for row in rows:
-            found.setdefault(row["task_id"], []).append(_record(row))
-        return found
+        found = requests_of(self.store.query, task_ids)
+        return {
+            task_id: [RequestRecord.model_validate(r) for r in rs] for task_id, rs in found.items()
+        }
 
     def for_task(self, task_id: str) -> list[RequestRecord]:
         return self.of([task_id]).get(task_id, [])

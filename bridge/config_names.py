@@ -1,0 +1,102 @@
+"""The names configuration comes by, without the models: the environment variables' prefix,
+the WORKER_BRIDGE_* variables that are not configuration keys, the state root, Config's keys, and
+where the store is when nothing moves it (the fast reads of bridge/reads.py need no more).
+Standard library only."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_PREFIX = "WORKER_BRIDGE_"
+# WORKER_BRIDGE_* variables that are not configuration keys; any other that names no key is an
+# error naming it, as an unknown key in config.yaml is (a misspelt limit must not pass silently).
+OTHER_VARIABLES = {
+    "MCP_TOKEN": "the MCP HTTP server's bearer token",
+    "MCP_TOKEN_FILE": "a file holding that token",
+    "IN_CONTAINER": "set in the bridge's own image: the same-path check is on",
+    "REPOS": "the repositories folder of the compose deployment",
+    "IMAGES_DIR": "image contexts to build instead of the package's own",
+    "SMOKE_KEY": "the throwaway key of `images build --smoke`",
+    # compose/compose.yaml's own settings, read by docker-compose from the same shell
+    "VERSION": "compose: the bridge image's tag",
+    "BIND": "compose: the address the port is published on",
+    "PORT": "compose: the published port",
+    "TOKEN_FILE": "compose: the token file given to the container as a secret",
+    "SOURCE": "the bridge image's source label (a build argument)",
+    # the test suite's and CI's
+    "REQUIRE_DOCKER": "tests: fail rather than skip without an engine",
+    "REQUIRE_INTEROP": "tests: fail rather than skip without the TypeScript client",
+    "REQUIRE_RUNSC": "tests: fail rather than skip without gVisor",
+    "REQUIRE_BROWSER": "tests: fail rather than skip without chromium and Playwright",
+    "TEST_ARTIFACTS": "tests: where the browser tests' screenshots go",
+    "UPDATE_DOCS": "tests: also copy the README's screenshot into docs/",
+    "TEST_BASE_IMAGE": "tests and bench: the local base image",
+    "MCP_COMMAND": "the interop test's server command",
+    "INTEROP_REPO": "the interop test's repository",
+}
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    raw = env.get(f"{ENV_PREFIX}HOME")
+    return Path(raw).expanduser().absolute() if raw else Path.home() / ".worker-bridge"
+
+
+# Config's keys (bridge/config.py; tests/test_config.py holds the two equal). Those a read of
+# the store depends on are READ_KEYS: where the store is and which repositories it may show.
+CONFIG_KEYS = frozenset(
+    {
+        "allocation_timeout_s",
+        "allow_mock_routes",
+        "allowed_images",
+        "auto_repair",
+        "base_image",
+        "circuit",
+        "disk_reserve_gb",
+        "environments",
+        "extra_ca_file",
+        "gateway",
+        "home",
+        "http",
+        "image_tag",
+        "jobs",
+        "layered_checkouts",
+        "limits",
+        "max_concurrency",
+        "max_progress_events",
+        "output_tail_chars",
+        "pool",
+        "profiles",
+        "repo_concurrency",
+        "repositories",
+        "retention_days",
+        "runtime",
+        "sandbox_uid",
+        "setup_timeout_s",
+        "store",
+        "verify_image",
+        "worker_concurrency",
+        "worker_settings",
+        "workers",
+    }
+)
+READ_KEYS = frozenset({"home", "store", "repositories"})
+
+
+def default_store_root(env: Mapping[str, str] | None = None) -> Path | None:
+    """The state root, when the store is where it is by default and every repository's tasks
+    may be shown: no config.yaml there, and no WORKER_BRIDGE_* variable sets `store` or
+    `repositories` or names no key (HOME aside). None otherwise: then only `load_config` knows
+    (and says what is wrong). Other keys' values are not checked here: reads do not use them."""
+    env = os.environ if env is None else env
+    for name in env:
+        rest = name.upper().removeprefix(ENV_PREFIX)
+        if rest == name.upper() or rest == "HOME" or rest in OTHER_VARIABLES:
+            continue
+        key = rest.split("__", 1)[0].lower()
+        if key not in CONFIG_KEYS or key in READ_KEYS:
+            return None
+    home = default_home(env)
+    return None if (home / "config.yaml").exists() else home
