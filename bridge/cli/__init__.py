@@ -7,7 +7,10 @@ With --json, stdout carries exactly one JSON document.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 from typing import Any
 
 from bridge.cli.render import SafeStream
@@ -16,7 +19,7 @@ from bridge.cli.ui import add_arguments as add_ui_arguments
 from bridge.errors import BridgeError
 from bridge.mcp_flags import add_arguments as add_mcp_transport_arguments
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "run"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,5 +96,21 @@ def main(argv: list[str] | None = None) -> int:
             bridge.close()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run() -> None:
+    """The console script (and `python -m bridge.cli`): main(), then the process ends the way
+    an interpreter's exit would end it, minus tearing down every module's objects, which costs
+    a task's command ~40 ms of CPU and nothing of ours needs: threads still running are waited
+    for and exit handlers run (the pool's among them), the standard streams are flushed, and no
+    file of ours is left open past its `with`. An exit by exception (SystemExit from argparse,
+    a crash) takes the ordinary way."""
+    code = main()
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what normal exit would also lose
+            code = code or 1
+    os._exit(code)

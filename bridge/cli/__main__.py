@@ -1,7 +1,5 @@
 """`python -m bridge.cli`."""
 
-import sys
+from bridge.cli import run
 
-from bridge.cli import main
-
-sys.exit(main())
+run()

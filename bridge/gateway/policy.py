@@ -6,7 +6,6 @@ every connection (a name that resolves somewhere else later is refused then)."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import os
 import re
@@ -302,6 +301,8 @@ async def resolve_approved(name: str, port: int, timeout: float) -> list[str]:
 async def resolve(host: str, port: int, timeout: float) -> list[str]:
     """The host's addresses, resolved here (the sandbox has no DNS), without holding up the
     gateway's other connections."""
+    import asyncio  # here: the task's side imports this module, and only the gateway runs this
+
     loop = asyncio.get_running_loop()
     try:
         infos = await asyncio.wait_for(

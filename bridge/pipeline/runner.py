@@ -68,6 +68,7 @@ class TaskRunner:
         self.hooks = hooks
         self._stop = threading.Event()
         self._lost = False
+        self._resumed = False  # this runner took over a task another one had started
         self._checkout: VerifyCheckout | None = None
         self._waiting: Outcome | None = None  # the outcome held while the task waits for input
 
@@ -188,6 +189,7 @@ class TaskRunner:
         return self._turns(handle, resume_phase=None)
 
     def _resume(self, handle: PhaseHandle) -> Outcome:
+        self._resumed = True
         handle.emit("task.resumed", {"phase": self.record.phase, "runner": self.owner.id})
         wanted = lambda: self.store.status(self.task_id) in ACTIVE  # noqa: E731
         if not wait_for_leases(
@@ -201,9 +203,8 @@ class TaskRunner:
         return self._turns(handle, resume_phase=self.record.phase or "allocating")
 
     def _preflight(self) -> None:
-        """Fail fast, before anything is allocated: engine reachable, images present."""
+        """Fail fast, before anything is allocated: engine reachable (its first call), images."""
         sandbox = self.ctx.sandbox
-        sandbox.ping()
         runtime = self.ctx.config.runtime
         if runtime:
             usable, why = runtime_check(runtime, sandbox.runtimes())
@@ -349,9 +350,8 @@ class TaskRunner:
         ):
             raise Superseded("not running")
         handle.enter_phase("verifying")
-        self.ctx.sandbox.remove_by_labels(
-            {"io.worker-bridge.task": self.task_id, "io.worker-bridge.role": "verify"}
-        )
+        if self._resumed:  # a dead runner's verifier may be left (listing them costs ~30 ms)
+            self.ctx.sandbox.remove_by_labels(self.ctx.labels(self.task_id, "verify"))
         t0 = time.monotonic()
         try:
             env, env_doc = self.env.for_verification(snapshot, changes)
