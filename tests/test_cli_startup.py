@@ -142,3 +142,29 @@ def test_a_follow_up_the_caller_waits_for_runs_in_the_callers_process(home, repo
     assert result.status == "succeeded"
     assert {c.path for c in result.changed_files} == {"a.txt", "b.txt"}
     assert not list((home / "logs").glob("runner-*.log"))  # no detached runner was started
+
+
+def test_the_quick_exit_loses_no_output_and_keeps_the_exit_code(home, cli, monkeypatch):
+    """The console script ends with os._exit after flushing: a listing far larger than a pipe's
+    buffer arrives whole, in one write or a line at a time, by the fast read and by the facade
+    alike, and codes are kept."""
+    from bridge.store import Store
+
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # stdout buffered, as a pipe's is
+    store = Store(home / "bridge.db")
+    spec = {"objective": "o" * 500, "worker": "mock", "workspace": {"repository": "/r"}}
+    for n in range(300):
+        row = {"task_id": f"t{n:04d}", "status": "created", "worker": "mock"}
+        store.insert_task(
+            {**row, "objective": spec["objective"], "repository": "/r", "spec": spec}, {}
+        )
+    store.close()
+    for env in ({}, {"WORKER_BRIDGE_STORE": str(home / "bridge.db")}):  # fast read, facade
+        listed = cli("tasks", "list", "--json", env=env)
+        assert listed.code == 0, listed.stderr
+        assert len(listed.stdout) > 150_000
+        assert [t["task_id"] for t in listed.json()["tasks"]][-1] == "t0000"
+        lines = cli("tasks", "list", env=env).stdout.splitlines()  # a print per task
+        assert len(lines) == 300 and lines[-1].startswith("t0000")
+        missing = cli("tasks", "show", "nope", env=env)
+        assert missing.code == 2 and "No task 'nope'" in missing.stderr
