@@ -145,6 +145,9 @@ def test_the_reads_step_aside_when_they_cannot_tell(bridge, many_tasks, default_
     assert reads.show_task(task_id) is None
     monkeypatch.setenv("WORKER_BRIDGE_HOME", str(default_env / "none-here"))
     assert reads.list_tasks() is None  # no store yet
+    (default_env / "none-here").mkdir()
+    (default_env / "none-here" / "bridge.db").write_bytes(b"not a database, " * 100)
+    assert reads.list_tasks() is None  # not a store at all: the Store says so
 
 
 def test_the_cli_answers_the_same_when_the_reads_step_aside(bridge, many_tasks, default_env, cli):

@@ -19,13 +19,19 @@ from typing import TYPE_CHECKING, Any
 from bridge.errors import InvalidTransition, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
 from bridge.records import Event, TaskRecord
-from bridge.store import rows
 from bridge.store.jobs import Jobs
 from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
 from bridge.store.pool import PoolSlots
 from bridge.store.requests import Requests
-from bridge.store.rows import JSON_COLUMNS, applied_migrations, decode_task, tasks_query
+from bridge.store.rows import (
+    JSON_COLUMNS,
+    applied_migrations,
+    decode_task,
+    rows_of,
+    tasks_query,
+)
+from bridge.store.rows import artifacts_of as artifact_rows
 from bridge.store.sql import insert, marks
 
 if TYPE_CHECKING:
@@ -194,7 +200,7 @@ class Store:
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read under the connection lock (threads share the connection)."""
         with self._lock:
-            return rows.query(self.conn, sql, params)
+            return rows_of(self.conn, sql, params)
 
     def load_task(self, task_id: str) -> TaskRecord:
         """The task's record; TaskNotFound naming the id."""
@@ -358,7 +364,7 @@ class Store:
 
     def artifacts_of(self, task_ids: list[str]) -> dict[str, dict[str, str]]:
         """task id -> {artifact name: path}, in one query for any number of tasks."""
-        return rows.artifacts_of(self.query, task_ids)
+        return artifact_rows(self.query, task_ids)
 
     def remove_artifacts(self, task_id: str) -> None:
         with self.transaction() as conn:

@@ -94,14 +94,17 @@ def open_current(path: Path) -> sqlite3.Connection | None:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30, isolation_level=None)
     except sqlite3.Error:
         return None
-    conn.execute("PRAGMA busy_timeout = 30000")
-    if applied_migrations(conn) >= {name for name, _ in STEPS}:
-        return conn
+    try:
+        conn.execute("PRAGMA busy_timeout = 30000")
+        if applied_migrations(conn) >= {name for name, _ in STEPS}:
+            return conn
+    except sqlite3.Error:  # not a store at all: the Store says so
+        pass
     conn.close()
     return None
 
 
-def query(conn: sqlite3.Connection, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+def rows_of(conn: sqlite3.Connection, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
     """Rows as dicts keyed by column name."""
     cur = conn.execute(sql, params)
     names = [c[0] for c in cur.description]
@@ -140,6 +143,6 @@ def reader(path: Path) -> Iterator[Query | None]:
         yield None
         return
     try:
-        yield partial(query, conn)
+        yield partial(rows_of, conn)
     finally:
         conn.close()
