@@ -58,20 +58,25 @@ def _documents(sql: str, params: list[Any]) -> list[dict[str, Any]] | None:
         ids = [task["task_id"] for task in tasks]
         artifacts = rows.artifacts_of(run, ids) if ids else {}
         requests = rows.requests_of(run, ids)
-    return [
-        task_document(task, artifacts.get(task["task_id"], {}), requests.get(task["task_id"], []))
-        for task in tasks
-    ]
+    try:
+        return [
+            task_document(
+                task, artifacts.get(task["task_id"], {}), requests.get(task["task_id"], [])
+            )
+            for task in tasks
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # a row this version would not write (another version's): the facade says
 
 
 def task_document(
-    row: dict[str, Any], artifacts: dict[str, str], requests: list[dict[str, Any]]
+    row: dict[str, Any], artifacts: dict[str, str], requests: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
     """The task result document (`TaskResult.document()`) of a decoded tasks row, its
     artifacts and its decoded request rows."""
     spec, config = row["spec"], row.get("config") or {}
     redactor = task_redactor(spec, config)
-    asked = [SimpleNamespace(**{**_REQUEST, **_present(r)}) for r in requests]
+    asked = [SimpleNamespace(**{**_REQUEST, **_present(r)}) for r in requests or []]
     network = spec.get("network") or {}
     listed = listed_patterns(network.get("mode", "none"), network.get("domains", []), asking=False)
     verification = row.get("verification")

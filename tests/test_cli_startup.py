@@ -168,3 +168,21 @@ def test_the_quick_exit_loses_no_output_and_keeps_the_exit_code(home, cli, monke
         assert len(lines) == 300 and lines[-1].startswith("t0000")
         missing = cli("tasks", "show", "nope", env=env)
         assert missing.code == 2 and "No task 'nope'" in missing.stderr
+
+
+def test_the_quick_exit_stops_idle_executor_threads_as_exit_does(workdir):
+    """A thread pool left idle (its workers are not daemons) does not hold the process open."""
+    script = (
+        "import concurrent.futures, bridge.cli\n"
+        "kept = []\n"
+        "def main():\n"
+        "    kept.append(concurrent.futures.ThreadPoolExecutor(1))  # still referenced at exit\n"
+        "    kept[0].submit(print, 'ran').result()\n"
+        "    return 3\n"
+        "bridge.cli.main = main\n"
+        "bridge.cli.run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (3, "ran\n")

@@ -163,3 +163,21 @@ def test_the_cli_answers_the_same_when_the_reads_step_aside(bridge, many_tasks, 
     hidden = cli("tasks", "show", task_id)
     assert hidden.code != 0 and "No task" in hidden.stderr
     assert cli("tasks", "list", "--json").json() == {"tasks": []}
+
+
+def test_a_state_root_whose_name_holds_uri_characters_is_read_as_itself(workdir, repo, monkeypatch):
+    """SQLite's URI of the store is percent-encoded: a `?` or `#` in a folder's name neither cuts
+    the path short (another file, opened read-write) nor drops the read-only mode."""
+    home = workdir / "h?mode=rwc#x%41"
+    home.mkdir()
+    monkeypatch.setenv("WORKER_BRIDGE_HOME", str(home))
+    for name in ("WORKER_BRIDGE_STORE", "WORKER_BRIDGE_REPOSITORIES"):
+        monkeypatch.delenv(name, raising=False)
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    try:
+        task_id = run(bridge, mock_task(repo, {"write": {"a.txt": "1\n"}}))
+        before = sorted(p.name for p in workdir.iterdir())
+        assert reads.show_task(task_id) == bridge.get_task(task_id).document()
+        assert sorted(p.name for p in workdir.iterdir()) == before  # no stray file made
+    finally:
+        bridge.close()

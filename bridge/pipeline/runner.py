@@ -350,7 +350,7 @@ class TaskRunner:
         ):
             raise Superseded("not running")
         handle.enter_phase("verifying")
-        if self._resumed:  # a dead runner's verifier may be left (listing them costs ~30 ms)
+        if self._resumed or turn.number:  # an earlier runner's verifier may be left (~30 ms)
             self.ctx.sandbox.remove_by_labels(self.ctx.labels(self.task_id, "verify"))
         t0 = time.monotonic()
         try:

@@ -29,6 +29,7 @@ from bridge.store.rows import (
     applied_migrations,
     decode_task,
     rows_of,
+    sqlite_uri,
     tasks_query,
 )
 from bridge.store.rows import artifacts_of as artifact_rows
@@ -61,7 +62,7 @@ def store_writable(path: Path) -> str | None:
             return f"{folder} is not writable, so the store cannot be made there"
         return None
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5, isolation_level=None)
+        conn = sqlite3.connect(sqlite_uri(path, "rw"), uri=True, timeout=5, isolation_level=None)
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ROLLBACK")

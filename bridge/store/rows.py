@@ -85,13 +85,19 @@ def applied_migrations(conn: sqlite3.Connection) -> set[str]:
     return {row[0] for row in rows}
 
 
+def sqlite_uri(path: Path, mode: str) -> str:
+    """SQLite's URI of ``path`` opened in ``mode``, the path percent-encoded: a `?`, `#` or `%`
+    in a folder's name would otherwise end the path early and drop the mode."""
+    return f"{path.absolute().as_uri()}?mode={mode}"
+
+
 def open_current(path: Path) -> sqlite3.Connection | None:
     """A read-only connection to the store at ``path`` when it exists and every migration is
     applied; None otherwise (opening a Store then makes or migrates it)."""
     if not path.is_file():
         return None
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30, isolation_level=None)
+        conn = sqlite3.connect(sqlite_uri(path, "ro"), uri=True, timeout=30, isolation_level=None)
     except sqlite3.Error:
         return None
     try:
@@ -136,13 +142,15 @@ def requests_of(run: Query, task_ids: list[str]) -> dict[str, list[dict[str, Any
 
 @contextmanager
 def reader(path: Path) -> Iterator[Query | None]:
-    """A query function on the store at ``path`` while it is up to date (open_current), closed
-    on the way out; None when it is not (then a Store must open it)."""
+    """A query function on the store at ``path`` while it is up to date (open_current), its
+    queries in one read transaction, closed on the way out; None when it is not (then a Store
+    must open it)."""
     conn = open_current(path)
     if conn is None:
         yield None
         return
     try:
+        conn.execute("BEGIN")  # one snapshot for every query of the read
         yield partial(rows_of, conn)
     finally:
         conn.close()
