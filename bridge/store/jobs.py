@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from bridge.errors import JobNotFound
 from bridge.models import JOB_TERMINAL, JobStatus
+from bridge.store.rows import decode_columns
 from bridge.store.sql import insert, marks
 
 JOB_JSON = ("spec", "config", "result", "error")
@@ -26,10 +27,7 @@ class Store(Protocol):
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
-    for column in JOB_JSON:
-        if row.get(column) is not None:
-            row[column] = json.loads(row[column])
-    return row
+    return decode_columns(row, JOB_JSON)
 
 
 def _encode(fields: dict[str, Any]) -> dict[str, Any]:

@@ -31,12 +31,17 @@ JSON_COLUMNS = (
 )
 
 
-def decode_task(row: dict[str, Any]) -> dict[str, Any]:
-    """A tasks row with its JSON columns parsed (NULL stays None)."""
-    for column in JSON_COLUMNS:
+def decode_columns(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    """``row`` with its JSON ``columns`` parsed in place (NULL stays None)."""
+    for column in columns:
         if row.get(column) is not None:
             row[column] = json.loads(row[column])
     return row
+
+
+def decode_task(row: dict[str, Any]) -> dict[str, Any]:
+    """A tasks row with its JSON columns parsed."""
+    return decode_columns(row, JSON_COLUMNS)
 
 
 def decode_request(row: dict[str, Any]) -> dict[str, Any]:
