@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bridge.config_names import ENV_PREFIX, OTHER_VARIABLES, default_home
+from bridge.config_names import CONFIG_KEYS, ENV_PREFIX, OTHER_VARIABLES, default_home, variables
 from bridge.config_sections import (
     CircuitConfig,
     GatewayConfig,
@@ -299,16 +299,12 @@ def _deep_update(base: dict[str, Any], *updates: Mapping[str, Any]) -> dict[str,
 def _check_variables(env: Mapping[str, str]) -> None:
     """ConfigError naming a WORKER_BRIDGE_* variable that is neither a key (nested keys as
     KEY__SUBKEY, which the key's own model checks) nor one of OTHER_VARIABLES."""
-    keys = set(Config.model_fields)
-    for name in sorted(env):
-        if not name.upper().startswith(ENV_PREFIX):
-            continue
-        rest = name[len(ENV_PREFIX) :]
-        if rest.split("__", 1)[0].lower() in keys or rest.upper() in OTHER_VARIABLES:
+    for name, key in variables(env):
+        if key is not None:
             continue
         import difflib
 
-        known = [f"{ENV_PREFIX}{k.upper()}" for k in keys] + [
+        known = [f"{ENV_PREFIX}{k.upper()}" for k in CONFIG_KEYS] + [
             f"{ENV_PREFIX}{k}" for k in OTHER_VARIABLES
         ]
         close = difflib.get_close_matches(name.upper(), known, n=1)

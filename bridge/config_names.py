@@ -6,7 +6,7 @@ Standard library only."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ENV_PREFIX = "WORKER_BRIDGE_"
@@ -85,18 +85,26 @@ CONFIG_KEYS = frozenset(
 READ_KEYS = frozenset({"home", "store", "repositories"})
 
 
+def variables(env: Mapping[str, str]) -> Iterator[tuple[str, str | None]]:
+    """(name, key) for each WORKER_BRIDGE_* variable of ``env``, sorted by name: the key it sets
+    (KEY, also for a nested KEY__SUBKEY, which the key's own model checks), "" for one of
+    OTHER_VARIABLES, None for one that names neither (an error, as an unknown key is)."""
+    for name in sorted(env):
+        rest = name.upper().removeprefix(ENV_PREFIX)
+        if rest == name.upper():
+            continue
+        key = rest.split("__", 1)[0].lower()
+        yield name, key if key in CONFIG_KEYS else "" if rest in OTHER_VARIABLES else None
+
+
 def default_store_root(env: Mapping[str, str] | None = None) -> Path | None:
     """The state root, when the store is where it is by default and every repository's tasks
     may be shown: no config.yaml there, and no WORKER_BRIDGE_* variable sets `store` or
     `repositories` or names no key (HOME aside). None otherwise: then only `load_config` knows
     (and says what is wrong). Other keys' values are not checked here: reads do not use them."""
     env = os.environ if env is None else env
-    for name in env:
-        rest = name.upper().removeprefix(ENV_PREFIX)
-        if rest == name.upper() or rest == "HOME" or rest in OTHER_VARIABLES:
-            continue
-        key = rest.split("__", 1)[0].lower()
-        if key not in CONFIG_KEYS or key in READ_KEYS:
+    for name, key in variables(env):
+        if key is None or (key in READ_KEYS and name.upper() != f"{ENV_PREFIX}HOME"):
             return None
     home = default_home(env)
     return None if (home / "config.yaml").exists() else home
