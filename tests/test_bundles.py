@@ -84,10 +84,16 @@ def bundles(client, tmp_path_factory):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def run_plain(client, bundle: Path, command: list[str], binds: dict[str, str] | None = None):
+def run_plain(
+    client,
+    bundle: Path,
+    command: list[str],
+    binds: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+):
     """Run command in the plain base image with the bundle mounted; (exit code, stdout, stderr)."""
-    env = client.images.get(BASE_IMAGE).attrs["Config"].get("Env") or []
-    image_path = next((e[5:] for e in env if e.startswith("PATH=")), DEFAULT_PATH)
+    image_env = client.images.get(BASE_IMAGE).attrs["Config"].get("Env") or []
+    image_path = next((e[5:] for e in image_env if e.startswith("PATH=")), DEFAULT_PATH)
     volumes = {str(bundle): {"bind": BUNDLE, "mode": "ro"}}
     volumes.update({src: {"bind": dst, "mode": "ro"} for src, dst in (binds or {}).items()})
     container = client.containers.create(
@@ -98,7 +104,7 @@ def run_plain(client, bundle: Path, command: list[str], binds: dict[str, str] | 
         read_only=True,
         tmpfs={"/tmp": ""},
         user="10001:10001",
-        environment={"PATH": f"{BUNDLE}/bin:{image_path}", "HOME": "/tmp/h"},
+        environment={"PATH": f"{BUNDLE}/bin:{image_path}", "HOME": "/tmp/h", **(env or {})},
         volumes=volumes,
     )
     try:
@@ -164,6 +170,60 @@ def test_the_mock_images_relay_carries_bytes_in_a_plain_image(
         out,
         err,
     )
+
+
+RELAY_BURST = r"""
+set -u
+relays() {  # the pids of the proxy port's socat processes: its listener and its connections
+  for p in /proc/[0-9]*; do  # (780[1]: this script's own text is not one of them)
+    if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q 'TCP-LISTEN:780[1]'; then
+      echo "${p#/proc/}"
+    fi
+  done
+}
+ask() {
+  exec 3<>/dev/tcp/127.0.0.1/7801 || { echo "refused: $1"; return; }
+  printf '%s\n' "$1" >&3
+  IFS= read -r reply <&3
+  echo "$reply"
+  exec 3>&-
+}
+# A burst of 40 connections held open: no more than 20 are forked, the rest wait their turn.
+held=""
+for i in $(seq 1 40); do exec {fd}<>/dev/tcp/127.0.0.1/7801; held="$held $fd"; done
+for i in $(seq 1 50); do [ "$(relays | wc -l)" -ge 21 ] && break; sleep 0.1; done
+sleep 0.3
+echo "socat processes: $(relays | wc -l)"
+for fd in $held; do exec {fd}>&-; done
+ask "after the burst"
+# The worker kills the relay's listener: it is started again.
+for i in $(seq 1 50); do [ "$(relays | wc -l)" -eq 1 ] && break; sleep 0.1; done
+victims=$(relays)
+kill $victims && echo "killed $(echo $victims | wc -w)"
+sleep 0.5
+ask "after a kill"
+"""
+
+
+def test_the_relay_bounds_its_connections_and_outlives_a_kill(
+    docker_images, client, bundles, gateway_sockets
+):
+    bundle = bundles(docker_images.image_for("mock"))
+    binds = {str(gateway_sockets): "/run/worker-bridge"}
+    code, out, err = run_plain(
+        client,
+        bundle,
+        ["wb-relay", "bash", "-c", RELAY_BURST],
+        binds,
+        env={"WB_RELAY_MAX_CHILDREN": "20"},
+    )
+    assert code == 0, (out, err)
+    assert out.splitlines() == [
+        "socat processes: 21",
+        "proxy got: after the burst",
+        "killed 1",
+        "proxy got: after a kill",
+    ], (out, err)
 
 
 def test_socat_loads_only_the_bundles_libraries(docker_images, client, bundles):

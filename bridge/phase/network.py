@@ -221,6 +221,10 @@ def with_gateway(
         env[key] = PROXY_URL
     if no_proxy:
         env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    # The relay's forked connections per port (wb-relay): no more than the gateway takes at
+    # once, and a quarter of the container's processes, so a burst cannot use them all up.
+    children = max(1, min(gateway.config.max_connections, spec.pids // 4))
+    env["WB_RELAY_MAX_CHILDREN"] = str(children)
     return replace(
         spec,
         command=[RELAY, *spec.command],
