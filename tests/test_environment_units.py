@@ -4,10 +4,21 @@ cache's check notices."""
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
-from bridge.environments.cache import materialize, seal, setup_key, tree_digest
+from bridge.environments.cache import (
+    ENTRY_FILE,
+    OUTPUTS,
+    FilesCheck,
+    load_entry,
+    materialize,
+    seal,
+    setup_key,
+    shared_view,
+    tree_digest,
+)
 from bridge.environments.definition import EnvDefinition, key_files
 from bridge.environments.setup import _task_allows
 from bridge.models import Network
@@ -129,3 +140,55 @@ def test_the_digest_notices_names_modes_sizes_mtimes_and_links(tmp_path):
     (root / "l").unlink()
     (root / "l").symlink_to("elsewhere")
     assert tree_digest(root)[0] != now
+
+
+def _entry(folder, content: str):
+    """A cache entry made in ``folder`` (again, if one was there), its digest recorded."""
+    outputs = folder / OUTPUTS
+    (outputs / "node_modules").mkdir(parents=True, exist_ok=True)
+    file = outputs / "node_modules" / "index.js"
+    file.unlink(missing_ok=True)
+    file.write_text(content)
+    os.utime(file, ns=(499162500000000000, 499162500000000000))  # npm's fixed mtime
+    record = {
+        "key": folder.name,
+        "image": "img",
+        "image_id": "sha256:a",
+        "digest": tree_digest(outputs)[0],
+        "created_at": "2026-12-03T00:00:00Z",
+        "nonce": os.urandom(8).hex(),
+    }
+    (folder / ENTRY_FILE).write_text(json.dumps(record))
+    entry = load_entry(folder)
+    assert entry is not None
+    return entry
+
+
+def test_the_files_check_notices_a_change_made_after_the_entry_was_picked(tmp_path):
+    entry = _entry(tmp_path / "environments" / "k", "cached\n")
+    assert FilesCheck(entry).result() is None
+    (entry.outputs / "node_modules" / "index.js").write_text("POISONED\n")
+    assert FilesCheck(entry).result() == "its files changed since it was made"
+    (entry.outputs / "node_modules" / "index.js").unlink()
+    (entry.outputs / "node_modules").rmdir()
+    (entry.outputs / "node_modules").symlink_to("/nowhere")
+    assert FilesCheck(entry).result() == "its files changed since it was made"
+
+
+def test_a_view_made_from_a_damaged_entry_is_never_the_view_of_the_entry_made_again(tmp_path):
+    home, owner = tmp_path / "home", None
+    folder = home / "environments" / "k"
+    first = _entry(folder, "cached\n")
+    # Damaged in place after it was made (same size, same mtime: the digest cannot tell), and a
+    # view made from it before its check failed.
+    damaged = first.outputs / "node_modules" / "index.js"
+    damaged.write_text("POISON\n")
+    os.utime(damaged, ns=(499162500000000000, 499162500000000000))
+    poisoned = shared_view(home, first.outputs, owner)
+    assert (poisoned / "node_modules" / "index.js").read_text() == "POISON\n"
+    # Made again by a setup as deterministic as npm's: the same names, sizes and mtimes.
+    again = _entry(folder, "cached\n")
+    assert again.record["digest"] == first.record["digest"]
+    view = shared_view(home, again.outputs, owner)
+    assert view != poisoned
+    assert (view / "node_modules" / "index.js").read_text() == "cached\n"

@@ -115,7 +115,7 @@ def test_a_worker_without_network_cannot_reach_the_setup_network_through_its_man
 
 @pytest.mark.xfail(
     strict=True,
-    reason="accepted, documented in docs/environments.md: check_entry's digest covers names, "
+    reason="accepted, documented in docs/environments.md: the files' digest covers names, "
     "types, modes, owners, sizes and mtimes, not content (reading every byte at every use); "
     "only the host's root can write the sealed files, and it could rewrite entry.json too",
 )
@@ -319,7 +319,7 @@ def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
 ):
     """chmod, utime, truncate, a hard link of its own, writing, renaming over: each refused or
     harmless to the cache, whose files keep their content, and whose entry stays whole."""
-    from bridge.environments.cache import check_entry, load_entry
+    from bridge.environments.cache import check_entry, files_changed, load_entry
     from bridge.sandbox import DockerSandbox
 
     f = "node_modules/wb-left-pad/index.js"
@@ -348,7 +348,7 @@ def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
         info = DockerSandbox().inspect_image(ref)
         return info.id if info else None
 
-    assert check_entry(entry, image_id) is None
+    assert check_entry(entry, image_id) is None and files_changed(entry) is None
     cached = (entry.outputs / f).read_bytes()
     assert b'module.exports.VERSION = "1.0.0"' in cached
     assert (

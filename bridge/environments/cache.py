@@ -3,11 +3,13 @@ each command) and the ignored files they made inside the repository (`node_modul
 kept under `<home>/environments/<key>/`, keyed by what the setup depends on (see `setup_key`).
 
 An entry is made in a folder of its own and renamed into place whole, under the key's lock, so
-a reader sees a complete entry or none; it is checked before each use (its record, its image's
-id, a digest of its files) and one that fails the check is removed and made again, never
-trusted. Cached files are the host's (root-owned and read-only when the bridge runs as root):
-they are hard-linked into a task's worktree and verification checkouts, which the sandbox user
-can add to and unlink from but never write through to the cache.
+a reader sees a complete entry or none. Its record and its image's id are checked before each
+use, and its files (a digest of the whole tree, which grows with it) in a thread beside the
+task's other work, confirmed before verification trusts them (`FilesCheck`); an entry that fails
+either check is removed and made again, never trusted. Cached files are the host's (root-owned
+and read-only when the bridge runs as root): they are hard-linked into a task's worktree and
+verification checkouts, which the sandbox user can add to and unlink from but never write
+through to the cache.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -117,7 +120,8 @@ def load_entry(folder: Path) -> Entry | None:
 
 
 def check_entry(entry: Entry, image_id: Callable[[str], str | None]) -> str | None:
-    """Why ``entry`` cannot be trusted (one phrase), or None when it is whole."""
+    """Why ``entry`` cannot be trusted (one phrase), or None when its record, its image and the
+    folder of its files are whole; its files themselves are `FilesCheck`'s."""
     if entry.key != entry.folder.name:
         return "its record names another key"
     found = image_id(entry.image)
@@ -127,10 +131,37 @@ def check_entry(entry: Entry, image_id: Callable[[str], str | None]) -> str | No
         return f"its image {entry.image} is not the one it made"
     if not entry.outputs.is_dir():
         return "its files are gone"
-    digest, _, _ = tree_digest(entry.outputs)
-    if digest != entry.record["digest"]:
-        return "its files changed since it was made"
     return None
+
+
+def files_changed(entry: Entry) -> str | None:
+    """Why ``entry``'s files cannot be trusted, or None when their digest is the record's."""
+    try:
+        digest, _, _ = tree_digest(entry.outputs)
+    except OSError:
+        return "its files could not be read"
+    return None if digest == entry.record["digest"] else "its files changed since it was made"
+
+
+class FilesCheck:
+    """`files_changed` of an entry, run in a thread of its own from the moment the entry is
+    picked: at 50,000 files of node_modules the walk costs as much as the rest of a task's
+    preparing, and nothing needs its answer before verification (the worker is untrusted
+    whatever it runs on). `result` waits for it; a check that died unfinished is a failed one."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        self._why: str | None = "its files were not checked"
+        self._thread = threading.Thread(target=self._run, name="wb-entry-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._why = files_changed(self.entry)
+
+    def result(self) -> str | None:
+        """Why the entry's files cannot be trusted, or None (waits for the check)."""
+        self._thread.join()
+        return self._why
 
 
 def tree_digest(root: Path) -> tuple[str, int, int]:
@@ -285,11 +316,14 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
     and sandbox user under `<home>/bases/env/` (folders the sandbox user's, files hard links of
     the sealed cache), for use as a read-only lower dir of layered checkouts: the cost of
     linking node_modules is paid once, not per task and checkout. Nothing ever writes it (an
-    overlay never writes its lower dirs); a new entry (another digest) gets another view."""
-    record = load_entry(outputs.parent)
-    digest = str(record.record.get("digest", "")) if record is not None else ""
+    overlay never writes its lower dirs). The view is named by the entry as made (its digest
+    and the nonce and time of its record), so an entry made again, even with the same digest,
+    gets another view: a view made from an entry whose check failed is never used again."""
+    entry = load_entry(outputs.parent)
+    made = entry.record if entry is not None else {}
+    stamp = "\0".join(str(made.get(k, "")) for k in ("digest", "nonce", "created_at"))
     uid = owner[0] if owner is not None else os.geteuid()
-    name = hashlib.sha256(f"{outputs}\0{digest}".encode()).hexdigest()[:24]
+    name = hashlib.sha256(f"{outputs}\0{stamp}".encode()).hexdigest()[:24]
     folder = bases_root(home) / "env" / f"{name}-{uid}"
     with bases_lock(home):  # as a base tree: prune never removes it while a task picks it
         private_folder(bases_root(home))

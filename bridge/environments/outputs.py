@@ -48,6 +48,7 @@ def keep_outputs(
         "bytes": size,
         "paths": sorted(paths),
         "created_at": now_iso(),
+        "nonce": os.urandom(8).hex(),  # an entry made again is another entry (see shared_view)
         "repository": handle.record.repository,
         "commit": plan.commit,
         "source": definition.source,

@@ -4,11 +4,15 @@ imports another back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.environments.bundle import image_path
 from bridge.environments.definition import EnvDefinition
+
+if TYPE_CHECKING:
+    from bridge.environments.cache import FilesCheck
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,9 @@ class Ready:
     setup: str  # none | cached | ran
     paths: tuple[str, ...] = ()  # the folders and files the setup makes in the repository
     environment_image: str = ""  # the environment's image, before any setup
+    commit: str = ""  # the commit (or tree) the setup's result is of
+    # A cached entry's files, still being checked (see `confirmed` in setup.py).
+    check: FilesCheck | None = field(default=None, compare=False, repr=False)
 
     @property
     def worker_env(self) -> dict[str, str]:

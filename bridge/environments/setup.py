@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
     Entry,
+    FilesCheck,
     cache_root,
     check_entry,
     image_tag,
@@ -51,6 +53,7 @@ __all__ = [
     "Ready",
     "SetupTimedOut",
     "SnapshotSetupFailed",
+    "confirmed",
     "definition_for",
     "for_snapshot",
     "prepare_environment",
@@ -144,19 +147,15 @@ def _set_up(
         files,
         repository=handle.record.repository,
     )
-    ready = replace(template, key=key, files=files)
+    ready = replace(template, key=key, files=files, commit=commit, check=None)
     private = ctx.task_dir(handle.task_id) / "environments" / key
     if mode == "snapshot":  # run in the base's image, never committed
         plan = SetupPlan(key, files, commit, private, template.image, network, True, reason)
         return _use(ready, run_setup(handle, ready, plan), "ran")
 
-    def waiting() -> None:
-        handle.ensure_active()
-        if handle.remaining() <= 0:
-            raise SetupTimedOut("The task's deadline passed while it waited for a setup.")
-
     shared = cache_root(ctx.home) / key
-    with key_lock(ctx.home, key, wait=waiting):  # one setup per key, all processes together
+    # one setup per key, all processes together
+    with key_lock(ctx.home, key, wait=partial(_waiting, handle)):
         entry = load_entry(shared)
         why = "its record is unreadable" if shared.exists() and entry is None else None
         if entry is not None:
@@ -165,7 +164,7 @@ def _set_up(
                 entry.touch()
                 data = {"key": key, "image": entry.image, "files": entry.record.get("files")}
                 handle.emit("environment.cached", data)
-                return _use(ready, entry, "cached")
+                return replace(_use(ready, entry, "cached"), check=FilesCheck(entry))
             if why is None:  # made from a commit the base does not contain: not ours to read
                 reason = "the cached setup was made from a commit this base does not contain"
                 tag = image_tag(ctx.home, key, handle.task_id)
@@ -182,6 +181,40 @@ def _set_up(
             key, files, commit, shared, image_tag(ctx.home, key), network, False, reason
         )
         return _use(ready, run_setup(handle, ready, plan), "ran")
+
+
+def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
+    """``ready`` once its cached files have passed their check (`FilesCheck`, started when the
+    entry was picked). When they failed, the entry is removed (if no other process has made it
+    again meanwhile) and set up again: what the worker ran on is the worker's business, what
+    verification runs on is the host's."""
+    for _ in range(2):
+        check = ready.check
+        if check is None:
+            return ready
+        why = check.result()
+        if why is None:
+            return replace(ready, check=None)
+        ctx, entry = handle.ctx, check.entry
+        handle.emit("environment.cache_corrupt", {"key": entry.key, "reason": why})
+        with key_lock(ctx.home, entry.key, wait=partial(_waiting, handle)):
+            current = load_entry(entry.folder)
+            if current is not None and current.record == entry.record:
+                remove_entry(entry.folder, entry.image, ctx.sandbox.remove_image)
+        template = replace(ready, image=ready.environment_image, check=None)
+        reason = f"the cache entry could not be trusted ({why})"
+        ready = _set_up(handle, template, ready.commit, ready.files, mode="shared", reason=reason)
+    raise EnvironmentFailed(
+        "The environment's cache entry failed its check twice in a row; something on this "
+        "host is changing it: see `worker-bridge environments list`, then run the task again."
+    )
+
+
+def _waiting(handle: PhaseHandle) -> None:
+    """While another process holds a key's lock: give up on a cancel or the deadline."""
+    handle.ensure_active()
+    if handle.remaining() <= 0:
+        raise SetupTimedOut("The task's deadline passed while it waited for a setup.")
 
 
 def _use(ready: Ready, entry: Entry, how: str) -> Ready:

@@ -20,6 +20,7 @@ from bridge.environments.ready import Ready
 from bridge.environments.setup import (
     SetupTimedOut,
     SnapshotSetupFailed,
+    confirmed,
     definition_for,
     for_snapshot,
     prepare_environment,
@@ -88,6 +89,8 @@ class TaskEnvironment:
         ready = self.ready()
         if ready is None:
             return None, None
+        # The cached files the worker was given are checked by now (or set up again).
+        ready = self._ready = confirmed(self.handle, ready)
         for change in changes:
             for path in change.paths:
                 made = next((p for p in ready.paths if path == p or path.startswith(p + "/")), None)
@@ -100,6 +103,7 @@ class TaskEnvironment:
                         kind="protected_path",
                     )
         ready, changed = for_snapshot(self.handle, ready, snapshot, trusted)
+        ready = confirmed(self.handle, ready)
         document = {**ready.document(), "changed_files": changed}
         if changed:
             document["setup"] = "ran_for_snapshot"
