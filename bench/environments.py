@@ -14,11 +14,13 @@ process (no interpreter start-up in the figures):
 
 floor and warm alternate (one warm-up floor first, the cold task warms the environment), the
 ratio is the median of the per-pair ratios. At 1, 50 and 200 npm packages (8 files each, about
-1 KB a file; quick mode: 1 and 200, one pair, one cold task), to show what grows with the
-dependencies: the cache entry's check (a digest of its whole tree, every task), node_modules
-hard-linked into the worktree and the verification checkout, the stat baseline over it, and its
-removal with them. Those steps are also timed alone, on the warm entry and (full mode) on
-generated trees of 20,000 and 50,000 files, the size of a real project's node_modules.
+1 KB a file) and at 1,250 packages of 40 files (a 50,000-file node_modules, the size of a real
+project's; one cold task); quick mode: 1 and 200, one pair, one cold task. What could grow with
+the dependencies: the cache entry's check (a digest of its whole tree, every task, in a thread
+beside the task's work), node_modules linked into the worktree and the verification checkout
+(once per entry for layered checkouts), the stat baseline over it, and its removal with them.
+Those steps are also timed alone, on the warm entry and (full mode) on generated trees of 20,000
+and 50,000 files: what a task pays where checkouts are not layered.
 
 `python -m bench.environments [--quick]` runs it alone (in `make bench` as `environments`).
 """
@@ -44,6 +46,7 @@ VERIFY = "test -f package.json"
 MOCK = {"mock": {"script": "echo done > bench-out.txt"}}
 FILES_PER_PACKAGE = 8
 SYNTHETIC = (20_000, 50_000)  # files in the generated trees of full mode
+LARGE = (1_250, 40)  # full mode's largest project: a 50,000-file node_modules
 
 
 def _support():  # noqa: ANN202
@@ -243,14 +246,21 @@ def _phases(results: list[dict[str, Any]], totals: list[float]) -> dict[str, flo
 
 
 def bench_size(
-    root: Path, server, projects, image: str, packages: int, pairs: int, cold_reps: int
+    root: Path,
+    server,
+    projects,
+    image: str,
+    size: tuple[int, int],
+    pairs: int,
+    cold_reps: int,
 ) -> dict[str, Any]:
     """One project size: cold tasks (each on a fresh state root), then floor/warm pairs on the
     last cold one's state root."""
     from bridge import WorkerBridge
 
+    packages, files_per_package = size
     repo = projects.node_project_with_packages(
-        root / f"repo-{packages}", server, packages, files_per_package=FILES_PER_PACKAGE
+        root / f"repo-{packages}", server, packages, files_per_package=files_per_package
     )
     colds: list[dict[str, Any]] = []
     warm_home: Path | None = None
@@ -311,7 +321,7 @@ def bench_size(
     cleanup_home(warm_home)
     return {
         "packages": packages,
-        "files_per_package": FILES_PER_PACKAGE,
+        "files_per_package": files_per_package,
         "pairs": pairs,
         "floor_median_s": round(median(floors), 3),
         "warm_median_s": round(median(warms), 3),
@@ -339,13 +349,14 @@ def bench_size(
 
 def bench_environments(
     root: Path,
-    sizes: list[int],
+    sizes: list[tuple[int, int]],
     pairs: int,
     cold_reps: int,
     *,
     synthetic: tuple[int, ...] = (),
 ) -> dict:
-    """Every size in ``sizes`` (npm packages), on a folder of ``root`` (tmpfs); the per-task
+    """Every size in ``sizes`` (npm packages, files each), on a folder of ``root`` (tmpfs); the
+    cold tasks of a size past 10,000 files once; the per-task
     steps alone on generated trees of each size in ``synthetic`` (files)."""
     from bridge.sandbox import DockerSandbox
 
@@ -358,12 +369,13 @@ def bench_environments(
     rows: list[dict[str, Any]] = []
     scaled: list[dict[str, Any]] = []
     try:
-        for packages in sizes:
-            row = bench_size(work, server, projects, image, packages, pairs, cold_reps)
+        for size in sizes:
+            colds = cold_reps if size[0] * size[1] <= 10_000 else 1  # npm ci of 50,000 files
+            row = bench_size(work, server, projects, image, size, pairs, colds)
             rows.append(row)
             costs = row["per_task_costs"]
             print(
-                f"  environment, {packages:>3} packages ({costs['cached_files']} cached files): "
+                f"  environment, {size[0]:>4} packages ({costs['cached_files']} cached files): "
                 f"floor {row['floor_median_s']:.2f} s, warm {row['warm_median_s']:.2f} s "
                 f"({row['warm_vs_floor_ratio']:.2f}x), cold task {row['cold_task_median_s']:.2f} s "
                 f"(setup {row['cold_setup_median_s']:.2f} s)",
@@ -431,9 +443,13 @@ def print_environments(result: dict[str, Any]) -> None:
         )
 
 
-def settings(quick: bool) -> tuple[list[int], int, int]:
-    """(sizes in npm packages, floor/warm pairs, cold tasks per size): quick is a smoke run."""
-    return ([1, 200], 1, 1) if quick else ([1, 50, 200], 7, 3)
+def settings(quick: bool) -> tuple[list[tuple[int, int]], int, int]:
+    """(sizes as npm packages and files in each, floor/warm pairs, cold tasks per size): quick
+    is a smoke run."""
+    small = [(1, FILES_PER_PACKAGE), (200, FILES_PER_PACKAGE)]
+    if quick:
+        return small, 1, 1
+    return [small[0], (50, FILES_PER_PACKAGE), small[1], LARGE], 7, 3
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ GOALS: dict[str, Goal] = {
     "concurrency_makespan_ratio": Goal("8 tasks at limit 4 / ideal", 1.15),
     "environment_warm_200_vs_generic_ratio": Goal("warm env task, 200 packages / generic", 1.05),
     "environment_warm_50k_files_vs_generic_ratio": Goal(
-        "warm env task, 50,000-file node_modules / generic (projected)", 1.05
+        "warm env task, 50,000-file node_modules / generic", 1.05
     ),
     "task_cpu_vs_floor_ratio": Goal("CPU of one task (host processes) / floor's", 1.0),
     "cli_tasks_show_ms": Goal("`worker-bridge tasks show ID`", 150.0, "ms"),
