@@ -140,6 +140,17 @@ def test_the_digest_notices_names_modes_sizes_mtimes_and_links(tmp_path):
     (root / "l").unlink()
     (root / "l").symlink_to("elsewhere")
     assert tree_digest(root)[0] != now
+    now = tree_digest(root)[0]
+    os.rename(root / "d" / "f", root / "d" / "g")  # a rename keeps the inode and its mtime
+    assert tree_digest(root)[0] != now
+    # A name with a newline and bytes that are not UTF-8 is listed as it is.
+    odd = os.fsencode(root / "d") + b"/x\n\xff"
+    with open(odd, "wb") as f:
+        f.write(b"1")
+    digest, files, _ = tree_digest(root)
+    assert files == 3
+    os.rename(odd, os.fsencode(root / "d") + b"/x\n\xfe")
+    assert tree_digest(root)[0] != digest
 
 
 def _entry(folder, content: str):
@@ -173,6 +184,8 @@ def test_the_files_check_notices_a_change_made_after_the_entry_was_picked(tmp_pa
     (entry.outputs / "node_modules").rmdir()
     (entry.outputs / "node_modules").symlink_to("/nowhere")
     assert FilesCheck(entry).result() == "its files changed since it was made"
+    entry.outputs.rename(entry.folder / "gone")
+    assert FilesCheck(entry).result() == "its files could not be read"
 
 
 def test_a_view_made_from_a_damaged_entry_is_never_the_view_of_the_entry_made_again(tmp_path):
