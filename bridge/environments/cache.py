@@ -2,14 +2,14 @@
 each command) and the ignored files they made inside the repository (`node_modules`, `.venv`),
 kept under `<home>/environments/<key>/`, keyed by what the setup depends on (see `setup_key`).
 
-An entry is made in a folder of its own and renamed into place whole, under the key's lock, so
-a reader sees a complete entry or none. Its record and its image's id are checked before each
-use, and its files (a digest of the whole tree, which grows with it) in a thread beside the
+An entry is made in a folder of its own and renamed into place whole, under the key's lock, so a
+reader sees a complete entry or none. Its record and its image's id are checked before each use,
+and its files (a digest of the whole tree, which grows with it) by a low-priority find beside the
 task's other work, confirmed before verification trusts them (`FilesCheck`); an entry that fails
-either check is removed and made again, never trusted. Cached files are the host's (root-owned
-and read-only when the bridge runs as root): they are hard-linked into a task's worktree and
-verification checkouts, which the sandbox user can add to and unlink from but never write
-through to the cache.
+either check is removed and made again, never trusted. Cached files are the host's (root-owned and
+read-only when the bridge runs as root): they are hard-linked into a task's worktree and
+verification checkouts, which the sandbox user can add to and unlink from but never write through
+to the cache.
 """
 
 from __future__ import annotations
@@ -146,9 +146,9 @@ def files_changed(entry: Entry) -> str | None:
 
 class FilesCheck:
     """`files_changed` of an entry, started the moment the entry is picked (a thread waiting on
-    find, which runs at the lowest priority): at 50,000 files of node_modules the listing costs
-    a third of a generic task, and nothing needs its answer before verification (the worker is
-    untrusted whatever it runs on). `result` waits for it; a check that died unfinished is a
+    find, which runs at the lowest priority): at 50,000 files of node_modules the listing takes
+    0.18 s of CPU, and nothing needs its answer before verification (the worker is untrusted
+    whatever it runs on). `result` waits for it; a check that died unfinished is a
     failed one."""
 
     def __init__(self, entry: Entry) -> None:
