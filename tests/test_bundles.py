@@ -90,6 +90,7 @@ def run_plain(
     command: list[str],
     binds: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
+    pids: int | None = None,
 ):
     """Run command in the plain base image with the bundle mounted; (exit code, stdout, stderr)."""
     image_env = client.images.get(BASE_IMAGE).attrs["Config"].get("Env") or []
@@ -106,6 +107,7 @@ def run_plain(
         user="10001:10001",
         environment={"PATH": f"{BUNDLE}/bin:{image_path}", "HOME": "/tmp/h", **(env or {})},
         volumes=volumes,
+        pids_limit=pids,
     )
     try:
         container.start()
@@ -172,7 +174,7 @@ def test_the_mock_images_relay_carries_bytes_in_a_plain_image(
     )
 
 
-RELAY_BURST = r"""
+RELAY_COMMON = r"""
 set -u
 relays() {  # the pids of the proxy port's socat processes: its listener and its connections
   for p in /proc/[0-9]*; do  # (780[1]: this script's own text is not one of them)
@@ -181,28 +183,58 @@ relays() {  # the pids of the proxy port's socat processes: its listener and its
     fi
   done
 }
-ask() {
-  exec 3<>/dev/tcp/127.0.0.1/7801 || { echo "refused: $1"; return; }
-  printf '%s\n' "$1" >&3
-  IFS= read -r reply <&3
-  echo "$reply"
-  exec 3>&-
+ask() {  # one line through the proxy port, for up to 5 s while it is not listening
+  for i in $(seq 1 50); do
+    if exec 3<>/dev/tcp/127.0.0.1/7801; then
+      printf '%s\n' "$1" >&3
+      IFS= read -r -t 10 reply <&3
+      echo "$reply"
+      exec 3>&-
+      return
+    fi 2>/dev/null
+    sleep 0.1
+  done
+  echo "refused: $1"
 }
+hold() {  # $1 connections held open (builtins only: no fork), their descriptors in $held
+  held=""
+  i=0
+  while [ $i -lt "$1" ]; do
+    if exec {fd}<>/dev/tcp/127.0.0.1/7801; then held="$held $fd"; fi 2>/dev/null
+    i=$((i + 1))
+  done
+}
+release() { for fd in $held; do exec {fd}>&-; done; }
+"""
+
+RELAY_BURST = (
+    RELAY_COMMON
+    + r"""
 # A burst of 40 connections held open: no more than 20 are forked, the rest wait their turn.
-held=""
-for i in $(seq 1 40); do exec {fd}<>/dev/tcp/127.0.0.1/7801; held="$held $fd"; done
+hold 40
 for i in $(seq 1 50); do [ "$(relays | wc -l)" -ge 21 ] && break; sleep 0.1; done
 sleep 0.3
 echo "socat processes: $(relays | wc -l)"
-for fd in $held; do exec {fd}>&-; done
+release
 ask "after the burst"
 # The worker kills the relay's listener: it is started again.
 for i in $(seq 1 50); do [ "$(relays | wc -l)" -eq 1 ] && break; sleep 0.1; done
 victims=$(relays)
 kill $victims && echo "killed $(echo $victims | wc -w)"
-sleep 0.5
 ask "after a kill"
 """
+)
+
+# More connections than the container has processes for: forks are refused (socat's, and the
+# shell's), and the relay still answers once the connections are gone.
+RELAY_PIDS = (
+    RELAY_COMMON
+    + r"""
+hold 60
+release
+ask "after the fork failures"
+"""
+)
 
 
 def test_the_relay_bounds_its_connections_and_outlives_a_kill(
@@ -224,6 +256,23 @@ def test_the_relay_bounds_its_connections_and_outlives_a_kill(
         "killed 1",
         "proxy got: after a kill",
     ], (out, err)
+
+
+def test_the_relay_outlives_forks_refused_at_the_process_limit(
+    docker_images, client, bundles, gateway_sockets
+):
+    bundle = bundles(docker_images.image_for("mock"))
+    binds = {str(gateway_sockets): "/run/worker-bridge"}
+    code, out, err = run_plain(
+        client,
+        bundle,
+        ["wb-relay", "bash", "-c", RELAY_PIDS],
+        binds,
+        env={"WB_RELAY_MAX_CHILDREN": "200"},  # past what the process limit leaves
+        pids=30,
+    )
+    assert code == 0, (out, err)
+    assert out.splitlines() == ["proxy got: after the fork failures"], (out, err)
 
 
 def test_socat_loads_only_the_bundles_libraries(docker_images, client, bundles):
