@@ -8,6 +8,8 @@ import json
 import os
 from types import SimpleNamespace
 
+import pytest
+
 from bridge.environments.cache import (
     ENTRY_FILE,
     OUTPUTS,
@@ -186,6 +188,35 @@ def test_the_files_check_notices_a_change_made_after_the_entry_was_picked(tmp_pa
     assert FilesCheck(entry).result() == "its files changed since it was made"
     entry.outputs.rename(entry.folder / "gone")
     assert FilesCheck(entry).result() == "its files could not be read"
+
+
+def test_waiting_for_the_files_check_gives_up_on_a_cancel(tmp_path, monkeypatch):
+    import threading
+
+    import bridge.environments.cache as cache
+
+    entry = _entry(tmp_path / "environments" / "k", "cached\n")
+    release = threading.Event()
+
+    def stuck(root, keep=None, *, background=False, started=None):  # a listing that hangs
+        release.wait(30)
+        return "never"
+
+    monkeypatch.setattr(cache, "_listing_digest", stuck)
+    check = FilesCheck(entry)
+    calls = []
+
+    def cancelled():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("cancelled")
+
+    try:
+        with pytest.raises(RuntimeError, match="cancelled"):
+            check.result(cancelled)
+    finally:
+        release.set()
+    assert check.result() == "its files changed since it was made"
 
 
 def test_a_view_made_from_a_damaged_entry_is_never_the_view_of_the_entry_made_again(tmp_path):

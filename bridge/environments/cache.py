@@ -135,10 +135,11 @@ def check_entry(entry: Entry, image_id: Callable[[str], str | None]) -> str | No
     return None
 
 
-def files_changed(entry: Entry) -> str | None:
-    """Why ``entry``'s files cannot be trusted, or None when their digest is the record's."""
+def files_changed(entry: Entry, started: Callable[[int], None] | None = None) -> str | None:
+    """Why ``entry``'s files cannot be trusted, or None when their digest is the record's (the
+    listing at the lowest CPU priority; ``started`` is told its process id)."""
     try:
-        digest = _listing_digest(entry.outputs, background=True)
+        digest = _listing_digest(entry.outputs, background=True, started=started)
     except OSError:
         return "its files could not be read"
     return None if digest == entry.record["digest"] else "its files changed since it was made"
@@ -148,21 +149,33 @@ class FilesCheck:
     """`files_changed` of an entry, started the moment the entry is picked (a thread waiting on
     find, which runs at the lowest priority): at 50,000 files of node_modules the listing takes
     0.18 s of CPU, and nothing needs its answer before verification (the worker is untrusted
-    whatever it runs on). `result` waits for it; a check that died unfinished is a
-    failed one."""
+    whatever it runs on). `result` waits for it; a check that died unfinished is a failed one."""
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
         self._why: str | None = "its files were not checked"
+        self._pid: int | None = None
         self._thread = threading.Thread(target=self._run, name="wb-entry-check", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        self._why = files_changed(self.entry)
+        self._why = files_changed(self.entry, started=self._started)
 
-    def result(self) -> str | None:
-        """Why the entry's files cannot be trusted, or None (waits for the check)."""
-        self._thread.join()
+    def _started(self, pid: int) -> None:
+        self._pid = pid
+
+    def result(self, wait: Callable[[], None] = lambda: None) -> str | None:
+        """Why the entry's files cannot be trusted, or None. Waits for the check, at this
+        process's own priority from now on (where it may raise it: as root); ``wait`` is called
+        while it runs (it may raise to give up: a cancel, a deadline)."""
+        if self._thread.is_alive() and self._pid is not None:
+            try:  # (not yet reaped while the thread lives: the pid is still find's)
+                os.setpriority(os.PRIO_PROCESS, self._pid, os.getpriority(os.PRIO_PROCESS, 0))
+            except OSError:
+                pass
+        while self._thread.is_alive():
+            self._thread.join(0.2)
+            wait()
         return self._why
 
 
@@ -202,7 +215,11 @@ def tree_digest(root: Path) -> tuple[str, int, int]:
 
 
 def _listing_digest(
-    root: Path, keep: Callable[[bytes], object] | None = None, *, background: bool = False
+    root: Path,
+    keep: Callable[[bytes], object] | None = None,
+    *,
+    background: bool = False,
+    started: Callable[[int], None] | None = None,
 ) -> str:
     """The digest of GNU find's listing of ``root`` (`_LISTING`). find stats every entry in a
     process of its own, so a check beside a task's work holds none of this process's time (a
@@ -215,21 +232,33 @@ def _listing_digest(
         stderr=subprocess.DEVNULL,
         env={"LC_ALL": "C", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )
-    if background:
-        try:
-            os.setpriority(os.PRIO_PROCESS, proc.pid, 19)
-        except OSError:
-            pass  # it has ended already
-    h = hashlib.sha256()
-    stdout = proc.stdout
-    assert stdout is not None
-    with stdout:
-        for chunk in iter(lambda: stdout.read(1 << 16), b""):
-            h.update(chunk)
-            if keep is not None:
-                keep(chunk)
-    if proc.wait() != 0:
-        raise OSError(f"find could not list all of {root} (exit {proc.returncode})")
+    listed = False
+    try:
+        if background:
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, 19)
+            except OSError:
+                pass  # it has ended already
+        if started is not None:
+            started(proc.pid)
+        h = hashlib.sha256()
+        stdout = proc.stdout
+        assert stdout is not None
+        with stdout:
+            for chunk in iter(lambda: stdout.read(1 << 16), b""):
+                h.update(chunk)
+                if keep is not None:
+                    keep(chunk)
+        listed = True
+    finally:
+        if not listed:
+            proc.kill()  # the read failed: never leave it running, nor unreaped
+        code = proc.wait()
+    if code != 0:
+        raise OSError(
+            f"find could not list all of {root} (exit {code}): a folder in it could not be read, "
+            "or this host's find is not GNU find (findutils), which worker-bridge needs"
+        )
     return h.hexdigest()
 
 

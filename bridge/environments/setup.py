@@ -188,11 +188,10 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
     entry was picked). When they failed, the entry is removed (if no other process has made it
     again meanwhile) and set up again: what the worker ran on is the worker's business, what
     verification runs on is the host's."""
-    for _ in range(2):
+    failures = 0
+    while ready.check is not None:
         check = ready.check
-        if check is None:
-            return ready
-        why = check.result()
+        why = check.result(partial(_waiting, handle))
         if why is None:
             return replace(ready, check=None)
         ctx, entry = handle.ctx, check.entry
@@ -201,13 +200,17 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
             current = load_entry(entry.folder)
             if current is not None and current.record == entry.record:
                 remove_entry(entry.folder, entry.image, ctx.sandbox.remove_image)
+        failures += 1
+        if failures == 2:  # another process's entry, made again, failed as well
+            raise EnvironmentFailed(
+                "The environment's cache entry failed its check twice in a row; something on "
+                "this host is changing it: see `worker-bridge environments list`, then run the "
+                "task again."
+            )
         template = replace(ready, image=ready.environment_image, check=None)
         reason = f"the cache entry could not be trusted ({why})"
         ready = _set_up(handle, template, ready.commit, ready.files, mode="shared", reason=reason)
-    raise EnvironmentFailed(
-        "The environment's cache entry failed its check twice in a row; something on this "
-        "host is changing it: see `worker-bridge environments list`, then run the task again."
-    )
+    return ready
 
 
 def _waiting(handle: PhaseHandle) -> None:
