@@ -173,10 +173,11 @@ class FilesCheck:
                 os.setpriority(os.PRIO_PROCESS, self._pid, os.getpriority(os.PRIO_PROCESS, 0))
             except OSError:
                 pass
-        while self._thread.is_alive():
+        while True:
             self._thread.join(0.2)
+            if not self._thread.is_alive():
+                return self._why
             wait()
-        return self._why
 
 
 # One record per entry under the root, never following a link: type, permission bits, owner,
