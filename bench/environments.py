@@ -166,7 +166,8 @@ def _per_task_costs(home: Path, key: str, scratch: Path, owner) -> dict[str, Any
 
 
 def _measure_costs(outputs: Path, scratch: Path, owner) -> dict[str, Any]:  # noqa: ANN001
-    from bridge.environments.cache import materialize, tree_digest
+    from bridge.environments.cache import materialize
+    from bridge.environments.digest import tree_digest
     from bridge.workspace.baseline import record_files
     from bridge.workspace.fs import remove_tree
 

@@ -13,15 +13,14 @@ import pytest
 from bridge.environments.cache import (
     ENTRY_FILE,
     OUTPUTS,
-    FilesCheck,
     load_entry,
     materialize,
     seal,
     setup_key,
     shared_view,
-    tree_digest,
 )
 from bridge.environments.definition import EnvDefinition, key_files
+from bridge.environments.digest import FilesCheck, tree_digest
 from bridge.environments.setup import _task_allows
 from bridge.models import Network
 
@@ -193,7 +192,7 @@ def test_the_files_check_notices_a_change_made_after_the_entry_was_picked(tmp_pa
 def test_waiting_for_the_files_check_gives_up_on_a_cancel(tmp_path, monkeypatch):
     import threading
 
-    import bridge.environments.cache as cache
+    import bridge.environments.digest as digest
 
     entry = _entry(tmp_path / "environments" / "k", "cached\n")
     release = threading.Event()
@@ -202,7 +201,7 @@ def test_waiting_for_the_files_check_gives_up_on_a_cancel(tmp_path, monkeypatch)
         release.wait(30)
         return "never"
 
-    monkeypatch.setattr(cache, "_listing_digest", stuck)
+    monkeypatch.setattr(digest, "_listing_digest", stuck)
     check = FilesCheck(entry)
     calls = []
 

@@ -319,7 +319,8 @@ def test_a_worker_cannot_change_a_cached_file_through_its_hard_link(
 ):
     """chmod, utime, truncate, a hard link of its own, writing, renaming over: each refused or
     harmless to the cache, whose files keep their content, and whose entry stays whole."""
-    from bridge.environments.cache import check_entry, files_changed, load_entry
+    from bridge.environments.cache import check_entry, load_entry
+    from bridge.environments.digest import files_changed
     from bridge.sandbox import DockerSandbox
 
     f = "node_modules/wb-left-pad/index.js"

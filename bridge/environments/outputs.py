@@ -9,8 +9,9 @@ import os
 import stat
 from pathlib import Path
 
-from bridge.environments.cache import ENTRY_FILE, OUTPUTS, Entry, load_entry, seal, tree_digest
+from bridge.environments.cache import ENTRY_FILE, OUTPUTS, Entry, load_entry, seal
 from bridge.environments.definition import EnvDefinition
+from bridge.environments.digest import tree_digest
 from bridge.environments.ready import SetupPlan
 from bridge.errors import EnvironmentFailed
 from bridge.phase.handle import PhaseHandle

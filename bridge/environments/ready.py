@@ -12,7 +12,7 @@ from bridge.environments.bundle import image_path
 from bridge.environments.definition import EnvDefinition
 
 if TYPE_CHECKING:
-    from bridge.environments.cache import FilesCheck
+    from bridge.environments.digest import FilesCheck
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from pathlib import Path
 from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
     Entry,
-    FilesCheck,
     cache_root,
     check_entry,
     image_tag,
@@ -39,6 +38,7 @@ from bridge.environments.definition import (
     resolve_definition,
     tree_files,
 )
+from bridge.environments.digest import FilesCheck
 from bridge.environments.image import environment_image
 from bridge.environments.ready import Ready, SetupPlan
 from bridge.environments.run import SetupTimedOut, run_setup
