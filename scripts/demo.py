@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,7 +90,11 @@ def main() -> int:
     if keep:
         print(f"\nkept: repository {repo}, state root {home}")
     else:
-        shutil.rmtree(root, ignore_errors=True)
+        from bridge.workspace.fs import remove_tree
+        from bridge.workspace.overlay import unmount_under
+
+        unmount_under(root)  # a layered worktree stays mounted until accepted or pruned
+        remove_tree(root)
     return 0 if result["status"] == "succeeded" and verification.get("ok") else 1
 
 
