@@ -188,15 +188,15 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
     entry was picked). When they failed, the entry is removed (if no other process has made it
     again meanwhile) and set up again: what the worker ran on is the worker's business, what
     verification runs on is the host's."""
-    failures = 0
+    failures, wait = 0, partial(_waiting, handle)
     while ready.check is not None:
         check = ready.check
-        why = check.result(partial(_waiting, handle))
+        why = check.result(wait)
         if why is None:
             return replace(ready, check=None)
         ctx, entry = handle.ctx, check.entry
         handle.emit("environment.cache_corrupt", {"key": entry.key, "reason": why})
-        with key_lock(ctx.home, entry.key, wait=partial(_waiting, handle)):
+        with key_lock(ctx.home, entry.key, wait=wait):
             current = load_entry(entry.folder)
             if current is not None and current.record == entry.record:
                 remove_entry(entry.folder, entry.image, ctx.sandbox.remove_image)
@@ -214,7 +214,8 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
 
 
 def _waiting(handle: PhaseHandle) -> None:
-    """While another process holds a key's lock: give up on a cancel or the deadline."""
+    """While the task waits (another process's setup of its key, its entry's check): give up on
+    a cancel or the deadline."""
     handle.ensure_active()
     if handle.remaining() <= 0:
         raise SetupTimedOut("The task's deadline passed while it waited for a setup.")
