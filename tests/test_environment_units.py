@@ -235,3 +235,27 @@ def test_a_view_made_from_a_damaged_entry_is_never_the_view_of_the_entry_made_ag
     view = shared_view(home, again.outputs, owner)
     assert view != poisoned
     assert (view / "node_modules" / "index.js").read_text() == "cached\n"
+
+
+def test_the_digest_never_opens_follows_or_stops_on_what_a_setup_planted(tmp_path):
+    """A snapshot's setup is the worker's code: a FIFO (a reader would block on it), a link to
+    the host's /etc, a tree deeper than PATH_MAX: the listing opens none, follows none, and
+    answers."""
+    root = tmp_path / "t"
+    root.mkdir()
+    os.mkfifo(root / "pipe")
+    (root / "etc").symlink_to("/etc")
+    deep = os.open(root, os.O_RDONLY)
+    for _ in range(400):  # 400 * 20 bytes: past PATH_MAX (4096)
+        os.mkdir("d" * 19, dir_fd=deep)
+        deep, parent = os.open("d" * 19, os.O_RDONLY, dir_fd=deep), deep
+        os.close(parent)
+    os.close(deep)
+    digest, files, size = tree_digest(root)
+    assert files == 2 and size == len("/etc")  # the FIFO and the link, never what it names
+    os.unlink(root / "etc")
+    (root / "etc").symlink_to("/etx")  # same length, another target
+    assert tree_digest(root)[0] != digest
+    from bridge.workspace.fs import remove_tree
+
+    remove_tree(root)  # (deeper than a path-based removal reaches)
