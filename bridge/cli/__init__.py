@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any
 
+from bridge.cli.gate import turn
 from bridge.cli.render import SafeStream
 from bridge.cli.table import COMMANDS, GROUPS
 from bridge.cli.ui import add_arguments as add_ui_arguments
@@ -75,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         answered = quick(args) if quick else None
         if answered is not None:
             return answered
-        run = args.command_entry.function()
-        from bridge.service import WorkerBridge
+        with turn():  # one command per CPU starts at a time (bridge/cli/gate.py)
+            run = args.command_entry.function()
+            from bridge.service import WorkerBridge
 
-        bridge = WorkerBridge()
-        if args.group in ("tasks", "workspaces", "jobs"):
-            bridge.check_state_root()  # in a container: shared with the host?
-        if args.acts:  # a command that acts first resolves tasks whose runner died
-            args.recovered = bridge.recover()
+            bridge = WorkerBridge()
+            if args.group in ("tasks", "workspaces", "jobs"):
+                bridge.check_state_root()  # in a container: shared with the host?
+            if args.acts:  # a command that acts first resolves tasks whose runner died
+                args.recovered = bridge.recover()
         return run(bridge, args)
     except BridgeError as exc:
         print(f"worker-bridge: {exc.message}", file=sys.stderr)
