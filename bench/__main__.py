@@ -229,7 +229,11 @@ def main() -> int:
         }
         shutil.rmtree(large_repo, ignore_errors=True)
         conc = bench_concurrency(
-            root / "conc", tasks=4 if q else 8, limit=2 if q else 4, sleep=1.0 if q else 2.0
+            root / "conc",
+            tasks=4 if q else 8,
+            limit=2 if q else 4,
+            sleep=1.0 if q else 2.0,
+            bursts=1 if q else 3,
         )
         results["concurrency"] = conc
         results["jobs"] = bench_jobs(root, sleep=1.0 if q else 2.0, pairs=1 if q else 3)
