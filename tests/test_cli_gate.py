@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -119,3 +120,18 @@ def test_a_command_goes_ahead_when_every_turn_stays_held(tmp_path: Path, monkeyp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_planted_fifo_or_device_is_refused_not_opened(tmp_path: Path) -> None:
+    """What is not a regular file at a turn's name is never opened (a FIFO would block an open
+    for reading; a device's open is its driver's): the command goes without a turn."""
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    os.mkfifo(folder / "start-0")
+    assert wait_for_turn(folder, 1, max_wait=0.2) is None
+    assert stat.S_ISFIFO((folder / "start-0").lstat().st_mode)
+    if os.geteuid() == 0:  # a device node needs root to make
+        os.unlink(folder / "start-0")
+        os.mknod(folder / "start-0", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's
+        assert wait_for_turn(folder, 1, max_wait=0.2) is None
+        assert stat.S_ISCHR((folder / "start-0").lstat().st_mode)

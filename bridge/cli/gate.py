@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,16 +38,36 @@ def cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _take(folder: Path, slots: int) -> int | None:
-    """A held turn's descriptor, or None when every turn is taken."""
-    for i in range(slots):
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(folder / f"start-{i}", flags, 0o600)
+def _open_turns(folder: Path, slots: int) -> list[int]:
+    """The turns' files, opened once for the whole wait. Only regular files: a link is never
+    followed (`O_NOFOLLOW`), and something else planted at a turn's name (a FIFO, a device) is
+    refused before it is opened, and again after (`O_NONBLOCK`: an open that would block
+    does not)."""
+    fds: list[int] = []
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        for i in range(slots):
+            path = folder / f"start-{i}"
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise OSError(f"{path} is not a regular file")
+            fds.append(os.open(path, flags, 0o600))
+            if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+                raise OSError(f"{path} is not a regular file")
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def _take(fds: list[int]) -> int | None:
+    """The first of ``fds`` whose turn this process now holds, or None when all are taken."""
+    for fd in fds:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
-            os.close(fd)
+            continue
     return None
 
 
@@ -55,14 +76,21 @@ def wait_for_turn(folder: Path, slots: int, max_wait: float = MAX_WAIT_S) -> int
     turn within ``max_wait``, or a folder it cannot use)."""
     try:
         folder.mkdir(mode=0o700, exist_ok=True)  # in a state root that exists: none is made
-        deadline = time.monotonic() + max_wait
-        fd = _take(folder, slots)
-        while fd is None and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-            fd = _take(folder, slots)
-        return fd
+        fds = _open_turns(folder, slots)
     except OSError:
         return None
+    held = None
+    try:
+        deadline = time.monotonic() + max_wait
+        held = _take(fds)
+        while held is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            held = _take(fds)
+        return held
+    finally:
+        for fd in fds:
+            if fd != held:
+                os.close(fd)
 
 
 @contextlib.contextmanager
