@@ -122,7 +122,7 @@ def figures(results: dict) -> dict:
 def details(results: dict) -> dict[str, str]:
     """What a figure was made of, printed beside it."""
     one, lib, scale = results["one_task_cli"], results["one_task_library"], results["scale"]
-    conc, jobs = results["concurrency"], results["jobs"]
+    conc, jobs, store = results["concurrency"], results["jobs"], results["store"]
     large = results["large_change"]["sizes"][-1]
     shown = {
         "task_vs_floor_ratio": f"{one['bridge_median_s']:.2f} s vs {one['floor_median_s']:.2f} s",
@@ -138,6 +138,8 @@ def details(results: dict) -> dict[str, str]:
         f"{jobs['serial_median_s']:.2f} s",
         "large_change_vs_floor_ratio": f"{large['files']:,} files: {large['bridge_s']:.2f} s vs "
         f"{large['floor_s']:.2f} s",
+        "store_read_p99_ms": "as the servers read, start-up heap frozen; a library loop: "
+        f"{store['library_loop']['read_p99_ms']:.1f} ms",
     }
     for row in results["environments"]["sizes"]:
         files = row["per_task_costs"]["cached_files"]

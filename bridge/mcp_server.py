@@ -101,6 +101,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
 
             ui = build_app(bridge, token=http.token, host=http.host, port=http.port)
         return mcp_http.serve(server, http, bridge.config.http, ui)
+    mcp_http.freeze_start_up_heap()
     server.run("stdio")
     return 0
 

@@ -1,0 +1,72 @@
+"""The long-lived servers leave their start-up heap out of later collections (gc.freeze), just
+before they serve: the MCP server on stdio, and the HTTP listener the MCP server over HTTP and
+`worker-bridge ui` share. What a served request makes is still collected."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import weakref
+
+import pytest
+
+from bridge import WorkerBridge, mcp_http, mcp_server
+
+
+@pytest.fixture
+def unfrozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # the test process's heap goes back to the ordinary generations
+
+
+def test_the_stdio_server_freezes_its_start_up_heap_before_it_serves(
+    tmp_path, monkeypatch, unfrozen
+):
+    seen = {}
+
+    class Server:
+        def run(self, transport):
+            seen["transport"] = transport
+            seen["frozen"] = gc.get_freeze_count()
+
+    monkeypatch.setattr(mcp_server, "build_server", lambda bridge: Server())
+    monkeypatch.setattr(mcp_http, "keep_recovering", lambda recover: None)
+    args = argparse.Namespace(http=None, token_file=None, no_token=False)
+    bridge = WorkerBridge(home=tmp_path / "home")
+    try:
+        assert gc.get_freeze_count() == 0
+        assert mcp_server.run(args, bridge) == 0
+    finally:
+        bridge.close()
+    assert seen["transport"] == "stdio"
+    assert seen["frozen"] > 1000  # the modules, classes and validators start-up made
+
+
+def test_the_http_listener_freezes_before_uvicorn_serves(monkeypatch, unfrozen):
+    import uvicorn
+
+    seen = {}
+
+    def run(self):
+        seen["frozen"] = gc.get_freeze_count()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    options = mcp_http.HttpOptions("127.0.0.1", 1, None, "none (--no-token)")
+    app = lambda scope, receive, send: None  # noqa: E731 - never called
+    assert mcp_http.run_listener(app, options, mcp_http.HttpConfig()) == 0
+    assert seen["frozen"] > 1000
+
+
+def test_garbage_made_after_the_freeze_is_still_collected(unfrozen):
+    mcp_http.freeze_start_up_heap()
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the cyclic collector frees it
+    gone = weakref.ref(a)
+    del a, b
+    gc.collect()
+    assert gone() is None
