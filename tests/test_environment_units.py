@@ -259,3 +259,19 @@ def test_the_digest_never_opens_follows_or_stops_on_what_a_setup_planted(tmp_pat
     from bridge.workspace.fs import remove_tree
 
     remove_tree(root)  # (deeper than a path-based removal reaches)
+
+
+def test_the_tally_counts_records_cut_anywhere_across_chunks():
+    from bridge.environments.digest import _Tally
+
+    records = [
+        [b"d", b"755", b"0:0", b"4096", b"", b"", b"a"],
+        [b"f", b"444", b"0:0", b"12", b"1.5", b"", b"a/x"],
+        [b"l", b"777", b"0:0", b"3", b"2.5", b"a/x", b"a/l"],
+    ]
+    listing = b"".join(field + b"\0" for record in records for field in record)
+    for cut in range(1, 8):  # every chunk size: a field, a NUL or a number split in two
+        tally = _Tally()
+        for i in range(0, len(listing), cut):
+            tally.feed(listing[i : i + cut])
+        assert (tally.files, tally.size) == (2, 15), cut
