@@ -32,6 +32,7 @@ def test_the_stdio_server_freezes_its_start_up_heap_before_it_serves(
 
     monkeypatch.setattr(mcp_server, "build_server", lambda bridge: Server())
     monkeypatch.setattr(mcp_http, "keep_recovering", lambda recover: None)
+    monkeypatch.setattr(mcp_server, "_setup_logging", lambda bridge: None)  # the test's own
     args = argparse.Namespace(http=None, token_file=None, no_token=False)
     bridge = WorkerBridge(home=tmp_path / "home")
     try:
