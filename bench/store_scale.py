@@ -98,7 +98,7 @@ def bench_store(root: Path, tasks: int, events: int, samples: int) -> dict:
             str(samples),
         ],
         check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,  # its stderr is the bench's: a failure shows its traceback
         text=True,
         cwd=Path(__file__).resolve().parent.parent,  # where `bench` imports from
     ).stdout
