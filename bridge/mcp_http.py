@@ -26,7 +26,6 @@ imported here (the tools live in mcp_tools.py, the server in mcp_server.py).
 from __future__ import annotations
 
 import argparse
-import gc
 import hmac
 import ipaddress
 import json
@@ -42,6 +41,7 @@ from typing import Any
 
 from bridge.config import HttpConfig
 from bridge.errors import BridgeError, ConfigError
+from bridge.heap import freeze_start_up_heap
 from bridge.mcp_flags import HEALTH_PATH, MCP_PATH, TOKEN_ENV, TOKEN_FILE_ENV
 from bridge.mcp_http_limits import (
     ASGIApp,
@@ -380,13 +380,3 @@ def keep_recovering(recover: Callable[[], Any], every_s: float = RECOVERY_SECOND
 
     recover_now()
     threading.Thread(target=loop, name="recovery", daemon=True).start()
-
-
-def freeze_start_up_heap() -> None:
-    """For a long-lived server, just before it serves: collect once, then leave what start-up
-    made (modules, classes, pydantic's validators: some 35,000 objects) out of every later
-    collection. A full collection of that heap took 7-20 ms here, and a server paid it every
-    few dozen requests, as the slowest of its reads (docs/benchmarks.md, the store). What it
-    makes from now on is collected as ever; start-up's objects live as long as the server."""
-    gc.collect()
-    gc.freeze()

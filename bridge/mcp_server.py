@@ -18,6 +18,7 @@ from mcp.server.mcpserver import MCPServer
 
 from bridge import mcp_flags, mcp_http
 from bridge.errors import BridgeError
+from bridge.heap import freeze_start_up_heap
 from bridge.mcp_tools import TOOLS, BridgeTools
 from bridge.service import WorkerBridge
 from bridge.version import __version__
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
 
             ui = build_app(bridge, token=http.token, host=http.host, port=http.port)
         return mcp_http.serve(server, http, bridge.config.http, ui)
-    mcp_http.freeze_start_up_heap()
+    freeze_start_up_heap()
     server.run("stdio")
     return 0
 

@@ -188,6 +188,7 @@ def test_the_front_ends_call_only_the_facade():
         "bridge.version",
         "bridge.smoke",
         "bridge.display",
+        "bridge.heap",
         "bridge.cli",
         "bridge.mcp_",
         "bridge.ui",

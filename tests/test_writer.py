@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,14 @@ def test_undo_puts_every_file_back_even_with_backups_on_another_filesystem(home,
     raw = raw_git(home, repo)
     entries = target_entries(raw, target, ["calc.py", "README.md", "tests/test_calc.py"])
     backup = Path(tempfile.mkdtemp(dir="/tmp")) / "backup"  # /tmp: not the repository's disk
-    writer = Writer(repo, backup)
+    algo = Git(repo).out("rev-parse", "--show-object-format")
+    writer = Writer(repo, backup, algorithm=algo)
     blobs = BlobReader(raw)
     try:
         writer.apply(entries, blobs)
     finally:
         blobs.close()
-    algo = Git(repo).out("rev-parse", "--show-object-format")
-    assert check_written(repo, entries, algo, 2**20) is None
+    assert check_written(repo, entries, writer.written, algo) is None
     assert (repo / "calc.py").read_text() == "new calc\n"
     writer.undo()
     assert {n: (repo / n).read_bytes() for n in before} == before
@@ -68,18 +69,95 @@ def test_undo_puts_every_file_back_even_with_backups_on_another_filesystem(home,
     assert git(repo, "status", "--porcelain") == ""
 
 
-def test_a_written_file_that_differs_from_its_blob_is_caught(home, repo):
-    target = _change(repo, {"calc.py": "exact bytes\n"})
-    raw = raw_git(home, repo)
-    entries = target_entries(raw, target, ["calc.py"])
-    (repo / "calc.py").write_text("something else\n")
-    algo = Git(repo).out("rev-parse", "--show-object-format")
-    assert check_written(repo, entries, algo, 2**20) == "calc.py"
-    os.chmod(repo / "calc.py", 0o755)
+def _algorithm(repo: Path) -> str:
+    return Git(repo).out("rev-parse", "--show-object-format")
+
+
+@pytest.mark.parametrize(
+    "meddle",
+    [
+        "rewritten in place",
+        "same bytes, a later write",
+        "replaced by a copy",
+        "made a link",
+        "removed",
+        "mode changed",
+    ],
+)
+def test_a_written_file_that_is_not_the_one_written_is_caught(home, repo, workdir, meddle):
+    target = _change(repo, {"calc.py": "exact bytes\n", "new/b.txt": "b\n"})
+    entries = target_entries(raw_git(home, repo), target, ["calc.py", "new/b.txt"])
+    writer = _write_all(home, repo, entries, workdir / "backup")
+    algo = _algorithm(repo)
+    assert check_written(repo, entries, writer.written, algo) is None
+    path = repo / "new" / "b.txt"
+    st = path.stat()
+    if meddle == "rewritten in place":
+        path.write_text("something else\n")
+    elif meddle == "same bytes, a later write":  # what a write a moment later leaves
+        path.write_text("b\n")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    elif meddle == "replaced by a copy":  # the very bytes, times and mode, another file
+        copy = workdir / "copy"
+        copy.write_text("b\n")
+        os.chmod(copy, st.st_mode)
+        os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(copy, path)
+    elif meddle == "made a link":
+        path.unlink()
+        path.symlink_to(workdir / "elsewhere")
+    elif meddle == "removed":
+        path.unlink()
+    else:
+        os.chmod(path, 0o755)
+    assert check_written(repo, entries, writer.written, algo) == "new/b.txt"
+
+
+def test_a_links_target_changed_after_writing_is_caught(home, repo, workdir):
+    target = _change(repo, {"calc.py": "changed\n"})
+    git(repo, "checkout", "-q", target)
+    (repo / "link").symlink_to("calc.py")
+    git(repo, "add", "link")
+    git(repo, "commit", "-qm", "link")
+    target = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    entries = target_entries(raw_git(home, repo), target, ["calc.py", "link"])
+    writer = _write_all(home, repo, entries, workdir / "backup")
+    assert os.readlink(repo / "link") == "calc.py"
+    algo = _algorithm(repo)
+    assert check_written(repo, entries, writer.written, algo) is None
+    (repo / "link").unlink()
+    (repo / "link").symlink_to("README.md")
+    assert check_written(repo, entries, writer.written, algo) == "link"
+    # Even where the new link passed for the one written (an inode number used again, the
+    # same length and time), its target is read again.
+    writer.written["link"] = os.lstat(repo / "link")
+    assert check_written(repo, entries, writer.written, algo) == "link"
+
+
+def test_a_damaged_object_store_is_never_written_into_the_users_tree(home, repo, workdir):
+    """A loose object whose bytes are not the blob its name says: refused before anything of
+    it is written, and everything written before it put back."""
+    target = _change(repo, {"a.txt": "first\n", "b.txt": "the verified bytes\n"})
+    entries = target_entries(raw_git(home, repo), target, ["a.txt", "b.txt"])
+    sha = entries[1].sha
+    assert sha is not None
+    loose = repo / ".git" / "objects" / sha[:2] / sha[2:]
+    assert loose.is_file()  # a fresh commit's objects are loose
+    forged = b"forged bytes!!!!!!!\n"
+    os.chmod(loose, 0o644)
+    loose.write_bytes(zlib.compress(b"blob %d\0" % len(forged) + forged))
+
+    with pytest.raises(Refused, match="damaged"):
+        _write_all(home, repo, entries, workdir / "backup")
+
+    assert not (repo / "a.txt").exists()
+    assert not (repo / "b.txt").exists()
+    assert git(repo, "status", "--porcelain") == ""
 
 
 def _write_all(home: Path, repo: Path, entries, backup: Path) -> Writer:  # noqa: ANN001
-    writer = Writer(repo, backup, tracked_paths(repo))
+    writer = Writer(repo, backup, tracked_paths(repo), algorithm=_algorithm(repo))
     blobs = BlobReader(raw_git(home, repo))
     try:
         writer.apply(entries, blobs)

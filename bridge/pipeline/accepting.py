@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bridge.environments.task import TaskEnvironment
 from bridge.errors import EnvironmentFailed
+from bridge.heap import collections_paused
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle
@@ -36,7 +37,7 @@ from bridge.workspace.accept import (
     target_entries,
     tracked_paths,
 )
-from bridge.workspace.changes import list_changes, protected_violations
+from bridge.workspace.changes import Change, list_changes, protected_violations
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
@@ -77,12 +78,15 @@ def accept_task(
 
 
 def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> AcceptResult:
-    repo, home = Path(record.repository), ctx.home
+    """Listing and writing pause the collector (`collections_paused`): their lists hold every
+    changed path and live to the end; verifying again on a moved HEAD runs between them."""
+    repo = Path(record.repository)
     base, snapshot = record.base_commit or "", record.snapshot_commit or ""
-    changes = list_changes(repo, base, snapshot, sizes=False)
-    # Checked again here, from the store: only the paths approved for this task may differ.
-    allowed = approved_paths(ctx.store, record.task_id)
-    hits = protected_violations(changes, record.spec.verification.protected_paths, allowed)
+    with collections_paused():
+        changes = list_changes(repo, base, snapshot, sizes=False)
+        # Checked again here, from the store: only the paths approved for this task may differ.
+        allowed = approved_paths(ctx.store, record.task_id)
+        hits = protected_violations(changes, record.spec.verification.protected_paths, allowed)
     if hits:
         raise Refused(
             f"Refusing to accept: task {record.task_id} changed protected path "
@@ -91,7 +95,7 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
             "protected_path",
         )
     head = Git(repo).resolve_commit("HEAD")
-    raw = raw_git(home, repo)
+    raw = raw_git(ctx.home, repo)
     target, reverified, verification = snapshot, None, None
     if head != base:
         target = _merged_tree(ctx, record, raw, head, diff)
@@ -108,6 +112,23 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
                     "verification_failed",
                 )
         reverified = bool(reverify and commands)
+    with collections_paused():
+        return _write(ctx, record, raw, changes, head, target, reverified, verification)
+
+
+def _write(
+    ctx: Context,
+    record: TaskRecord,
+    raw: Git,
+    changes: list[Change],
+    head: str,
+    target: str,
+    reverified: bool | None,
+    verification: dict | None,
+) -> AcceptResult:
+    """``target``'s entries for the changed paths written into the user's tree, checked, and
+    the task marked accepted; everything put back on any failure."""
+    repo, home, snapshot = Path(record.repository), ctx.home, record.snapshot_commit or ""
     paths = sorted({p for change in changes for p in change.paths})
     escape = escaping_symlink(raw, target, changes, repo)
     if escape:
@@ -128,11 +149,13 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
             )
         tracked = tracked_paths(repo)
         check_entries(repo, entries, dirty_paths(repo), tracked)
-        writer = Writer(repo, ctx.task_dir(record.task_id) / "accept-backup", tracked)
+        algorithm = object_format(repo)
+        backup = ctx.task_dir(record.task_id) / "accept-backup"
+        writer = Writer(repo, backup, tracked, algorithm=algorithm)
         blobs = BlobReader(raw)
         try:
             writer.apply(entries, blobs)
-            wrong = check_written(repo, entries, object_format(repo), record.limits.file_mb * 2**20)
+            wrong = check_written(repo, entries, writer.written, algorithm)
             if wrong is not None:
                 raise Refused(
                     f"Refusing to accept: '{display(wrong)}' did not match the verified snapshot "

@@ -185,11 +185,6 @@ class OpenDirs:
 def read_regular(dirs: OpenDirs, rel: str, limit: int) -> bytes:
     """The bytes of the regular file ``rel`` (at most ``limit``); OSError when it is anything
     else (a FIFO is never opened for reading: O_NONBLOCK, and fstat is checked first)."""
-    return read_regular_stat(dirs, rel, limit)[0]
-
-
-def read_regular_stat(dirs: OpenDirs, rel: str, limit: int) -> tuple[bytes, os.stat_result]:
-    """`read_regular`, with the file's own stat (taken on the descriptor that was read)."""
     fd_dir, name = dirs.parent(rel)
     fd = os.open(name, _FILE_FLAGS, dir_fd=fd_dir)
     try:
@@ -205,7 +200,7 @@ def read_regular_stat(dirs: OpenDirs, rel: str, limit: int) -> tuple[bytes, os.s
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks), st
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

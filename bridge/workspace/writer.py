@@ -1,7 +1,9 @@
 """Writing an accepted change into the user's working tree: exactly the target tree's blobs, byte
 for byte (no attribute-driven conversion), never through a symlink in the user's tree, never over
-a file the user has (tracked changes, untracked or ignored files), checked after writing against
-the blobs, and undone when anything fails half way."""
+a file the user has (tracked changes, untracked or ignored files), each blob hashed before it is
+written (a damaged object store never reaches the user's files), each written file's identity
+kept for the check after writing (`accept.check_written`), and undone when anything fails half
+way."""
 
 from __future__ import annotations
 
@@ -108,14 +110,20 @@ class Writer:
     ``backup`` until `commit`). Every file is reached through folder descriptors opened
     without following a link (kept open while the paths of one folder are written)."""
 
-    def __init__(self, repo: Path, backup: Path, replaceable: set[str] | None = None) -> None:
+    def __init__(
+        self, repo: Path, backup: Path, replaceable: set[str] | None = None, *, algorithm: str
+    ) -> None:
         self.repo = repo
         self.backup = backup
+        self.algorithm = algorithm  # the repository's object format: sha1 or sha256
         # The paths whose files it may replace (the tracked ones the checks saw); any other
         # file in the way appeared after the checks, and is never written over. None: any.
         self.replaceable = replaceable
         self._undo: list[tuple[str, str, Path | None]] = []  # (path, kind, saved copy)
         self._dirs: dict[str, int] = {}  # folder ("" the repository) -> descriptor
+        # Each written path's own stat, taken on what was written (the descriptor of a file,
+        # the link just made): `accept.check_written` finds the very same file there after.
+        self.written: dict[str, os.stat_result] = {}
 
     def apply(self, entries: list[Entry], blobs: BlobReader) -> None:
         self.backup.mkdir(parents=True, exist_ok=True)
@@ -198,6 +206,12 @@ class Writer:
             self._undo.append((folder, "rmdir", None))
 
     def _write(self, entry: Entry, data: bytes) -> None:
+        if blob_id(self.algorithm, data) != entry.sha:
+            raise Refused(
+                f"Refusing to accept: the object store gave bytes for blob {entry.sha} that are "
+                f"not that blob ('{fs.display(entry.path)}'); it is damaged: run `git fsck`. "
+                "Every file was put back."
+            )
         folder, _, last = entry.path.rpartition("/")
         parent = self._folder(folder, create=True)
         assert parent is not None
@@ -206,7 +220,7 @@ class Writer:
         # (O_EXCL, no link followed), so nothing that appeared meanwhile is written over.
         self._undo.append((entry.path, "written", None))
         try:
-            _create(parent, name, entry.mode, data)
+            self.written[entry.path] = _create(parent, name, entry.mode, data)
             return
         except FileExistsError:
             self._undo.pop()  # not ours: undo must leave it alone
@@ -218,8 +232,9 @@ class Writer:
         self._undo.append((entry.path, "written", saved))
         tmp = b".wb-accept-" + os.urandom(6).hex().encode()
         try:
-            _create(parent, tmp, entry.mode, data)
+            made = _create(parent, tmp, entry.mode, data)
             os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            self.written[entry.path] = made  # (a rename keeps the inode, its size and times)
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=parent)
@@ -271,12 +286,12 @@ def lstat_at(parent: int, name: bytes) -> os.stat_result | None:
         return None
 
 
-def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> None:
-    """A new file or link ``name`` in ``parent`` holding ``data``; FileExistsError when
-    anything is there already (never followed)."""
+def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> os.stat_result:
+    """A new file or link ``name`` in ``parent`` holding ``data``, and its stat once written;
+    FileExistsError when anything is there already (never followed)."""
     if mode == "120000":
         os.symlink(data, name, dir_fd=parent)
-        return
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
     fd = os.open(
         name,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -287,6 +302,7 @@ def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+        return os.fstat(fd)
     finally:
         os.close(fd)
 

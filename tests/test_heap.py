@@ -1,16 +1,20 @@
-"""The long-lived servers leave their start-up heap out of later collections (gc.freeze), just
-before they serve: the MCP server on stdio, and the HTTP listener the MCP server over HTTP and
-`worker-bridge ui` share. What a served request makes is still collected."""
+"""The collector around work that keeps what it makes (`bridge.heap`): the long-lived servers
+leave their start-up heap out of later collections (gc.freeze), just before they serve (the MCP
+server on stdio, and the HTTP listener the MCP server over HTTP and `worker-bridge ui` share),
+and what a served request makes is still collected; a bulk step pauses collections, and the
+last of concurrent pauses out turns the collector back on only if it was on."""
 
 from __future__ import annotations
 
 import argparse
 import gc
+import threading
 import weakref
 
 import pytest
 
 from bridge import WorkerBridge, mcp_http, mcp_server
+from bridge.heap import collections_paused, freeze_start_up_heap
 
 
 @pytest.fixture
@@ -60,7 +64,7 @@ def test_the_http_listener_freezes_before_uvicorn_serves(monkeypatch, unfrozen):
 
 
 def test_garbage_made_after_the_freeze_is_still_collected(unfrozen):
-    mcp_http.freeze_start_up_heap()
+    freeze_start_up_heap()
 
     class Node:
         pass
@@ -71,3 +75,40 @@ def test_garbage_made_after_the_freeze_is_still_collected(unfrozen):
     del a, b
     gc.collect()
     assert gone() is None
+
+
+def test_concurrent_pauses_turn_the_collector_back_on_when_the_last_ends():
+    assert gc.isenabled()
+    inside, leave = threading.Barrier(2), threading.Event()
+
+    def pause() -> None:
+        with collections_paused():
+            inside.wait()
+            leave.wait()
+
+    other = threading.Thread(target=pause)
+    other.start()
+    with collections_paused():
+        inside.wait()
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread is still inside
+    leave.set()
+    other.join()
+    assert gc.isenabled()
+
+
+def test_a_pause_leaves_a_collector_that_was_off_off():
+    gc.disable()
+    try:
+        with collections_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_pause_ends_when_its_step_raises():
+    with pytest.raises(RuntimeError):
+        with collections_paused():
+            raise RuntimeError("the step failed")
+    assert gc.isenabled()
