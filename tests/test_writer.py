@@ -113,6 +113,25 @@ def test_a_written_file_that_is_not_the_one_written_is_caught(home, repo, workdi
     assert check_written(repo, entries, writer.written, algo) == "new/b.txt"
 
 
+def test_an_executable_written_without_its_bit_is_caught(home, repo, workdir):
+    """A umask that takes the owner's execute bit: the file is not the blob's mode."""
+    git(repo, "checkout", "-q", "-b", "side")
+    (repo / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(repo / "run.sh", 0o755)
+    git(repo, "add", "run.sh")
+    git(repo, "commit", "-qm", "script")
+    target = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    entries = target_entries(raw_git(home, repo), target, ["run.sh"])
+    assert entries[0].mode == "100755"
+    old = os.umask(0o177)
+    try:
+        writer = _write_all(home, repo, entries, workdir / "backup")
+    finally:
+        os.umask(old)
+    assert check_written(repo, entries, writer.written, _algorithm(repo)) == "run.sh"
+
+
 def test_a_links_target_changed_after_writing_is_caught(home, repo, workdir):
     target = _change(repo, {"calc.py": "changed\n"})
     git(repo, "checkout", "-q", target)

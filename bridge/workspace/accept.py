@@ -205,9 +205,10 @@ def check_written(
     """The first path that is not what the writer left there, or None. Each written path,
     reached without following a link, must still be the very file it wrote, as its descriptor
     saw it once written (`Writer.written`: device, inode, type and mode, size, modification
-    time; the writer hashed each blob before writing it); a link's target is read again; a
-    deleted path must be gone. Reading every file back cost more than writing it (0.1 s at
-    10,000 files) and tells nothing more: the bytes were the blob's when written."""
+    time; the writer hashed each blob before writing it), executable as the entry says; a
+    link's target is read again; a deleted path must be gone. Reading every file back cost
+    more than writing it (0.1 s at 10,000 files) and tells nothing more: the bytes were the
+    blob's when written."""
     with fs.OpenDirs(repo) as dirs:
         for entry in entries:
             try:
@@ -226,6 +227,10 @@ def check_written(
             made = written.get(entry.path)
             if st is None or made is None or _identity(st) != _identity(made):
                 return entry.path
+            if stat.S_ISREG(st.st_mode) and bool(st.st_mode & stat.S_IXUSR) != (
+                entry.mode == "100755"
+            ):
+                return entry.path  # (a umask that takes the owner's bits)
             if entry.mode == "120000":
                 try:
                     target = fs.read_link(dirs, entry.path)
