@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 _lock = threading.Lock()
 _pausing = 0  # the threads inside `collections_paused` now
 _resume = False  # whether the collector was on when the first of them came in
+_ours = False  # whether it is off because of a pause (not the process's own choice)
 
 
 def freeze_start_up_heap() -> None:
@@ -26,23 +25,30 @@ def freeze_start_up_heap() -> None:
     gc.freeze()
 
 
-@contextmanager
-def collections_paused() -> Iterator[None]:
+class collections_paused:  # (lower case: used as a function, `with collections_paused():`)
     """No automatic collection inside (in the whole process: the collector is global), for a
-    step that only builds what it keeps, bounded by its input and short. At 100,000 changed
-    paths accept's lists triggered collections worth 0.8 s of its 4 s, each walking all that
-    was built so far. Nested and concurrent uses are counted: the last one out turns the
-    collector back on, if it was on; cycles made inside are collected after, as ever."""
-    global _pausing, _resume
-    with _lock:
-        if _pausing == 0:
-            _resume = gc.isenabled()
-            gc.disable()
-        _pausing += 1
-    try:
-        yield
-    finally:
+    step that only builds what it keeps, bounded by its input and short: never around a wait,
+    nor around a `yield` (a generator left in a cycle inside would wait for the collector).
+    At 100,000 changed paths accept's lists triggered collections worth 0.8 s of its 4 s, each
+    walking all that was built so far. Nested and concurrent uses are counted: the last one
+    out turns the collector back on, if it was on; cycles made inside are collected after.
+    A pause cut short between its first steps (a signal) is repaired by the next one: the
+    collector it turned off counts as on."""
+
+    def __enter__(self) -> None:
+        global _pausing, _resume, _ours
+        with _lock:
+            if _pausing == 0:
+                _resume = gc.isenabled() or _ours
+                _ours = True  # set before the collector goes off: a pause cut here is repaired
+                gc.disable()
+            _pausing += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _pausing, _ours
         with _lock:
             _pausing -= 1
-            if _pausing == 0 and _resume:
-                gc.enable()
+            if _pausing == 0:
+                _ours = False
+                if _resume:
+                    gc.enable()

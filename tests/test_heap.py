@@ -112,3 +112,18 @@ def test_a_pause_ends_when_its_step_raises():
         with collections_paused():
             raise RuntimeError("the step failed")
     assert gc.isenabled()
+
+
+def test_a_pause_cut_short_by_a_signal_is_repaired_by_the_next(monkeypatch):
+    """An interrupt between turning the collector off and counting the pause: the next pause
+    turns it back on."""
+    from bridge import heap
+
+    monkeypatch.setattr(heap, "_ours", True)  # as `__enter__` leaves it when cut there
+    gc.disable()
+    try:
+        with collections_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+    finally:
+        gc.enable()

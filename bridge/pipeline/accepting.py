@@ -78,8 +78,9 @@ def accept_task(
 
 
 def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> AcceptResult:
-    """Listing and writing pause the collector (`collections_paused`): their lists hold every
-    changed path and live to the end; verifying again on a moved HEAD runs between them."""
+    """Listing, checking and writing pause the collector (`collections_paused`): their lists
+    hold every changed path and live to the end. Nothing else is paused: the wait for the
+    repository lock, verifying again on a moved HEAD, the store, the removal."""
     repo = Path(record.repository)
     base, snapshot = record.base_commit or "", record.snapshot_commit or ""
     with collections_paused():
@@ -112,8 +113,7 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
                     "verification_failed",
                 )
         reverified = bool(reverify and commands)
-    with collections_paused():
-        return _write(ctx, record, raw, changes, head, target, reverified, verification)
+    return _write(ctx, record, raw, changes, head, target, reverified, verification)
 
 
 def _write(
@@ -129,33 +129,39 @@ def _write(
     """``target``'s entries for the changed paths written into the user's tree, checked, and
     the task marked accepted; everything put back on any failure."""
     repo, home, snapshot = Path(record.repository), ctx.home, record.snapshot_commit or ""
-    paths = sorted({p for change in changes for p in change.paths})
-    escape = escaping_symlink(raw, target, changes, repo)
+    with collections_paused():
+        paths = sorted({p for change in changes for p in change.paths})
+        escape = escaping_symlink(raw, target, changes, repo)
+        # The snapshot's own entries come with the diff; a merged tree is looked up.
+        entries = (
+            entries_of_changes(changes)
+            if target == snapshot
+            else target_entries(raw, target, paths)
+        )
     if escape:
         raise Refused(
             f"Refusing to accept: symlink '{display(escape[0])}' points outside the "
             f"repository ('{escape[1]}').",
             "symlink_escape",
         )
-    # The snapshot's own entries come with the diff; a merged tree is looked up.
-    entries = (
-        entries_of_changes(changes) if target == snapshot else target_entries(raw, target, paths)
-    )
     with repository_lock(home, repo):
         if Git(repo).resolve_commit("HEAD") != head:
             raise Refused(
                 f"Refusing to accept: HEAD of {repo} moved while task {record.task_id} was being "
                 "accepted; accept again."
             )
-        tracked = tracked_paths(repo)
-        check_entries(repo, entries, dirty_paths(repo), tracked)
         algorithm = object_format(repo)
         backup = ctx.task_dir(record.task_id) / "accept-backup"
+        with collections_paused():
+            tracked = tracked_paths(repo)
+            check_entries(repo, entries, dirty_paths(repo), tracked)
         writer = Writer(repo, backup, tracked, algorithm=algorithm)
         blobs = BlobReader(raw)
         try:
-            writer.apply(entries, blobs)
-            wrong = check_written(repo, entries, writer.written, algorithm)
+            with collections_paused():
+                writer.apply(entries, blobs)
+                limit = record.limits.file_mb * 2**20
+                wrong = check_written(repo, entries, writer.written, algorithm, limit)
             if wrong is not None:
                 raise Refused(
                     f"Refusing to accept: '{display(wrong)}' did not match the verified snapshot "

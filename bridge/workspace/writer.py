@@ -234,7 +234,11 @@ class Writer:
         try:
             made = _create(parent, tmp, entry.mode, data)
             os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            self.written[entry.path] = made  # (a rename keeps the inode, its size and times)
+            # A rename changes the file's ctime: its stat again, once it is seen to be ours.
+            moved = lstat_at(parent, name)
+            if moved is None or (moved.st_dev, moved.st_ino) != (made.st_dev, made.st_ino):
+                raise self._appeared(entry.path)
+            self.written[entry.path] = moved
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=parent)
