@@ -121,8 +121,9 @@ class Writer:
         self.replaceable = replaceable
         self._undo: list[tuple[str, str, Path | None]] = []  # (path, kind, saved copy)
         self._dirs: dict[str, int] = {}  # folder ("" the repository) -> descriptor
-        # Each written path's own stat, taken on what was written (the descriptor of a file,
-        # the link just made): `accept.check_written` finds the very same file there after.
+        # Each written file's own stat, taken on its descriptor once written:
+        # `accept.check_written` finds the very same file there after (a link's target is
+        # read again instead, so links have none).
         self.written: dict[str, os.stat_result] = {}
 
     def apply(self, entries: list[Entry], blobs: BlobReader) -> None:
@@ -220,7 +221,9 @@ class Writer:
         # (O_EXCL, no link followed), so nothing that appeared meanwhile is written over.
         self._undo.append((entry.path, "written", None))
         try:
-            self.written[entry.path] = _create(parent, name, entry.mode, data)
+            made = _create(parent, name, entry.mode, data)
+            if made is not None:
+                self.written[entry.path] = made
             return
         except FileExistsError:
             self._undo.pop()  # not ours: undo must leave it alone
@@ -234,11 +237,11 @@ class Writer:
         try:
             made = _create(parent, tmp, entry.mode, data)
             os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            # A rename changes the file's ctime: its stat again, once it is seen to be ours.
-            moved = lstat_at(parent, name)
-            if moved is None or (moved.st_dev, moved.st_ino) != (made.st_dev, made.st_ino):
-                raise self._appeared(entry.path)
-            self.written[entry.path] = moved
+            if made is not None:  # a rename changes the file's ctime: its stat again, if ours
+                moved = lstat_at(parent, name)
+                if moved is None or (moved.st_dev, moved.st_ino) != (made.st_dev, made.st_ino):
+                    raise self._appeared(entry.path)
+                self.written[entry.path] = moved
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=parent)
@@ -290,12 +293,13 @@ def lstat_at(parent: int, name: bytes) -> os.stat_result | None:
         return None
 
 
-def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> os.stat_result:
-    """A new file or link ``name`` in ``parent`` holding ``data``, and its stat once written;
-    FileExistsError when anything is there already (never followed)."""
+def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> os.stat_result | None:
+    """A new file or link ``name`` in ``parent`` holding ``data``, and a file's stat once
+    written (None for a link); FileExistsError when anything is there already (never
+    followed)."""
     if mode == "120000":
         os.symlink(data, name, dir_fd=parent)
-        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        return None
     fd = os.open(
         name,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
