@@ -23,7 +23,7 @@ LABEL org.opencontainers.image.title="worker-bridge" \
 
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 LC_ALL=C.UTF-8
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends python3 python3-venv erofs-utils \
  && rm -rf /var/lib/apt/lists/*
 
 # The dependencies first, from pyproject.toml alone, so a code change does not reinstall them

@@ -397,6 +397,54 @@ def test_a_corrupt_cache_entry_is_rebuilt_not_trusted(cli, workdir, env, node_re
     assert third["verification"]["environment"]["setup"] == "ran"
 
 
+def test_a_sealed_entry_is_checked_by_its_image_and_a_changed_image_is_never_trusted(
+    cli, workdir, env, node_repo, env_image
+):
+    from bridge.environments import sealed
+
+    if not sealed.sealing_available():
+        pytest.skip("needs mkfs.erofs and the kernel's erofs (CI requires them)")
+    spec = node_spec(node_repo, env_image)
+    spec["verification"] = {"commands": ["npm test", "npm test"]}  # the 2nd: a full checkout
+    first = run_spec(cli, workdir, spec, env)  # set up
+    second = run_spec(cli, workdir, spec, env)  # checked whole, then sealed
+    for done in (first, second):
+        assert done["status"] == "succeeded", done["error"]
+    (cached,) = task_events(cli, second["task_id"], env, "environment.cached")
+    assert cached["data"]["sealed"] is False
+    entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
+    # The entry's own files poisoned after sealing: what the sealed view holds is what the
+    # check passed, so nothing poisoned reaches the worker or either verification command.
+    planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
+    planted.chmod(0o644)
+    planted.write_text("module.exports = () => 'POISONED';\n")
+    mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
+    third = run_spec(cli, workdir, {**spec, "metadata": {"mock": mock}}, env)
+    assert third["status"] == "succeeded", third["error"]
+    log = task_events(cli, third["task_id"], env)
+    (cached,) = [e["data"] for e in log if e["kind"] == "environment.cached"]
+    assert cached["sealed"] is True and "environment.cache_corrupt" not in kinds(log)
+    assert [e["data"] for e in log if e["kind"] == "environment.outputs"] == [
+        {"files": "layered", "sealed": True}
+    ]
+    assert "ok: wb-left-pad 1.0.0" in git(node_repo, "show", f"{third['branch']}:result.txt")
+    for command in third["verification"]["commands"]:
+        assert "ok: wb-left-pad 1.0.0" in command["stdout_tail"], command
+    # The sealed image itself changed (the same bytes written again: only its change time
+    # tells): the entry is not trusted, and set up again.
+    (image,) = (workdir / "home" / "bases" / "env").glob(f"*/{sealed.IMAGE}")
+    with image.open("r+b") as f:
+        f.write(f.read(4096))
+    fourth = run_spec(cli, workdir, spec, env)
+    assert fourth["status"] == "succeeded", fourth["error"]
+    log = task_events(cli, fourth["task_id"], env)
+    corrupt = [e["data"] for e in log if e["kind"] == "environment.cache_corrupt"]
+    assert corrupt and "sealed image changed" in corrupt[0]["reason"]
+    assert fourth["verification"]["environment"]["setup"] == "ran"
+    for command in fourth["verification"]["commands"]:
+        assert "ok: wb-left-pad 1.0.0" in command["stdout_tail"], command
+
+
 def test_environments_prune_reclaims_entries_and_their_images(
     cli, workdir, env, node_repo, env_image
 ):

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.environments.sealed import SealBroken, is_sealed, seal_image, sealed_tree
 from bridge.sandbox.spec import home_id
 from bridge.workspace.bases import bases_root, private_folder
 from bridge.workspace.fs import remove_tree, walk_all
@@ -266,18 +267,14 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
     linking node_modules is paid once, not per task and checkout. Nothing ever writes it (an
     overlay never writes its lower dirs). The view is named by the entry as made (its digest
     and the nonce and time of its record), so an entry made again, even with the same digest,
-    gets another view: a view made from an entry whose check failed is never used again."""
-    entry = load_entry(outputs.parent)
-    made = entry.record if entry is not None else {}
-    stamp = "\0".join(str(made.get(k, "")) for k in ("digest", "nonce", "created_at"))
-    uid = owner[0] if owner is not None else os.geteuid()
-    name = hashlib.sha256(f"{outputs}\0{stamp}".encode()).hexdigest()[:24]
-    folder = bases_root(home) / "env" / f"{name}-{uid}"
+    gets another view: a view made from an entry whose check failed is never used again. A
+    sealed view's tree is its image, checked and mounted (sealed.py: SealBroken, OSError)."""
+    folder = view_folder(home, outputs, owner)
     with bases_lock(home):  # as a base tree: prune never removes it while a task picks it
         private_folder(bases_root(home))
         if (folder / "ready").is_file():
             os.utime(folder / "ready")
-            return folder / "tree"
+            return sealed_tree(folder) if is_sealed(folder) else folder / "tree"
         tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
         try:
             (tmp / "tree").mkdir(parents=True)
@@ -290,3 +287,47 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
             if tmp.exists():
                 remove_tree(tmp)
     return folder / "tree"
+
+
+def view_folder(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Path:
+    """Where the view of ``outputs`` (an entry's files) for the sandbox user ``owner`` is."""
+    entry = load_entry(outputs.parent)
+    made = entry.record if entry is not None else {}
+    stamp = "\0".join(str(made.get(k, "")) for k in ("digest", "nonce", "created_at"))
+    uid = owner[0] if owner is not None else os.geteuid()
+    name = hashlib.sha256(f"{outputs}\0{stamp}".encode()).hexdigest()[:24]
+    return bases_root(home) / "env" / f"{name}-{uid}"
+
+
+def sealed_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Path | None:
+    """The sealed view of ``outputs``, checked by its image's identity and mounted (sealed.py),
+    or None where the view is not sealed or its image cannot be mounted here. SealBroken when
+    its image is not the one sealed."""
+    folder = view_folder(home, outputs, owner)
+    with bases_lock(home):
+        if not (folder / "ready").is_file() or not is_sealed(folder):
+            return None
+        os.utime(folder / "ready")
+        try:
+            return sealed_tree(folder)
+        except SealBroken:
+            raise
+        except OSError:
+            return None
+
+
+def seal_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> str | None:
+    """Seal the view of ``outputs`` for ``owner`` where it is made (its entry just passed the
+    whole check): why it could not, or None."""
+    folder = view_folder(home, outputs, owner)
+    with bases_lock(home):
+        if not (folder / "ready").is_file():
+            return None
+        return seal_image(folder)
+
+
+def files_source(home: Path, outputs: Path, owner: tuple[int, int] | None, sealed: bool) -> Path:
+    """Where a full checkout's cached files are read from: a sealed view's mounted image (its
+    files copied: no link crosses into it) when the task was given the entry sealed, whose
+    files it never checked whole; else the entry's own files (linked)."""
+    return shared_view(home, outputs, owner) if sealed else outputs

@@ -29,6 +29,8 @@ from bridge.environments.cache import (
     key_lock,
     load_entry,
     remove_entry,
+    seal_view,
+    sealed_view,
     setup_key,
     sweep_partials,
 )
@@ -42,11 +44,13 @@ from bridge.environments.digest import FilesCheck
 from bridge.environments.image import environment_image
 from bridge.environments.ready import Ready, SetupPlan
 from bridge.environments.run import SetupTimedOut, run_setup
+from bridge.environments.sealed import SealBroken
 from bridge.errors import EnvironmentFailed, InvalidSpec
 from bridge.phase.handle import PhaseHandle
 from bridge.workers import Worker
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
+from bridge.workspace.overlay import overlay_usable
 from bridge.workspace.rawgit import raw_git
 
 __all__ = [
@@ -159,12 +163,20 @@ def _set_up(
         entry = load_entry(shared)
         why = "its record is unreadable" if shared.exists() and entry is None else None
         if entry is not None:
-            why = check_entry(entry, _image_id_of(handle))
+            why, sealed = check_entry(entry, _image_id_of(handle)), False
+            if why is None:
+                try:
+                    sealed = _sealed(handle, entry)
+                except SealBroken as exc:
+                    why = str(exc)
             if why is None and _contains(handle, commit, str(entry.record.get("commit"))):
                 entry.touch()
                 data = {"key": key, "image": entry.image, "files": entry.record.get("files")}
-                handle.emit("environment.cached", data)
-                return replace(_use(ready, entry, "cached"), check=FilesCheck(entry))
+                handle.emit("environment.cached", {**data, "sealed": sealed})
+                cached = _use(ready, entry, "cached")
+                if sealed:
+                    return replace(cached, sealed=True)
+                return replace(cached, check=FilesCheck(entry))
             if why is None:  # made from a commit the base does not contain: not ours to read
                 reason = "the cached setup was made from a commit this base does not contain"
                 tag = image_tag(ctx.home, key, handle.task_id)
@@ -193,6 +205,8 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
         check = ready.check
         why = check.result(wait)
         if why is None:
+            if _layered(handle):  # checked whole: later tasks check its sealed image alone
+                seal_view(handle.ctx.home, check.entry.outputs, handle.ctx.sandbox_identity()[1])
             return replace(ready, check=None)
         ctx, entry = handle.ctx, check.entry
         handle.emit("environment.cache_corrupt", {"key": entry.key, "reason": why})
@@ -211,6 +225,21 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
         reason = f"the cache entry could not be trusted ({why})"
         ready = _set_up(handle, template, ready.commit, ready.files, mode="shared", reason=reason)
     return ready
+
+
+def _layered(handle: PhaseHandle) -> bool:
+    """Whether this task's checkouts are layered (where a view of the cached files is used)."""
+    ctx = handle.ctx
+    return ctx.config.layered_checkouts and overlay_usable(ctx.home)
+
+
+def _sealed(handle: PhaseHandle, entry: Entry) -> bool:
+    """Whether ``entry``'s files reach this task as their sealed view, checked by its image's
+    identity alone (sealed.py); SealBroken when that image is not the one sealed."""
+    if not _layered(handle):
+        return False
+    owner = handle.ctx.sandbox_identity()[1]
+    return sealed_view(handle.ctx.home, entry.outputs, owner) is not None
 
 
 def _waiting(handle: PhaseHandle) -> None:

@@ -12,9 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import cached_property
+from pathlib import Path
 
 from bridge.environments.bundle import BUNDLE
-from bridge.environments.cache import Entry, entries_in, materialize, remove_entry, shared_view
+from bridge.environments.cache import (
+    Entry,
+    entries_in,
+    files_source,
+    materialize,
+    remove_entry,
+    shared_view,
+)
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.ready import Ready
 from bridge.environments.setup import (
@@ -38,9 +46,16 @@ __all__ = [
     "SetupTimedOut",
     "SnapshotSetupFailed",
     "TaskEnvironment",
-    "materialize",
+    "add_cached_files",
     "shared_view",
 ]
+
+
+def add_cached_files(handle: PhaseHandle, outputs: Path, sealed: bool, dest: Path) -> None:
+    """An entry's cached files into the full checkout ``dest`` (after its chown: the files are
+    the cache's): linked from the entry, or copied from its sealed view (`files_source`)."""
+    owner = handle.ctx.sandbox_identity()[1]
+    materialize(files_source(handle.ctx.home, outputs, owner, sealed), dest, owner)
 
 
 class TaskEnvironment:
@@ -73,11 +88,15 @@ class TaskEnvironment:
         if ready is not None and ready.outputs is not None:
             owner = self.handle.ctx.sandbox_identity()[1]
             if ws.upper is not None:  # layered: the files linked once, put under in one step
-                view = shared_view(self.handle.ctx.home, ready.outputs, owner)
-                if layer_under(ws, view, owner):
-                    self.handle.emit("environment.outputs", {"files": "layered"})
+                try:
+                    view: Path | None = shared_view(self.handle.ctx.home, ready.outputs, owner)
+                except OSError:  # a sealed view that cannot be mounted here any more
+                    view = None
+                if view is not None and layer_under(ws, view, owner):
+                    data = {"files": "layered", "sealed": ready.sealed}
+                    self.handle.emit("environment.outputs", data)
                     return
-            materialize(ready.outputs, ws.worktree, owner)
+            add_cached_files(self.handle, ready.outputs, ready.sealed, ws.worktree)
 
     def for_verification(
         self, snapshot: str, changes: list[Change], trusted: str | None = None

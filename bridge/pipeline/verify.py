@@ -19,7 +19,7 @@ from pathlib import Path
 from subprocess import SubprocessError
 from typing import TYPE_CHECKING
 
-from bridge.environments.task import materialize, shared_view
+from bridge.environments.task import add_cached_files, shared_view
 from bridge.errors import BridgeError
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
@@ -94,6 +94,7 @@ class VerifyCheckout:
     def __init__(self, handle: PhaseHandle, ws: TaskWorkspace, base: str, turn: int) -> None:
         self.handle, self.ws, self.base = handle, ws, base
         self.outputs: Path | None = None  # an environment's cached files, added at finish
+        self.sealed = False  # ... reaching it as their sealed view (see `files_source`)
         self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
@@ -184,7 +185,7 @@ class VerifyCheckout:
             data["fallback"] = self.fallback
         self.handle.emit("verification.checkout", data)
         if self.outputs is not None and not layered:  # after the chown: the cache's files
-            materialize(self.outputs, self.path, self.handle.ctx.sandbox_identity()[1])
+            add_cached_files(self.handle, self.outputs, self.sealed, self.path)
 
     def _layer_outputs(self) -> bool:
         """Mount the (still untouched) layered checkout again over the base's tree and the
@@ -230,6 +231,7 @@ def run_verification(
         return VerificationOutcome(ok=None, image=image)
     try:
         checkout.outputs = env.outputs if env is not None else None
+        checkout.sealed = env is not None and env.sealed
         checkout.finish(snapshot, changes)
         fresh = FreshCheckouts(handle, snapshot, checkout.scratch, first=checkout.path, env=env)
         return run_commands(handle, fresh, commands, image, str(turn))
@@ -269,8 +271,8 @@ class FreshCheckouts:
             _, owner = self.handle.ctx.sandbox_identity()
             if owner is not None:
                 chown_tree(dest, *owner)
-            if self.env is not None and self.env.outputs is not None:
-                materialize(self.env.outputs, dest, owner)  # after the chown, as above
+            if self.env is not None and self.env.outputs is not None:  # after the chown
+                add_cached_files(self.handle, self.env.outputs, self.env.sealed, dest)
         except BaseException as exc:  # raised in the caller's thread by get()
             self._errors[index] = exc
 

@@ -112,6 +112,7 @@ def remove_unused(home: Path, folder: Path, timeout: float | None = None) -> lis
             return (
                 [f"{folder}: in use again (a task started on it), kept"] if folder.exists() else []
             )
+        overlay.unmount_under(folder)  # an environment view's sealed image (never a task's)
         aside = folder.with_name(f"{_REMOVING}{folder.name}-{os.getpid()}-{os.urandom(3).hex()}")
         try:
             folder.rename(aside)

@@ -123,35 +123,44 @@ def mounted(target: Path) -> bool:
 
 def mount_points() -> set[str]:
     """Mount points of this mount namespace (mountinfo's escapes undone)."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return set()
-    points = set()
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) > 4:
-            points.add(_unescape(fields[4]))
-    return points
+    return {m.point for m in mounts()}
 
 
 def lower_dirs() -> set[str]:
     """The lower dirs of every overlay mount of this mount namespace (as `mount` named them:
     resolved, see `mount`)."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return set()
     found = set()
-    for line in text.splitlines():
-        _, sep, rest = line.partition(" - ")
-        fields = rest.split(" ")
-        if not sep or fields[0] != "overlay" or len(fields) < 3:
+    for m in mounts():
+        if m.fstype != "overlay":
             continue
-        for option in fields[2].split(","):
+        for option in m.options.split(","):
             name, _, value = option.partition("=")
             if name in ("lowerdir", "lowerdir+"):
                 found.update(_unescape(p) for p in value.split(":") if p)
+    return found
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str  # escapes undone
+    fstype: str
+    source: str  # escapes undone
+    options: str  # the superblock's, as mountinfo gives them (escaped)
+
+
+def mounts() -> list[Mount]:
+    """Every mount of this mount namespace, in mountinfo's order (one mounted over another
+    comes after it)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        fields, _, rest = line.partition(" - ")
+        own, sb = fields.split(" "), rest.split(" ")
+        if len(own) > 4 and len(sb) >= 3:
+            found.append(Mount(_unescape(own[4]), sb[0], _unescape(sb[1]), sb[2]))
     return found
 
 

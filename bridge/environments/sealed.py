@@ -1,0 +1,145 @@
+"""Sealed views: an environment view's files (`shared_view`) as one read-only EROFS image,
+mounted over the view's tree, so that a later task checks them by the image file's identity
+(one lstat) instead of a stat of every cached file (0.18 s of CPU at 50,000 files).
+
+A view is sealed only after its entry's files passed the whole check (`FilesCheck`) in the
+task that seals it, and only by root where `mkfs.erofs` and the kernel's erofs are there. The
+image is the host's (root-owned, mode 0400, under the private `bases/` folder); any write to it,
+a chmod, a rename over it changes its change time, which no one can set back, so an identity
+equal to the one recorded when it was made means the bytes the check passed. The mount is
+checked at each use as well: the topmost mount at the tree must be erofs on a loop device whose
+backing file is that image. Nothing can write through it: the filesystem has no write path.
+Where sealing fails (no loop devices in a container, say), the view is marked and stays as it
+was: its entry is checked whole at each use, as everywhere sealing is not available.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from bridge.workspace import overlay
+
+IMAGE = "image.erofs"
+SEAL = "seal.json"
+UNSEALABLE = "unsealable"  # why sealing failed here once: never tried again for this view
+_IDENTITY = ("st_dev", "st_ino", "st_mode", "st_uid", "st_size", "st_mtime_ns", "st_ctime_ns")
+_MOUNT_OPTIONS = "ro,loop,nodev,nosuid"
+_TIMEOUT_S = 300
+
+
+class SealBroken(OSError):
+    """A sealed view whose image is not the one sealed (one phrase, as `check_entry`'s)."""
+
+
+def sealing_available() -> bool:
+    """Whether this process could seal a view: root, `mkfs.erofs` on PATH, erofs in the kernel."""
+    if os.geteuid() != 0 or shutil.which("mkfs.erofs") is None:
+        return False
+    try:
+        return "\terofs\n" in Path("/proc/filesystems").read_text()
+    except OSError:
+        return False
+
+
+def is_sealed(folder: Path) -> bool:
+    return (folder / SEAL).is_file()
+
+
+def seal_image(folder: Path) -> str | None:
+    """Seal the ready view in ``folder`` (its tree just checked whole) and mount the image over
+    its tree. Returns why it could not, or None. The caller holds the bases lock. A view already
+    sealed, or marked unsealable, is left as it is."""
+    tree, image = folder / "tree", folder / IMAGE
+    if is_sealed(folder) or (folder / UNSEALABLE).exists() or not sealing_available():
+        return None
+    tmp = folder / f".{IMAGE}.tmp"
+    try:
+        tmp.unlink(missing_ok=True)
+        # No xattrs (a file capability is never carried), every file's own mtime kept.
+        command = ["mkfs.erofs", "--quiet", "--preserve-mtime", "-x-1", str(tmp), str(tree)]
+        proc = subprocess.run(command, capture_output=True, timeout=_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise OSError(f"mkfs.erofs failed: {proc.stderr.decode(errors='replace').strip()}")
+        os.chmod(tmp, 0o400)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, image)
+        _write_record(folder / SEAL, _identity(os.lstat(image)))
+        _mount(folder)
+    except (OSError, subprocess.SubprocessError) as exc:
+        why = str(exc) or type(exc).__name__
+        overlay.unmount(tree)
+        for name in (SEAL, IMAGE, tmp.name):
+            (folder / name).unlink(missing_ok=True)
+        (folder / UNSEALABLE).write_text(why + "\n")
+        return why
+    return None
+
+
+def sealed_tree(folder: Path) -> Path:
+    """The sealed view's tree, its image checked and mounted over it (mounted again where the
+    mount is gone: a reboot). SealBroken when the image is not the one sealed; OSError when it
+    cannot be mounted."""
+    tree, image = folder / "tree", folder / IMAGE
+    try:
+        recorded = json.loads((folder / SEAL).read_text())
+        found = _identity(os.lstat(image))
+    except (OSError, ValueError):
+        raise SealBroken("its sealed image is gone or unreadable") from None
+    if found != recorded:
+        raise SealBroken("its sealed image changed since it was made")
+    for _ in range(4):  # whatever else is mounted over it taken off, one by one
+        if _backing(tree) == overlay.real(image):
+            return tree
+        if not overlay.mounted(tree):
+            break
+        overlay.unmount(tree)
+    _mount(folder)
+    return tree
+
+
+def _mount(folder: Path) -> None:
+    tree, image = folder / "tree", folder / IMAGE
+    command = ["mount", "-t", "erofs", "-o", _MOUNT_OPTIONS, overlay.real(image)]
+    command.append(overlay.real(tree))
+    try:
+        proc = subprocess.run(command, capture_output=True, timeout=overlay.MOUNT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        overlay.unmount(tree)
+        raise OSError("the sealed image's mount did not finish in time") from None
+    if proc.returncode != 0:
+        raise OSError(f"the sealed image's mount failed: {proc.stderr.decode(errors='replace')}")
+    if _backing(tree) != overlay.real(image):
+        overlay.unmount(tree)
+        raise OSError("the sealed image's mount is not of its image")
+
+
+def _backing(tree: Path) -> str | None:
+    """The backing file of the topmost mount at ``tree`` when it is erofs on a loop device."""
+    point = overlay.real(tree)
+    top = [m for m in overlay.mounts() if m.point == point][-1:]  # the last is mounted over all
+    if not top or top[0].fstype != "erofs" or not top[0].source.startswith("/dev/loop"):
+        return None
+    device = top[0].source.removeprefix("/dev/")
+    try:
+        text = Path(f"/sys/block/{device}/loop/backing_file").read_text()
+    except OSError:
+        return None
+    return text.rstrip("\n")
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [int(getattr(st, name)) for name in _IDENTITY]
+
+
+def _write_record(path: Path, identity: list[int]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(identity))
+    os.rename(tmp, path)
