@@ -17,8 +17,10 @@ import pytest
 from bridge.environments import sealed
 from bridge.environments.cache import (
     ENTRY_FILE,
+    files_source,
     load_entry,
     seal_view,
+    sealed_files,
     sealed_view,
     shared_view,
     view_folder,
@@ -68,10 +70,15 @@ def _entry(home: Path, content: str = "cached\n"):
 def _sealed(home: Path):
     entry = _entry(home)
     shared_view(home, entry.outputs, OWNER)  # made by the first task's worktree
-    assert seal_view(home, entry.outputs, OWNER) is None  # after its check passed
-    tree = sealed_view(home, entry.outputs, OWNER)
-    assert tree is not None
-    return entry, tree
+    assert seal_view(home, entry, OWNER) is None  # after its check passed
+    folder = sealed_view(home, entry, OWNER)  # what a later task is given
+    assert folder == view_folder(home, entry.outputs, OWNER)
+    return entry, sealed_files(home, folder)
+
+
+def _tree(home: Path, entry) -> Path | None:
+    folder = sealed_view(home, entry, OWNER)
+    return None if folder is None else sealed_files(home, folder)
 
 
 def test_a_sealed_view_is_its_image_mounted_read_only_and_nothing_writes_through_it(home):
@@ -108,12 +115,12 @@ def test_any_change_to_the_sealed_image_is_seen_at_the_next_use(home):
         f.write(data)
     os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns))
     with pytest.raises(sealed.SealBroken, match="changed since it was made"):
-        sealed_view(home, entry.outputs, OWNER)
+        sealed_view(home, entry, OWNER)
     with pytest.raises(sealed.SealBroken):
         shared_view(home, entry.outputs, OWNER)
     image.unlink()
     with pytest.raises(sealed.SealBroken, match="gone"):
-        sealed_view(home, entry.outputs, OWNER)
+        sealed_view(home, entry, OWNER)
 
 
 def test_the_entry_files_changed_after_sealing_never_reach_the_sealed_tree(home):
@@ -122,7 +129,7 @@ def test_the_entry_files_changed_after_sealing_never_reach_the_sealed_tree(home)
     poisoned.chmod(0o644)
     poisoned.write_text("POISON\n")  # the view's hard link shares this inode: hidden below
     (entry.outputs / "node_modules" / "added.js").write_text("POISON\n")
-    again = sealed_view(home, entry.outputs, OWNER)
+    again = _tree(home, entry)
     assert again == tree
     assert (tree / "node_modules" / "pad" / "index.js").read_text() == "cached\n"
     assert not (tree / "node_modules" / "added.js").exists()
@@ -132,15 +139,27 @@ def test_a_sealed_view_unmounted_or_covered_is_mounted_again_from_its_image(home
     entry, tree = _sealed(home)
     overlay.unmount(tree)  # a reboot
     assert not overlay.mounted(tree)
-    assert sealed_view(home, entry.outputs, OWNER) == tree
+    assert _tree(home, entry) == tree
     index = tree / "node_modules" / "pad" / "index.js"
     assert index.read_text() == "cached\n"
     # Something else mounted over it: replaced by the image again before any use.
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree)], check=True)
     assert not index.exists()
-    assert sealed_view(home, entry.outputs, OWNER) == tree
+    assert _tree(home, entry) == tree
     assert index.read_text() == "cached\n"
-    assert [m.fstype for m in overlay.mounts() if m.point == overlay.real(tree)][-1] == "erofs"
+    # An older mount moved over it (mountinfo lists it before the image's): taken off too.
+    older = home.parent / "older"
+    older.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(older)], check=True)
+    (older / "node_modules").mkdir()
+    (older / "node_modules" / "evil.js").write_text("EVIL\n")
+    overlay.unmount(tree)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree)], check=True)  # (a stack)
+    assert _tree(home, entry) == tree
+    subprocess.run(["mount", "--move", str(older), str(tree)], check=True)
+    assert (tree / "node_modules" / "evil.js").exists()
+    assert _tree(home, entry) == tree
+    assert index.read_text() == "cached\n" and not (tree / "node_modules" / "evil.js").exists()
 
 
 def test_prune_undoes_a_sealed_view_mount_before_removing_it(home):
@@ -148,23 +167,42 @@ def test_prune_undoes_a_sealed_view_mount_before_removing_it(home):
     folder = view_folder(home, entry.outputs, OWNER)
     old = os.path.getmtime(folder / "ready") - IDLE_S - 10
     os.utime(folder / "ready", (old, old))
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree)], check=True)  # stacked on it
     assert remove_unused(home, folder) == []
     assert not folder.exists() and not overlay.mounted(tree)
+    assert not [m for m in overlay.mounts() if m.point.startswith(overlay.real(home))]
     assert entry.outputs.is_dir()  # the entry's own files stay
+
+
+def test_a_task_given_a_sealed_view_never_reads_a_view_made_again_from_unchecked_files(home):
+    """The view a sealed task was given, pruned (or its entry made again) while the task runs:
+    its next read is refused, never answered by a view made anew from the entry's files, which
+    were not checked for it."""
+    entry, tree = _sealed(home)
+    folder = sealed_view(home, entry, OWNER)
+    old = os.path.getmtime(folder / "ready") - IDLE_S - 10
+    os.utime(folder / "ready", (old, old))
+    assert remove_unused(home, folder) == []
+    poisoned = entry.outputs / "node_modules" / "pad" / "index.js"
+    poisoned.chmod(0o644)
+    poisoned.write_text("POISON\n")
+    with pytest.raises(sealed.SealBroken, match="gone"):
+        files_source(home, entry.outputs, folder)
+    assert not folder.exists()
 
 
 def test_a_view_that_cannot_be_sealed_is_marked_and_stays_as_it_was(home, monkeypatch):
     entry = _entry(home)
     view = shared_view(home, entry.outputs, OWNER)
     monkeypatch.setattr(sealed, "_MOUNT_OPTIONS", "ro,no-such-option")  # a refused mount
-    why = seal_view(home, entry.outputs, OWNER)
+    why = seal_view(home, entry, OWNER)
     assert why and "mount failed" in why
     folder = view_folder(home, entry.outputs, OWNER)
     assert sorted(p.name for p in folder.iterdir()) == ["ready", "tree", sealed.UNSEALABLE]
     assert not overlay.mounted(view)
-    assert sealed_view(home, entry.outputs, OWNER) is None  # checked whole, as before
+    assert sealed_view(home, entry, OWNER) is None  # checked whole, as before
     assert shared_view(home, entry.outputs, OWNER) == view
     assert (view / "node_modules" / "pad" / "index.js").read_text() == "cached\n"
     monkeypatch.undo()
-    assert seal_view(home, entry.outputs, OWNER) is None  # never tried again for this view
-    assert sealed_view(home, entry.outputs, OWNER) is None
+    assert seal_view(home, entry, OWNER) is None  # never tried again for this view
+    assert sealed_view(home, entry, OWNER) is None

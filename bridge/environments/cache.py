@@ -5,8 +5,9 @@ kept under `<home>/environments/<key>/`, keyed by what the setup depends on (see
 An entry is made in a folder of its own and renamed into place whole, under the key's lock, so a
 reader sees a complete entry or none. Its record and its image's id are checked before each use,
 and its files (a digest of the whole tree, which grows with it) by a low-priority find beside the
-task's other work, confirmed before verification trusts them (`FilesCheck`, digest.py); an entry
-that fails either check is removed and made again, never trusted. Cached files are the host's
+task's other work, confirmed before verification trusts them (`FilesCheck`, digest.py), or, once
+its view is sealed, by that view's image alone, which is then all the task reads (sealed.py); an
+entry that fails a check is removed and made again, never trusted. Cached files are the host's
 (root-owned and read-only when the bridge runs as root): they are hard-linked into a task's
 worktree and verification checkouts, which the sandbox user can add to and unlink from but never
 write through to the cache.
@@ -289,45 +290,68 @@ def shared_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Pat
     return folder / "tree"
 
 
-def view_folder(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Path:
-    """Where the view of ``outputs`` (an entry's files) for the sandbox user ``owner`` is."""
-    entry = load_entry(outputs.parent)
-    made = entry.record if entry is not None else {}
-    stamp = "\0".join(str(made.get(k, "")) for k in ("digest", "nonce", "created_at"))
+def view_folder(
+    home: Path, outputs: Path, owner: tuple[int, int] | None, record: dict | None = None
+) -> Path:
+    """Where the view of ``outputs`` (an entry's files; ``record``: the entry's record, read
+    from its folder when not given) for the sandbox user ``owner`` is."""
+    if record is None:
+        entry = load_entry(outputs.parent)
+        record = entry.record if entry is not None else {}
+    stamp = "\0".join(str(record.get(k, "")) for k in ("digest", "nonce", "created_at"))
     uid = owner[0] if owner is not None else os.geteuid()
     name = hashlib.sha256(f"{outputs}\0{stamp}".encode()).hexdigest()[:24]
     return bases_root(home) / "env" / f"{name}-{uid}"
 
 
-def sealed_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> Path | None:
-    """The sealed view of ``outputs``, checked by its image's identity and mounted (sealed.py),
-    or None where the view is not sealed or its image cannot be mounted here. SealBroken when
-    its image is not the one sealed."""
-    folder = view_folder(home, outputs, owner)
+def sealed_view(home: Path, entry: Entry, owner: tuple[int, int] | None) -> Path | None:
+    """The folder of ``entry``'s sealed view, its image checked by identity and mounted
+    (sealed.py), or None where the view is not sealed or its image cannot be mounted here.
+    SealBroken when its image is not the one sealed."""
+    folder = view_folder(home, entry.outputs, owner, entry.record)
+    try:
+        sealed_files(home, folder)
+    except SealBroken:
+        if is_sealed(folder):
+            raise
+        return None  # not made, or not sealed
+    except OSError:
+        return None
+    return folder
+
+
+def sealed_files(home: Path, folder: Path) -> Path:
+    """The tree of the sealed view in ``folder``, checked and mounted: what a task given it
+    reads, and nothing else. SealBroken when it is gone or not the one sealed (never made
+    again from the entry's files: those were not checked for this task); OSError when it
+    cannot be mounted."""
     with bases_lock(home):
         if not (folder / "ready").is_file() or not is_sealed(folder):
-            return None
+            raise SealBroken("its sealed view is gone")
         os.utime(folder / "ready")
-        try:
-            return sealed_tree(folder)
-        except SealBroken:
-            raise
-        except OSError:
-            return None
+        return sealed_tree(folder)
 
 
-def seal_view(home: Path, outputs: Path, owner: tuple[int, int] | None) -> str | None:
-    """Seal the view of ``outputs`` for ``owner`` where it is made (its entry just passed the
-    whole check): why it could not, or None."""
-    folder = view_folder(home, outputs, owner)
+def seal_view(home: Path, entry: Entry, owner: tuple[int, int] | None) -> str | None:
+    """Seal the view of ``entry`` (as checked: its record) for ``owner`` where it is made: why
+    it could not, or None."""
+    folder = view_folder(home, entry.outputs, owner, entry.record)
     with bases_lock(home):
         if not (folder / "ready").is_file():
             return None
         return seal_image(folder)
 
 
-def files_source(home: Path, outputs: Path, owner: tuple[int, int] | None, sealed: bool) -> Path:
-    """Where a full checkout's cached files are read from: a sealed view's mounted image (its
-    files copied: no link crosses into it) when the task was given the entry sealed, whose
-    files it never checked whole; else the entry's own files (linked)."""
-    return shared_view(home, outputs, owner) if sealed else outputs
+def view_tree(
+    home: Path, outputs: Path, owner: tuple[int, int] | None, sealed: Path | None
+) -> Path:
+    """The read-only tree a layered checkout puts under itself: the task's sealed view
+    (``sealed``: its folder) or the entry's view (`shared_view`)."""
+    return sealed_files(home, sealed) if sealed is not None else shared_view(home, outputs, owner)
+
+
+def files_source(home: Path, outputs: Path, sealed: Path | None) -> Path:
+    """Where a full checkout's cached files are read from: the task's sealed view's mounted
+    image (its files copied: no link crosses into it) when it was given one, whose entry's own
+    files it never checked; else the entry's files (linked), checked whole."""
+    return sealed_files(home, sealed) if sealed is not None else outputs

@@ -43,8 +43,9 @@ class Ready:
     paths: tuple[str, ...] = ()  # the folders and files the setup makes in the repository
     environment_image: str = ""  # the environment's image, before any setup
     commit: str = ""  # the commit (or tree) the setup's result is of
-    # The entry's files reach this task as its sealed view (sealed.py), never checked whole.
-    sealed: bool = False
+    # The folder of the sealed view the entry's files reach this task as (sealed.py): all it
+    # reads of them; the entry's own files are never checked whole for it.
+    sealed: Path | None = None
     # A cached entry's files, still being checked (see `confirmed` in setup.py).
     check: FilesCheck | None = field(default=None, compare=False, repr=False)
 

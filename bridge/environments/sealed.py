@@ -4,11 +4,12 @@ mounted over the view's tree, so that a later task checks them by the image file
 
 A view is sealed only after its entry's files passed the whole check (`FilesCheck`) in the
 task that seals it, and only by root where `mkfs.erofs` and the kernel's erofs are there. The
-image is the host's (root-owned, mode 0400, under the private `bases/` folder); any write to it,
-a chmod, a rename over it changes its change time, which no one can set back, so an identity
-equal to the one recorded when it was made means the bytes the check passed. The mount is
-checked at each use as well: the topmost mount at the tree must be erofs on a loop device whose
-backing file is that image. Nothing can write through it: the filesystem has no write path.
+image is made from the view as it was then, and it is the host's (root-owned, mode 0400, under
+the private `bases/` folder); any write to it, a chmod, a rename over it changes its change
+time, which no one can set back, so an identity equal to the one recorded when it was made
+means the image made then. The mount is checked at each use as well: the mount a path at the
+tree reaches must be erofs on a loop device whose backing file is that image. Nothing can write
+through it: the filesystem has no write path.
 Where sealing fails (no loop devices in a container, say), the view is marked and stays as it
 was: its entry is checked whole at each use, as everywhere sealing is not available.
 """
@@ -26,7 +27,8 @@ from bridge.workspace import overlay
 IMAGE = "image.erofs"
 SEAL = "seal.json"
 UNSEALABLE = "unsealable"  # why sealing failed here once: never tried again for this view
-_IDENTITY = ("st_dev", "st_ino", "st_mode", "st_uid", "st_size", "st_mtime_ns", "st_ctime_ns")
+# Not st_dev: some filesystems number their devices anew at each boot.
+_IDENTITY = ("st_ino", "st_mode", "st_uid", "st_size", "st_mtime_ns", "st_ctime_ns")
 _MOUNT_OPTIONS = "ro,loop,nodev,nosuid"
 _TIMEOUT_S = 300
 
@@ -122,10 +124,16 @@ def _mount(folder: Path) -> None:
 
 
 def _backing(tree: Path) -> str | None:
-    """The backing file of the topmost mount at ``tree`` when it is erofs on a loop device."""
+    """The backing file of the mount a path at ``tree`` reaches, when it is erofs on a loop
+    device (the one of the mounts there whose device the tree's own stat gives)."""
     point = overlay.real(tree)
-    top = [m for m in overlay.mounts() if m.point == point][-1:]  # the last is mounted over all
-    if not top or top[0].fstype != "erofs" or not top[0].source.startswith("/dev/loop"):
+    try:
+        st = os.stat(point)
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    top = [m for m in overlay.mounts() if m.point == point and m.dev == dev]
+    if len(top) != 1 or top[0].fstype != "erofs" or not top[0].source.startswith("/dev/loop"):
         return None
     device = top[0].source.removeprefix("/dev/")
     try:

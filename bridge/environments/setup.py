@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from subprocess import SubprocessError
 
 from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
@@ -30,6 +31,7 @@ from bridge.environments.cache import (
     load_entry,
     remove_entry,
     seal_view,
+    sealed_files,
     sealed_view,
     setup_key,
     sweep_partials,
@@ -45,7 +47,7 @@ from bridge.environments.image import environment_image
 from bridge.environments.ready import Ready, SetupPlan
 from bridge.environments.run import SetupTimedOut, run_setup
 from bridge.environments.sealed import SealBroken
-from bridge.errors import EnvironmentFailed, InvalidSpec
+from bridge.errors import BridgeError, EnvironmentFailed, InvalidSpec
 from bridge.phase.handle import PhaseHandle
 from bridge.workers import Worker
 from bridge.workspace.fs import display
@@ -55,6 +57,7 @@ from bridge.workspace.rawgit import raw_git
 
 __all__ = [
     "Ready",
+    "unsealed",
     "SetupTimedOut",
     "SnapshotSetupFailed",
     "confirmed",
@@ -151,7 +154,7 @@ def _set_up(
         files,
         repository=handle.record.repository,
     )
-    ready = replace(template, key=key, files=files, commit=commit, check=None)
+    ready = replace(template, key=key, files=files, commit=commit, check=None, sealed=None)
     private = ctx.task_dir(handle.task_id) / "environments" / key
     if mode == "snapshot":  # run in the base's image, never committed
         plan = SetupPlan(key, files, commit, private, template.image, network, True, reason)
@@ -163,7 +166,7 @@ def _set_up(
         entry = load_entry(shared)
         why = "its record is unreadable" if shared.exists() and entry is None else None
         if entry is not None:
-            why, sealed = check_entry(entry, _image_id_of(handle)), False
+            why, sealed = check_entry(entry, _image_id_of(handle)), None
             if why is None:
                 try:
                     sealed = _sealed(handle, entry)
@@ -172,10 +175,10 @@ def _set_up(
             if why is None and _contains(handle, commit, str(entry.record.get("commit"))):
                 entry.touch()
                 data = {"key": key, "image": entry.image, "files": entry.record.get("files")}
-                handle.emit("environment.cached", {**data, "sealed": sealed})
+                handle.emit("environment.cached", {**data, "sealed": sealed is not None})
                 cached = _use(ready, entry, "cached")
-                if sealed:
-                    return replace(cached, sealed=True)
+                if sealed is not None:
+                    return replace(cached, sealed=sealed)
                 return replace(cached, check=FilesCheck(entry))
             if why is None:  # made from a commit the base does not contain: not ours to read
                 reason = "the cached setup was made from a commit this base does not contain"
@@ -201,12 +204,17 @@ def confirmed(handle: PhaseHandle, ready: Ready) -> Ready:
     again meanwhile) and set up again: what the worker ran on is the worker's business, what
     verification runs on is the host's."""
     failures, wait = 0, partial(_waiting, handle)
+    if ready.sealed is not None:
+        try:
+            sealed_files(handle.ctx.home, ready.sealed)  # checked again, and mounted
+        except OSError:  # gone, changed or unmountable since it was picked: checked whole
+            ready = unsealed(ready)
     while ready.check is not None:
         check = ready.check
         why = check.result(wait)
         if why is None:
             if _layered(handle):  # checked whole: later tasks check its sealed image alone
-                seal_view(handle.ctx.home, check.entry.outputs, handle.ctx.sandbox_identity()[1])
+                _seal(handle, check.entry)
             return replace(ready, check=None)
         ctx, entry = handle.ctx, check.entry
         handle.emit("environment.cache_corrupt", {"key": entry.key, "reason": why})
@@ -233,13 +241,31 @@ def _layered(handle: PhaseHandle) -> bool:
     return ctx.config.layered_checkouts and overlay_usable(ctx.home)
 
 
-def _sealed(handle: PhaseHandle, entry: Entry) -> bool:
-    """Whether ``entry``'s files reach this task as their sealed view, checked by its image's
-    identity alone (sealed.py); SealBroken when that image is not the one sealed."""
+def _sealed(handle: PhaseHandle, entry: Entry) -> Path | None:
+    """The sealed view ``entry``'s files reach this task as, checked by its image's identity
+    alone (sealed.py), or None; SealBroken when that image is not the one sealed."""
     if not _layered(handle):
-        return False
-    owner = handle.ctx.sandbox_identity()[1]
-    return sealed_view(handle.ctx.home, entry.outputs, owner) is not None
+        return None
+    return sealed_view(handle.ctx.home, entry, handle.ctx.sandbox_identity()[1])
+
+
+def _seal(handle: PhaseHandle, entry: Entry) -> None:
+    """Seal the view of ``entry`` (its files just checked whole); best effort: a task whose
+    check passed never fails for it (the next task checks the entry whole again)."""
+    try:
+        seal_view(handle.ctx.home, entry, handle.ctx.sandbox_identity()[1])
+    except (BridgeError, OSError, SubprocessError):
+        pass
+
+
+def unsealed(ready: Ready) -> Ready:
+    """``ready`` without its sealed view (gone, changed or unmountable since it was picked):
+    its entry's files checked whole, as a task without one (`confirmed` waits for it)."""
+    assert ready.outputs is not None
+    entry = load_entry(ready.outputs.parent)
+    if entry is None:  # gone as well: a check that fails, so that it is set up again
+        entry = Entry(ready.key or "", ready.outputs.parent, {"digest": ""})
+    return replace(ready, sealed=None, check=FilesCheck(entry))
 
 
 def _waiting(handle: PhaseHandle) -> None:

@@ -21,7 +21,7 @@ from bridge.environments.cache import (
     files_source,
     materialize,
     remove_entry,
-    shared_view,
+    view_tree,
 )
 from bridge.environments.definition import EnvDefinition
 from bridge.environments.ready import Ready
@@ -32,6 +32,7 @@ from bridge.environments.setup import (
     definition_for,
     for_snapshot,
     prepare_environment,
+    unsealed,
 )
 from bridge.errors import BridgeError
 from bridge.phase.handle import PhaseHandle
@@ -47,15 +48,15 @@ __all__ = [
     "SnapshotSetupFailed",
     "TaskEnvironment",
     "add_cached_files",
-    "shared_view",
+    "view_tree",
 ]
 
 
-def add_cached_files(handle: PhaseHandle, outputs: Path, sealed: bool, dest: Path) -> None:
+def add_cached_files(handle: PhaseHandle, outputs: Path, sealed: Path | None, dest: Path) -> None:
     """An entry's cached files into the full checkout ``dest`` (after its chown: the files are
     the cache's): linked from the entry, or copied from its sealed view (`files_source`)."""
     owner = handle.ctx.sandbox_identity()[1]
-    materialize(files_source(handle.ctx.home, outputs, owner, sealed), dest, owner)
+    materialize(files_source(handle.ctx.home, outputs, sealed), dest, owner)
 
 
 class TaskEnvironment:
@@ -87,16 +88,19 @@ class TaskEnvironment:
         ready = self.ready()
         if ready is not None and ready.outputs is not None:
             owner = self.handle.ctx.sandbox_identity()[1]
+            home = self.handle.ctx.home
             if ws.upper is not None:  # layered: the files linked once, put under in one step
                 try:
-                    view: Path | None = shared_view(self.handle.ctx.home, ready.outputs, owner)
-                except OSError:  # a sealed view that cannot be mounted here any more
+                    view: Path | None = view_tree(home, ready.outputs, owner, ready.sealed)
+                except OSError:  # a sealed view gone or unmountable since it was picked
                     view = None
                 if view is not None and layer_under(ws, view, owner):
-                    data = {"files": "layered", "sealed": ready.sealed}
+                    data = {"files": "layered", "sealed": ready.sealed is not None}
                     self.handle.emit("environment.outputs", data)
                     return
-            add_cached_files(self.handle, ready.outputs, ready.sealed, ws.worktree)
+            if ready.sealed is not None:  # not layered after all: the entry's files, checked
+                ready = self._ready = unsealed(ready)
+            add_cached_files(self.handle, ready.outputs, None, ws.worktree)
 
     def for_verification(
         self, snapshot: str, changes: list[Change], trusted: str | None = None

@@ -19,7 +19,7 @@ from pathlib import Path
 from subprocess import SubprocessError
 from typing import TYPE_CHECKING
 
-from bridge.environments.task import add_cached_files, shared_view
+from bridge.environments.task import add_cached_files, view_tree
 from bridge.errors import BridgeError
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
@@ -94,7 +94,7 @@ class VerifyCheckout:
     def __init__(self, handle: PhaseHandle, ws: TaskWorkspace, base: str, turn: int) -> None:
         self.handle, self.ws, self.base = handle, ws, base
         self.outputs: Path | None = None  # an environment's cached files, added at finish
-        self.sealed = False  # ... reaching it as their sealed view (see `files_source`)
+        self.sealed: Path | None = None  # ... reaching it as this sealed view (`view_tree`)
         self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
@@ -194,7 +194,7 @@ class VerifyCheckout:
         _, owner = self.handle.ctx.sandbox_identity()
         try:
             folder = base_tree(self.home, self.ws.repository, self.base, owner)
-            view = shared_view(self.home, self.outputs, owner)
+            view = view_tree(self.home, self.outputs, owner, self.sealed)
             overlay.unmount(self.mount)
             upper_root = self.scratch / "layers"
             remove_tree(upper_root)  # nothing was written into it yet
@@ -231,7 +231,7 @@ def run_verification(
         return VerificationOutcome(ok=None, image=image)
     try:
         checkout.outputs = env.outputs if env is not None else None
-        checkout.sealed = env is not None and env.sealed
+        checkout.sealed = env.sealed if env is not None else None
         checkout.finish(snapshot, changes)
         fresh = FreshCheckouts(handle, snapshot, checkout.scratch, first=checkout.path, env=env)
         return run_commands(handle, fresh, commands, image, str(turn))

@@ -142,6 +142,7 @@ def lower_dirs() -> set[str]:
 
 @dataclass(frozen=True)
 class Mount:
+    dev: str  # major:minor, as a stat of a path on it gives st_dev
     point: str  # escapes undone
     fstype: str
     source: str  # escapes undone
@@ -149,8 +150,8 @@ class Mount:
 
 
 def mounts() -> list[Mount]:
-    """Every mount of this mount namespace, in mountinfo's order (one mounted over another
-    comes after it)."""
+    """Every mount of this mount namespace, in mountinfo's order (not always the order they
+    stack in: the one a path reaches is the one whose `dev` its stat gives)."""
     try:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:
@@ -160,7 +161,7 @@ def mounts() -> list[Mount]:
         fields, _, rest = line.partition(" - ")
         own, sb = fields.split(" "), rest.split(" ")
         if len(own) > 4 and len(sb) >= 3:
-            found.append(Mount(_unescape(own[4]), sb[0], _unescape(sb[1]), sb[2]))
+            found.append(Mount(own[2], _unescape(own[4]), sb[0], _unescape(sb[1]), sb[2]))
     return found
 
 
@@ -177,13 +178,14 @@ def _unescape(text: str) -> str:
 
 
 def unmount(target: Path) -> None:
-    """Undo the mount at ``target`` if there is one (detached lazily when something still has
-    it open: a container being removed, a process of ours). Idempotent."""
-    if not mounted(target):
-        return
-    proc = subprocess.run(["umount", real(target)], capture_output=True, timeout=60)
-    if proc.returncode != 0 and mounted(target):
-        subprocess.run(["umount", "-l", real(target)], capture_output=True, timeout=60)
+    """Undo the mounts at ``target`` if there are any (detached lazily when something still
+    has one open: a container being removed, a process of ours). Idempotent."""
+    for _ in range(8):  # mounts stacked at one point: each taken off in turn
+        if not mounted(target):
+            return
+        proc = subprocess.run(["umount", real(target)], capture_output=True, timeout=60)
+        if proc.returncode != 0 and mounted(target):
+            subprocess.run(["umount", "-l", real(target)], capture_output=True, timeout=60)
 
 
 def unmount_under(root: Path) -> list[str]:
