@@ -405,44 +405,57 @@ def test_a_sealed_entry_is_checked_by_its_image_and_a_changed_image_is_never_tru
     if not sealed.sealing_available():
         pytest.skip("needs mkfs.erofs and the kernel's erofs (CI requires them)")
     spec = node_spec(node_repo, env_image)
-    spec["verification"] = {"commands": ["npm test", "npm test"]}  # the 2nd: a full checkout
-    first = run_spec(cli, workdir, spec, env)  # set up
-    second = run_spec(cli, workdir, spec, env)  # checked whole, then sealed
-    for done in (first, second):
+    entries = workdir / "home" / "environments"
+
+    def run(spec: dict) -> tuple[dict, list[dict]]:
+        done = run_spec(cli, workdir, spec, env)
         assert done["status"] == "succeeded", done["error"]
-    (cached,) = task_events(cli, second["task_id"], env, "environment.cached")
-    assert cached["data"]["sealed"] is False
-    entry = next((workdir / "home" / "environments").glob("[0-9a-f]*"))
+        for command in done["verification"]["commands"]:
+            assert "ok: wb-left-pad 1.0.0" in command["stdout_tail"], command
+        return done, task_events(cli, done["task_id"], env)
+
+    def poison_outputs() -> None:
+        planted = next(entries.glob("[0-9a-f]*")) / "outputs/node_modules/wb-left-pad/index.js"
+        planted.chmod(0o644)
+        planted.write_text("module.exports = () => 'POISONED';\n")
+
+    def cached(log: list[dict]) -> dict:
+        return next(e["data"] for e in log if e["kind"] == "environment.cached")
+
+    def corrupt(log: list[dict]) -> list[str]:
+        return [e["data"]["reason"] for e in log if e["kind"] == "environment.cache_corrupt"]
+
+    run(spec)  # set up
+    _, log = run(spec)  # checked whole, then sealed
+    assert cached(log)["sealed"] is False
+    # Two verification commands: the second's full checkout links the entry's own files, so
+    # they are checked whole even for a sealed task, and the poison is caught.
+    poison_outputs()
+    two = {**spec, "verification": {"commands": ["npm test", "npm test"]}}
+    done, log = run(two)
+    assert cached(log)["sealed"] is True
+    assert corrupt(log) and "changed since it was made" in corrupt(log)[0]
+    assert done["verification"]["environment"]["setup"] == "ran"
+    run(spec)  # the entry made again: checked whole, then sealed
     # The entry's own files poisoned after sealing: what the sealed view holds is what the
-    # check passed, so nothing poisoned reaches the worker or either verification command.
-    planted = entry / "outputs" / "node_modules" / "wb-left-pad" / "index.js"
-    planted.chmod(0o644)
-    planted.write_text("module.exports = () => 'POISONED';\n")
+    # check passed, so nothing poisoned reaches the worker or verification.
+    poison_outputs()
     mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
-    third = run_spec(cli, workdir, {**spec, "metadata": {"mock": mock}}, env)
-    assert third["status"] == "succeeded", third["error"]
-    log = task_events(cli, third["task_id"], env)
-    (cached,) = [e["data"] for e in log if e["kind"] == "environment.cached"]
-    assert cached["sealed"] is True and "environment.cache_corrupt" not in kinds(log)
+    done, log = run({**spec, "metadata": {"mock": mock}})
+    assert cached(log)["sealed"] is True and not corrupt(log)
     assert [e["data"] for e in log if e["kind"] == "environment.outputs"] == [
         {"files": "layered", "sealed": True}
     ]
-    assert "ok: wb-left-pad 1.0.0" in git(node_repo, "show", f"{third['branch']}:result.txt")
-    for command in third["verification"]["commands"]:
-        assert "ok: wb-left-pad 1.0.0" in command["stdout_tail"], command
+    assert "ok: wb-left-pad 1.0.0" in git(node_repo, "show", f"{done['branch']}:result.txt")
     # The sealed image itself changed (the same bytes written again: only its change time
     # tells): the entry is not trusted, and set up again.
-    (image,) = (workdir / "home" / "bases" / "env").glob(f"*/{sealed.IMAGE}")
+    images = (workdir / "home" / "bases" / "env").glob(f"*/{sealed.IMAGE}")
+    image = max(images, key=lambda p: p.stat().st_mtime)  # the entry made again's
     with image.open("r+b") as f:
         f.write(f.read(4096))
-    fourth = run_spec(cli, workdir, spec, env)
-    assert fourth["status"] == "succeeded", fourth["error"]
-    log = task_events(cli, fourth["task_id"], env)
-    corrupt = [e["data"] for e in log if e["kind"] == "environment.cache_corrupt"]
-    assert corrupt and "sealed image changed" in corrupt[0]["reason"]
-    assert fourth["verification"]["environment"]["setup"] == "ran"
-    for command in fourth["verification"]["commands"]:
-        assert "ok: wb-left-pad 1.0.0" in command["stdout_tail"], command
+    done, log = run(spec)
+    assert corrupt(log) and "sealed image changed" in corrupt(log)[0]
+    assert done["verification"]["environment"]["setup"] == "ran"
 
 
 def test_environments_prune_reclaims_entries_and_their_images(

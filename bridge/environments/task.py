@@ -103,15 +103,23 @@ class TaskEnvironment:
             add_cached_files(self.handle, ready.outputs, None, ws.worktree)
 
     def for_verification(
-        self, snapshot: str, changes: list[Change], trusted: str | None = None
+        self,
+        snapshot: str,
+        changes: list[Change],
+        trusted: str | None = None,
+        *,
+        full: int,
     ) -> tuple[Ready | None, dict | None]:
         """The environment to verify ``snapshot`` in, and what the result says of it
-        (``trusted``: a commit of the user's whose dependency files may be set up as theirs).
+        (``trusted``: a commit of the user's whose dependency files may be set up as theirs;
+        ``full``: how many full checkouts will get the cached files, one by one).
         A change inside what the setup makes (a tracked file under node_modules) is refused:
         dependencies come from setup, never from the change."""
         ready = self.ready()
         if ready is None:
             return None, None
+        if full and ready.sealed is not None:  # linked, not copied: checked whole
+            ready = unsealed(ready)
         # The cached files the worker was given are checked by now (or set up again).
         ready = self._ready = confirmed(self.handle, ready)
         for change in changes:

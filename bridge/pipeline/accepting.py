@@ -262,7 +262,8 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str, head: str) -> Verific
         # The task's environment for the merged tree's dependency files (setup again when
         # they are not the base's), else the verification image.
         try:
-            ready, env_doc = env.for_verification(tree, [], trusted=head)
+            commands = record.spec.verification.commands  # each on a full checkout
+            ready, env_doc = env.for_verification(tree, [], trusted=head, full=len(commands))
         except EnvironmentFailed as exc:
             raise Refused(
                 f"Refusing to accept: the environment for the current HEAD {tree[:12]} could "

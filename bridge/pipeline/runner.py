@@ -354,7 +354,7 @@ class TaskRunner:
             self.ctx.sandbox.remove_by_labels(self.ctx.labels(self.task_id, "verify"))
         t0 = time.monotonic()
         try:
-            env, env_doc = self.env.for_verification(snapshot, changes)
+            env, env_doc = self.env.for_verification(snapshot, changes, full=len(commands) - 1)
         except SnapshotSetupFailed as exc:  # the worker's dependency files did not set up
             doc = VerificationDoc(ok=False, environment=exc.document)
             return Outcome(Status.FAILED, error(exc.kind, exc.message), {"verification": doc}), None
