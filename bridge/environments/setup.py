@@ -57,13 +57,13 @@ from bridge.workspace.rawgit import raw_git
 
 __all__ = [
     "Ready",
-    "unsealed",
     "SetupTimedOut",
     "SnapshotSetupFailed",
     "confirmed",
     "definition_for",
     "for_snapshot",
     "prepare_environment",
+    "unsealed",
 ]
 
 
