@@ -26,6 +26,7 @@ from bridge.environments.cache import (
     view_folder,
 )
 from bridge.environments.digest import tree_digest
+from bridge.mountinfo import mounts
 from bridge.workspace import overlay
 from bridge.workspace.bases import IDLE_S, remove_unused
 
@@ -84,7 +85,7 @@ def _tree(home: Path, entry) -> Path | None:
 def test_a_sealed_view_is_its_image_mounted_read_only_and_nothing_writes_through_it(home):
     entry, tree = _sealed(home)
     folder = view_folder(home, entry.outputs, OWNER)
-    assert [m.fstype for m in overlay.mounts() if m.point == overlay.real(tree)] == ["erofs"]
+    assert [m.fstype for m in mounts() if m.point == overlay.real(tree)] == ["erofs"]
     index = tree / "node_modules" / "pad" / "index.js"
     assert index.read_text() == "cached\n"
     st = index.lstat()
@@ -170,7 +171,7 @@ def test_prune_undoes_a_sealed_view_mount_before_removing_it(home):
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree)], check=True)  # stacked on it
     assert remove_unused(home, folder) == []
     assert not folder.exists() and not overlay.mounted(tree)
-    assert not [m for m in overlay.mounts() if m.point.startswith(overlay.real(home))]
+    assert not [m for m in mounts() if m.point.startswith(overlay.real(home))]
     assert entry.outputs.is_dir()  # the entry's own files stay
 
 

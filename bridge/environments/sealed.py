@@ -22,6 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from bridge.mountinfo import mounts
 from bridge.workspace import overlay
 
 IMAGE = "image.erofs"
@@ -132,7 +133,7 @@ def _backing(tree: Path) -> str | None:
     except OSError:
         return None
     dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-    top = [m for m in overlay.mounts() if m.point == point and m.dev == dev]
+    top = [m for m in mounts() if m.point == point and m.dev == dev]
     if len(top) != 1 or top[0].fstype != "erofs" or not top[0].source.startswith("/dev/loop"):
         return None
     device = top[0].source.removeprefix("/dev/")

@@ -13,6 +13,8 @@ import stat
 from functools import cache
 from pathlib import Path
 
+from bridge.mountinfo import mounts
+
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
 _MOVE_F_EMPTY, _MOVE_T_EMPTY = 0x4, 0x40
@@ -145,38 +147,16 @@ def share(folder: Path) -> None:
 
 def shared(folder: Path) -> bool:
     """Whether ``folder`` is a mount point of its own with shared propagation."""
-    for line in _mountinfo():
-        fields = line.split(" ")
-        if len(fields) > 6 and _unescape(fields[4]) == str(folder):
-            optional = fields[6 : fields.index("-")] if "-" in fields else []
-            if any(f.startswith("shared:") for f in optional):
-                return True
-    return False
+    return any(
+        m.point == str(folder) and any(p.startswith("shared:") for p in m.propagation)
+        for m in mounts()
+    )
 
 
 def mount_points(under: Path | None = None) -> set[str]:
     """Mount points of this mount namespace (all, or those at or under ``under``)."""
-    found = {_unescape(f[4]) for f in (line.split(" ") for line in _mountinfo()) if len(f) > 4}
+    found = {m.point for m in mounts()}
     if under is None:
         return found
     prefix = f"{under}/"
     return {p for p in found if p == str(under) or p.startswith(prefix)}
-
-
-def _mountinfo() -> list[str]:
-    try:
-        return Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-
-
-def _unescape(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
-            out.append(chr(int(text[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from bridge.mountinfo import mounts, unescape
 from bridge.workspace import fs
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
@@ -136,45 +137,8 @@ def lower_dirs() -> set[str]:
         for option in m.options.split(","):
             name, _, value = option.partition("=")
             if name in ("lowerdir", "lowerdir+"):
-                found.update(_unescape(p) for p in value.split(":") if p)
+                found.update(unescape(p) for p in value.split(":") if p)
     return found
-
-
-@dataclass(frozen=True)
-class Mount:
-    dev: str  # major:minor, as a stat of a path on it gives st_dev
-    point: str  # escapes undone
-    fstype: str
-    source: str  # escapes undone
-    options: str  # the superblock's, as mountinfo gives them (escaped)
-
-
-def mounts() -> list[Mount]:
-    """Every mount of this mount namespace, in mountinfo's order (not always the order they
-    stack in: the one a path reaches is the one whose `dev` its stat gives)."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        fields, _, rest = line.partition(" - ")
-        own, sb = fields.split(" "), rest.split(" ")
-        if len(own) > 4 and len(sb) >= 3:
-            found.append(Mount(own[2], _unescape(own[4]), sb[0], _unescape(sb[1]), sb[2]))
-    return found
-
-
-def _unescape(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
-            out.append(chr(int(text[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 def unmount(target: Path) -> None:

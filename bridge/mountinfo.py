@@ -1,0 +1,57 @@
+"""The mount table of this process's mount namespace (`/proc/self/mountinfo`), read in one
+place: each mount's device, mount point, propagation, filesystem type, source and options,
+the kernel's escapes undone. Layered checkouts, sealed views and the pool's shared folders all
+read it from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+_OCTAL = frozenset("01234567")
+
+
+@dataclass(frozen=True)
+class Mount:
+    dev: str  # major:minor, as a stat of a path on it gives st_dev
+    point: str
+    propagation: tuple[str, ...]  # the optional fields: shared:N, master:N, unbindable
+    fstype: str
+    source: str
+    options: str  # the superblock's, as the kernel gives them (escaped)
+
+
+def mounts() -> list[Mount]:
+    """Every mount of this mount namespace, in mountinfo's order (not always the order they
+    stack in: the one a path reaches is the one whose `dev` its stat gives); none where the
+    table cannot be read."""
+    try:
+        return parse(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return []
+
+
+def parse(text: str) -> list[Mount]:
+    found = []
+    for line in text.splitlines():
+        own, sep, rest = line.partition(" - ")
+        fields, sb = own.split(" "), rest.split(" ")
+        if sep and len(fields) >= 6 and len(sb) >= 3:
+            point, source = unescape(fields[4]), unescape(sb[1])
+            found.append(Mount(fields[2], point, tuple(fields[6:]), sb[0], source, sb[2]))
+    return found
+
+
+def unescape(text: str) -> str:
+    """``text`` with the kernel's escapes undone: a backslash and exactly three octal digits
+    (a space, tab, newline or backslash in a path); anything else is kept as it is."""
+    out, i = [], 0
+    while i < len(text):
+        code = text[i + 1 : i + 4]
+        if text[i] == "\\" and len(code) == 3 and set(code) <= _OCTAL:
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
