@@ -309,13 +309,13 @@ def sealed_view(home: Path, entry: Entry, owner: tuple[int, int] | None) -> Path
     (sealed.py), or None where the view is not sealed or its image cannot be mounted here.
     SealBroken when its image is not the one sealed."""
     folder = view_folder(home, entry.outputs, owner, entry.record)
+    if not is_sealed(folder):
+        return None
     try:
         sealed_files(home, folder)
-    except SealBroken:
-        if is_sealed(folder):
+    except OSError as exc:
+        if isinstance(exc, SealBroken):
             raise
-        return None  # not made, or not sealed
-    except OSError:
         return None
     return folder
 
@@ -336,10 +336,9 @@ def seal_view(home: Path, entry: Entry, owner: tuple[int, int] | None) -> str | 
     """Seal the view of ``entry`` (as checked: its record) for ``owner`` where it is made: why
     it could not, or None."""
     folder = view_folder(home, entry.outputs, owner, entry.record)
-    with bases_lock(home):
-        if not (folder / "ready").is_file():
-            return None
-        return seal_image(folder)
+    if not (folder / "ready").is_file():
+        return None
+    return seal_image(folder, lambda: bases_lock(home))
 
 
 def view_tree(
