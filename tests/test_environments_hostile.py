@@ -439,3 +439,59 @@ def test_odd_files_a_setup_leaves_are_cached_safely_or_not_at_all(
     assert any(rel.endswith("/f") and rel.count("/") > 300 for rel in kinds)
     seen = git(repo, "show", f"{result['branch']}:seen.txt")
     assert "abs-is-link" in seen and "locked" in seen
+
+
+def test_a_worker_cannot_change_a_sealed_view_nor_what_later_tasks_are_given(
+    cli, workdir, env, node_repo, env_image
+):
+    """Once the entry's view is sealed (its second task), the worker's node_modules has a
+    read-only EROFS image below it. Writes in place, chmod, utime, a hard link, a FIFO, a device,
+    a mount, a link to the image's host path and a process left running: each refused or
+    landing in the task's own layer; the image keeps its identity and the next task is given
+    the same sealed view, with the genuine files."""
+    from bridge.environments import sealed
+
+    if not sealed.sealing_available():
+        pytest.skip("needs mkfs.erofs and the kernel's erofs (CI requires them)")
+    spec = node_spec(node_repo, env_image)
+    for _ in range(2):  # set up; checked whole and sealed
+        assert run_spec(cli, workdir, spec, env)["status"] == "succeeded"
+    (image,) = (workdir / "home" / "bases" / "env").glob(f"*/{sealed.IMAGE}")
+    before = image.lstat()
+    f = "node_modules/wb-left-pad/index.js"
+    attempts = {
+        "write": f"echo x >> {f}",
+        "chmod": f"chmod 666 {f}",
+        "utime": f"touch -d 2001-01-01 {f}",
+        "hardlink": f"ln {f} linked.js && echo x >> linked.js",
+        "mknod": "mknod node_modules/dev b 7 0",
+        "mount": "mount -t tmpfs tmpfs node_modules",
+        "image": f"echo x >> {image}",
+    }
+    script = "".join(
+        f"if ({command}) 2>/dev/null; then echo {name} >> worked.txt; fi; "
+        for name, command in attempts.items()
+    )
+    script += (
+        f"mkfifo node_modules/fifo; ln -s {image} node_modules/image; "
+        f"rm -f {f}; echo \"module.exports = () => 'POISONED';\" > {f}; "
+        "(sleep 300 &); npm test > result.txt 2>&1; true"
+    )
+    done = run_spec(cli, workdir, node_spec(node_repo, env_image, {"script": script}), env)
+    assert done["status"] == "succeeded", done["error"]
+    assert git(node_repo, "show", f"{done['branch']}:worked.txt", check=False) == ""
+    assert "POISONED" in git(node_repo, "show", f"{done['branch']}:result.txt")  # its own tree
+    tail = done["verification"]["commands"][0]["stdout_tail"]
+    assert "ok: wb-left-pad 1.0.0" in tail, tail  # verification: the sealed image's files
+    after = image.lstat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+    )
+    again = run_spec(cli, workdir, spec, env)
+    log = task_events(cli, again["task_id"], env)
+    assert [e["data"]["sealed"] for e in log if e["kind"] == "environment.cached"] == [True]
+    assert not [e for e in log if e["kind"] == "environment.cache_corrupt"]
+    assert "ok: wb-left-pad 1.0.0" in again["verification"]["commands"][0]["stdout_tail"]

@@ -68,8 +68,8 @@ def _entry(home: Path, content: str = "cached\n"):
     return entry
 
 
-def _sealed(home: Path):
-    entry = _entry(home)
+def _sealed(home: Path, entry=None):
+    entry = entry or _entry(home)
     shared_view(home, entry.outputs, OWNER)  # made by the first task's worktree
     assert seal_view(home, entry, OWNER) is None  # after its check passed
     folder = sealed_view(home, entry, OWNER)  # what a later task is given
@@ -225,3 +225,28 @@ def test_the_image_is_written_without_holding_the_bases_lock(home, monkeypatch):
     monkeypatch.setattr(sealed, "_build", while_building)
     assert seal_view(home, entry, OWNER) is None
     assert taken == [True] and sealed_view(home, entry, OWNER) is not None
+
+
+def test_what_a_setup_leaves_is_sealed_exactly_and_no_link_is_followed(home):
+    """A setup runs the dependencies' own scripts: names that are not UTF-8 or hold a newline,
+    a link to the host's /etc, an empty folder, a large file. The image holds each as it was
+    (the link a link, never what it names) and is checked like any other."""
+    entry = _entry(home)
+    modules = os.fsencode(entry.outputs / "node_modules")
+    odd = os.path.join(modules, b"caf\xe9\nname.js")
+    with open(odd, "wb") as f:
+        f.write(b"odd\n")
+    os.chmod(odd, 0o444)
+    os.symlink(b"/etc/passwd", os.path.join(modules, b"passwd"))
+    os.mkdir(os.path.join(modules, b"empty"))
+    big = entry.outputs / "node_modules" / "big.bin"
+    big.write_bytes(os.urandom(1 << 20) * 8)
+    big.chmod(0o444)
+    _, tree = _sealed(home, entry)
+    seen = os.fsencode(tree / "node_modules")
+    with open(os.path.join(seen, b"caf\xe9\nname.js"), "rb") as f:
+        assert f.read() == b"odd\n"
+    assert os.readlink(os.path.join(seen, b"passwd")) == b"/etc/passwd"
+    assert os.path.islink(os.path.join(seen, b"passwd"))
+    assert os.listdir(os.path.join(seen, b"empty")) == []
+    assert (tree / "node_modules" / "big.bin").read_bytes() == big.read_bytes()
