@@ -317,7 +317,13 @@ def test_a_pending_question_is_answered_from_the_page(page, ui, bridge, repo):
     request = page.locator(".request-pending")
     expect(request).to_contain_text("Which database?")
     request.locator("button.choice", has_text="sqlite").click()
+    # The page reads the task again on every event of its stream: a choice just picked must
+    # outlive that (it once was drawn again empty, and the answer sent was "").
+    with page.expect_response(lambda r: r.url.endswith(f"/ui/api/tasks/{task.task_id}")):
+        bridge.store.add_event(task.task_id, "task.note", {"text": "a refresh"})
+    expect(request.locator("input.answer-text")).to_have_value("sqlite")
     request.locator("button.answer").click()
+    expect(page.locator("#confirm-text")).to_have_text("Answer “sqlite”?")
     _confirm(page)
     expect(page.locator(".request").first).to_contain_text("answered", timeout=LONG_MS)
     expect(page.locator("#status")).to_have_text("succeeded", timeout=LONG_MS)

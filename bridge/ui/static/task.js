@@ -11,6 +11,7 @@ const MAX_EVENT_ROWS = 2000;  // the page keeps the newest; `worker-bridge tasks
 let format = "line-by-line";
 let diff = { text: "", truncated: false, total_bytes: 0 };
 let shownSnapshot = null;
+let shownRequests = null;
 let current = null;
 
 function facts(task) {
@@ -74,8 +75,13 @@ function changedFiles(task) {
   document.getElementById("changed-files").replaceChildren(...items);
 }
 
+// Drawn again only when a request came or changed status: a refresh in between (the live
+// stream's) must not wipe an answer being typed or a choice just picked.
 function requests(task) {
   const list = task.requests || [];
+  const snapshot = list.map((r) => `${r.request_id}:${r.status}`).join("|");
+  if (snapshot === shownRequests) return;
+  shownRequests = snapshot;
   document.getElementById("requests-section").hidden = list.length === 0;
   document.getElementById("requests").replaceChildren(...list.map((r) => {
     const detail = r.detail || {};
