@@ -84,3 +84,27 @@ def test_protected_patterns_match_like_gitignore_globs(pattern, path, hit):
 def test_a_rename_out_of_a_protected_path_is_a_violation():
     change = Change(path="moved.py", change="renamed", old_path="tests/test_a.py")
     assert protected_violations([change], ["tests/**"]) == ["tests/test_a.py"]
+
+
+def test_several_patterns_match_what_each_matches_alone_and_allowed_ones_are_let_through():
+    patterns = ["tests/**", "*.lock", ".github", "src/?.py", "  "]
+    paths = [
+        "tests/a.py",
+        "poetry.lock",
+        "sub/poetry.lock",
+        ".github/ci.yml",
+        "src/a.py",
+        "src/ab.py",
+        "README.md",
+        "tests",
+        ".githubx/a",
+    ]
+    for path in paths:
+        alone = any(protected_violations([Change(path, "added")], [p]) for p in patterns)
+        assert bool(protected_violations([Change(path, "added")], patterns)) is alone, path
+    changes = [Change(p, "added") for p in paths]
+    assert protected_violations(changes, patterns, ["tests/a.py", "*.lock"]) == [
+        ".github/ci.yml",
+        "src/a.py",
+    ]
+    assert protected_violations(changes, ["", " "]) == []  # no pattern: nothing protected

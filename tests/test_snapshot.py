@@ -226,3 +226,21 @@ def test_a_tree_too_deep_to_measure_counts_as_over_the_limit(workdir):
     with pytest.raises(fs.TreeTooDeep):
         fs.tree_size([root])
     assert fs.remove_tree(root) == [] and not root.exists()
+
+
+def test_git_z_fields_decode_in_one_call_as_each_name_would_alone():
+    from bridge.workspace import fs
+
+    names = [
+        b"plain.txt",
+        "caf\u00e9/\u65e5\u672c.md".encode(),
+        b"bad\xff\xfe.bin",
+        b"cut\xe2\x82",
+        b"new\nline",
+        b"\xe2\x82\xac-euro",
+        b"",
+    ]
+    fields = fs.decode_fields(b"\0".join(names))
+    assert fields == [fs.decode(n) for n in names]
+    assert [fs.encode(f) for f in fields] == names  # each name back byte for byte
+    assert [fs.display(f) for f in fields] == [n.decode("utf-8", "backslashreplace") for n in names]

@@ -130,13 +130,12 @@ def _write(
     the task marked accepted; everything put back on any failure."""
     repo, home, snapshot = Path(record.repository), ctx.home, record.snapshot_commit or ""
     with collections_paused():
-        paths = sorted({p for change in changes for p in change.paths})
         escape = escaping_symlink(raw, target, changes, repo)
         # The snapshot's own entries come with the diff; a merged tree is looked up.
         entries = (
             entries_of_changes(changes)
             if target == snapshot
-            else target_entries(raw, target, paths)
+            else target_entries(raw, target, {p for change in changes for p in change.paths})
         )
     if escape:
         raise Refused(

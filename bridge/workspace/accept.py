@@ -152,40 +152,31 @@ def check_entries(repo: Path, entries: list[Entry], dirty: set[str], tracked: se
     Each folder on the way is looked at once, however many paths lie under it."""
     deleted = {e.path for e in entries if e.delete}
     folders: dict[str, os.stat_result | None] = {}
+    absent_under: dict[str, bool] = {}  # a parent folder already checked: is it missing?
+    root = str(repo)
     for entry in entries:
-        parts = entry.path.split("/")
-        if entry.path.startswith("/") or ".." in parts or any(p.lower() == ".git" for p in parts):
-            where = fs.display(entry.path)
+        path = entry.path
+        parts = path.split("/")
+        if (
+            path.startswith("/")
+            or ".." in parts
+            or (".git" in path.lower() and any(p.lower() == ".git" for p in parts))
+        ):
+            where = fs.display(path)
             raise Refused(
                 f"Refusing to accept: '{where}' is not a path inside the repository.",
                 "symlink_escape",
             )
-        if entry.path in dirty:
+        if path in dirty:
             raise Refused(
-                f"Refusing to accept: '{fs.display(entry.path)}' has uncommitted changes in "
+                f"Refusing to accept: '{fs.display(path)}' has uncommitted changes in "
                 f"{repo}; commit or stash them, then accept again."
             )
-        absent = False  # a folder on the way is missing, so the path is too
-        for i in range(1, len(parts)):
-            folder = "/".join(parts[:i])
-            if folder not in folders:
-                folders[folder] = lstat_path(repo / folder)
-            st = folders[folder]
-            if st is None:
-                absent = True
-                break
-            if stat.S_ISLNK(st.st_mode):
-                raise Refused(
-                    f"Refusing to accept: '{fs.display(folder)}' is a symlink in "
-                    f"{repo}, and writing '{fs.display(entry.path)}' would go through it.",
-                    "symlink_escape",
-                )
-            if not stat.S_ISDIR(st.st_mode) and folder not in deleted:
-                raise Refused(
-                    f"Refusing to accept: '{fs.display(folder)}' is a file in "
-                    f"{repo}, where the change needs a folder."
-                )
-        st = None if absent else lstat_path(repo / entry.path)
+        parent = path.rpartition("/")[0]
+        absent = absent_under.get(parent)
+        if absent is None:
+            absent_under[parent] = absent = _missing_folder(repo, parts, path, folders, deleted)
+        st = None if absent else lstat_path(f"{root}/{path}")
         if st is not None and not stat.S_ISDIR(st.st_mode) and entry.path not in tracked:
             raise Refused(
                 f"Refusing to accept: '{fs.display(entry.path)}' exists in {repo} but is not "
@@ -197,6 +188,37 @@ def check_entries(repo: Path, entries: list[Entry], dirty: set[str], tracked: se
                     f"Refusing to accept: '{fs.display(entry.path)}' is a folder in {repo}; "
                     "move it away, then accept again."
                 )
+
+
+def _missing_folder(
+    repo: Path,
+    parts: list[str],
+    path: str,
+    folders: dict[str, os.stat_result | None],
+    deleted: set[str],
+) -> bool:
+    """Whether a folder on the way to ``path`` is missing (so the path is too); Refused when
+    one is a symlink, or a file that the change does not delete. Each folder is looked at
+    once, however many paths lie under it."""
+    for i in range(1, len(parts)):
+        folder = "/".join(parts[:i])
+        if folder not in folders:
+            folders[folder] = lstat_path(repo / folder)
+        st = folders[folder]
+        if st is None:
+            return True
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused(
+                f"Refusing to accept: '{fs.display(folder)}' is a symlink in "
+                f"{repo}, and writing '{fs.display(path)}' would go through it.",
+                "symlink_escape",
+            )
+        if not stat.S_ISDIR(st.st_mode) and folder not in deleted:
+            raise Refused(
+                f"Refusing to accept: '{fs.display(folder)}' is a file in "
+                f"{repo}, where the change needs a folder."
+            )
+    return False
 
 
 def check_written(
@@ -252,13 +274,17 @@ def _holds_blob(
     if not stat.S_ISREG(st.st_mode) or bool(st.st_mode & stat.S_IXUSR) != (entry.mode == "100755"):
         return False  # (a umask that takes the owner's bits, say)
     made = written.get(entry.path)
-    if made is not None and _identity(st) == _identity(made):
+    if (
+        made is not None
+        and st.st_ino == made.st_ino
+        and st.st_dev == made.st_dev
+        and st.st_mode == made.st_mode
+        and st.st_size == made.st_size
+        and st.st_mtime_ns == made.st_mtime_ns
+        and st.st_ctime_ns == made.st_ctime_ns
+    ):
         return True
     try:  # not the file written (or a filesystem that moves its times): its bytes decide
         return blob_id(algorithm, fs.read_regular(dirs, entry.path, limit)) == entry.sha
     except OSError:
         return False
-
-
-def _identity(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +31,21 @@ def decode(name: bytes) -> str:
     return os.fsdecode(name)
 
 
+def decode_fields(raw: bytes) -> list[str]:
+    """The NUL-separated fields of git's `-z` output, decoded in one call: the same strings as
+    `decode` of each (no character of a file system encoding holds a NUL byte, and an
+    undecodable byte is escaped on its own either way), without a call per name."""
+    return raw.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()).split("\0")
+
+
 def encode(path: str) -> bytes:
     return os.fsencode(path)
 
 
 def display(path: str) -> str:
     """A path as people and JSON see it: bytes that are not UTF-8 shown as \\xNN escapes."""
+    if path.isascii():  # nearly every path: the same string, without encoding it twice
+        return path
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
@@ -138,14 +148,15 @@ def tree_size(roots: list[Path]) -> int:
 @dataclass
 class OpenDirs:
     """Directories opened component by component from a root, never through a symlink, with
-    the last few kept open (walking many files of one folder opens it once)."""
+    the last few kept open (walking many files of one folder opens it once). Names stay
+    `str`: the os functions encode them as `encode` would, without a Python call per name."""
 
     root: Path
     keep: int = 64
-    _fds: dict[bytes, int] = field(default_factory=dict)
+    _fds: dict[str, int] = field(default_factory=dict)
 
     def __enter__(self) -> OpenDirs:
-        self._fds[b""] = os.open(self.root, _DIR_FLAGS)
+        self._fds[""] = os.open(self.root, _DIR_FLAGS)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -153,22 +164,21 @@ class OpenDirs:
             os.close(fd)
         self._fds.clear()
 
-    def parent(self, rel: str) -> tuple[int, bytes]:
+    def parent(self, rel: str) -> tuple[int, str]:
         """(fd of the directory holding ``rel``, its last name); OSError (ELOOP, ENOTDIR) when a
         component on the way is a symlink or not a directory."""
-        raw = encode(rel)
-        folder, _, name = raw.rpartition(b"/")
+        folder, _, name = rel.rpartition("/")
         return self._dir(folder), name
 
-    def _dir(self, folder: bytes) -> int:
+    def _dir(self, folder: str) -> int:
         """Open ``folder`` from its nearest open ancestor down, one component at a time."""
         if folder in self._fds:
             return self._fds[folder]
-        parts = folder.split(b"/")
+        parts = folder.split("/")
         known = len(parts)
-        while known > 0 and b"/".join(parts[:known]) not in self._fds:
+        while known > 0 and "/".join(parts[:known]) not in self._fds:
             known -= 1
-        fd = self._fds[b"/".join(parts[:known])] if known else self._fds[b""]
+        fd = self._fds["/".join(parts[:known])] if known else self._fds[""]
         opened = None
         for i in range(known, len(parts)):
             nxt = os.open(parts[i], _DIR_FLAGS, dir_fd=fd)
@@ -176,7 +186,7 @@ class OpenDirs:
                 os.close(opened)
             fd = opened = nxt
         if len(self._fds) > self.keep:
-            victim = next(k for k in self._fds if k != b"")
+            victim = next(k for k in self._fds if k != "")
             os.close(self._fds.pop(victim))
         self._fds[folder] = fd
         return fd

@@ -12,8 +12,8 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from bridge.workspace import fs
 from bridge.workspace.git import Git
@@ -22,9 +22,9 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _KEEP_OPEN = 64  # folder descriptors the writer keeps open at once
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One path of the change: its mode and blob in the target tree, or None to delete it."""
+class Entry(NamedTuple):
+    """One path of the change: its mode and blob in the target tree, or None to delete it (a
+    tuple: a large change has 100,000 of them)."""
 
     path: str
     mode: str | None
@@ -98,8 +98,12 @@ class BlobReader:
             self.proc.stdout.close()
 
 
+_HASHES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}  # the object formats git has
+
+
 def blob_id(algorithm: str, data: bytes) -> str:
-    digest = hashlib.new(algorithm)
+    make = _HASHES.get(algorithm)
+    digest = make() if make is not None else hashlib.new(algorithm)
     digest.update(b"blob %d\0" % len(data))
     digest.update(data)
     return digest.hexdigest()
@@ -134,7 +138,7 @@ class Writer:
                 if entry.delete and self._remove(entry.path):
                     emptied.add(entry.path.rpartition("/")[0])
             self._remove_empty_folders(emptied)
-            writes = [e for e in entries if not e.delete]
+            writes = [e for e in entries if e.mode is not None]
             blobs_in_order = blobs.stream([e.sha or "" for e in writes])
             for entry, data in zip(writes, blobs_in_order, strict=True):
                 self._write(entry, data)
@@ -153,15 +157,14 @@ class Writer:
         parent = self._folder(above, create)
         if parent is None:
             return None
-        raw = os.fsencode(name)
         try:
-            fd = os.open(raw, _DIR, dir_fd=parent)
+            fd = os.open(name, _DIR, dir_fd=parent)
         except FileNotFoundError:
             if not create:
                 return None
-            os.mkdir(raw, 0o777, dir_fd=parent)
+            os.mkdir(name, 0o777, dir_fd=parent)
             self._undo.append((folder, "mkdir", None))
-            fd = os.open(raw, _DIR, dir_fd=parent)
+            fd = os.open(name, _DIR, dir_fd=parent)
         if len(self._dirs) >= _KEEP_OPEN:
             self._close_dirs()  # ``fd`` itself is open on its own
         self._dirs[folder] = fd
@@ -172,7 +175,7 @@ class Writer:
             os.close(fd)
         self._dirs.clear()
 
-    def _save(self, parent: int, name: bytes, st: os.stat_result) -> Path:
+    def _save(self, parent: int, name: str, st: os.stat_result) -> Path:
         """Keep the user's current file (content and mode) before it is replaced or removed."""
         copy = self.backup / f"{len(self._undo)}"
         if stat.S_ISLNK(st.st_mode):
@@ -191,7 +194,7 @@ class Writer:
         parent = self._folder(folder, create=False)
         if parent is None:
             return False
-        name = os.fsencode(last)
+        name = last
         st = lstat_at(parent, name)
         if st is None or stat.S_ISDIR(st.st_mode):
             return False
@@ -213,10 +216,11 @@ class Writer:
                 f"not that blob ('{fs.display(entry.path)}'); it is damaged: run `git fsck`. "
                 "Every file was put back."
             )
-        folder, _, last = entry.path.rpartition("/")
-        parent = self._folder(folder, create=True)
-        assert parent is not None
-        name = os.fsencode(last)
+        folder, _, name = entry.path.rpartition("/")  # names stay str: os encodes them in C
+        parent = self._dirs.get(folder)
+        if parent is None:
+            parent = self._folder(folder, create=True)
+            assert parent is not None
         # Most paths of a large change are new: made in place, and only if nothing is there
         # (O_EXCL, no link followed), so nothing that appeared meanwhile is written over.
         self._undo.append((entry.path, "written", None))
@@ -233,7 +237,7 @@ class Writer:
         st = lstat_at(parent, name)
         saved = self._save(parent, name, st) if st is not None else None
         self._undo.append((entry.path, "written", saved))
-        tmp = b".wb-accept-" + os.urandom(6).hex().encode()
+        tmp = f".wb-accept-{os.urandom(6).hex()}"
         try:
             made = _create(parent, tmp, entry.mode, data)
             os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
@@ -286,14 +290,14 @@ class Writer:
         fs.remove_tree(self.backup)
 
 
-def lstat_at(parent: int, name: bytes) -> os.stat_result | None:
+def lstat_at(parent: int, name: str | bytes) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
         return None
 
 
-def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> os.stat_result | None:
+def _create(parent: int, name: str, mode: str | None, data: bytes) -> os.stat_result | None:
     """A new file or link ``name`` in ``parent`` holding ``data``, and a file's stat once
     written (None for a link); FileExistsError when anything is there already (never
     followed)."""
@@ -307,9 +311,11 @@ def _create(parent: int, name: bytes, mode: str | None, data: bytes) -> os.stat_
         dir_fd=parent,
     )
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        done = os.write(fd, data) if data else 0
+        if done < len(data):  # a short write (rare): the rest, from where it stopped
+            view = memoryview(data)[done:]
+            while view:
+                view = view[os.write(fd, view) :]
         return os.fstat(fd)
     finally:
         os.close(fd)
@@ -329,7 +335,7 @@ def _restore(saved: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def lstat_path(path: Path) -> os.stat_result | None:
+def lstat_path(path: Path | str) -> os.stat_result | None:
     """The path's own stat (a link's, not what it points at), or None when it is not there."""
     try:
         return os.lstat(path)
