@@ -19,10 +19,10 @@ from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, Work
 from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.store.db import now_iso
+from bridge.workspace.trash import wait_for_later
 
-# What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers)
-# is imported inside them: a command that reads (`tasks show`, `tasks list`) loads the config,
-# the store and the records, and nothing of what runs a task.
+# What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
+# imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
     from bridge.circuit import Reset
     from bridge.phase.context import Context
@@ -39,8 +39,7 @@ class WorkerBridge(JobVerbs):
 
     ``sandbox`` chooses the engine (default: the local Docker engine; `FakeSandbox` for tests);
     ``overrides`` are configuration keys, recorded with every task this bridge creates and used
-    by its runners, detached ones included.
-    """
+    by its runners, detached ones included."""
 
     def __init__(
         self,
@@ -99,6 +98,7 @@ class WorkerBridge(JobVerbs):
         recheck_permissions(self.config, self.sandbox, record, worker_turn=worker_turn)
 
     def close(self) -> None:
+        wait_for_later()  # an accepted task's worktree, unmounted off accept's answer
         if self._store is not None:
             self._store.close()
             self._store = None

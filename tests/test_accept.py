@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from support.repos import git
 
+from bridge.workspace import overlay
+
 pytestmark = pytest.mark.usefixtures("docker_images")
 
 ORIGINAL_CALC = "def add(a, b):\n    return a + b\n"
@@ -231,3 +233,8 @@ def test_the_library_accept_returns_the_applied_paths(bridge, repo):
     assert sorted(outcome.applied) == ["calc.py", "lib.py"]
     assert (repo / "lib.py").read_text() == "X = 1\n"
     assert bridge.get_task(task_id).status == "accepted"
+    # The worktree goes off the answer's path; closing the bridge waits for that to be done.
+    worktree = bridge.config.home / "worktrees" / task_id
+    bridge.close()
+    assert not overlay.mounted(worktree) and not worktree.exists()
+    assert str(worktree) not in git(repo, "worktree", "list", "--porcelain")

@@ -125,3 +125,25 @@ def test_the_remover_starts_without_importing_the_facade(home):
     assert out.strip() == str(
         ["bridge", "bridge.workspace", "bridge.workspace.fs", "bridge.workspace.trash"]
     )
+
+
+def test_reap_waits_for_a_clean_up_still_running_in_this_process(home, workdir):
+    import threading
+
+    folder = _tree(home / "worktrees" / "t1")
+    go = threading.Event()
+
+    def clean_up() -> None:
+        go.wait(30)
+        trash.discard(home, folder)
+
+    trash.later(clean_up)
+    trash.later(lambda: 1 / 0)  # an error in one is dropped; the others go on
+    reaped = threading.Thread(target=trash.reap, args=(home,))
+    reaped.start()
+    reaped.join(0.3)
+    assert reaped.is_alive() and folder.exists()  # reap waits for the clean-up first
+    go.set()
+    reaped.join(30)
+    assert not reaped.is_alive()
+    assert not folder.exists() and not trash._entries(home)

@@ -42,7 +42,7 @@ from bridge.workspace.fs import display
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
 from bridge.workspace.rawgit import object_format, raw_git
-from bridge.workspace.trash import discard
+from bridge.workspace.trash import discard, later
 from bridge.workspace.worktree import TaskWorkspace, remove_workspace
 from bridge.workspace.writer import BlobReader, Refused, Writer
 
@@ -185,8 +185,11 @@ def _write(
         writer.commit()
     applied = [display(e.path) for e in entries]
     ctx.store.add_event(record.task_id, "task.accepted", {"files": applied[:1000], "head": head})
-    # The worktree goes to the background remover: accept is done once the files are written.
-    remove_workspace(home, TaskWorkspace.plan(home, repo, record.task_id), defer=True)
+    # Accept is done once the files are written and the task is accepted: nothing uses its
+    # worktree again, which is unmounted and handed to the background remover off the answer's
+    # path (workspace/trash.py).
+    ws = TaskWorkspace.plan(home, repo, record.task_id)
+    later(lambda: remove_workspace(home, ws, defer=True))
     return AcceptResult(
         accepted=True,
         task_id=record.task_id,

@@ -12,6 +12,12 @@ Only one remover runs per state root (an `flock` on `<home>/locks/trash.lock`, t
 process that starts it and inherited by the remover, so a folder put in the trash is never
 left behind between a remover's last look and its exit). `workspaces prune --apply` waits for a
 running remover and empties whatever a killed one left (`reap`).
+
+What must happen before a folder can go to the trash (an accepted task's worktree is unmounted
+first: the kernel drops every file the task wrote, 0.2 s at 100,000) runs in a thread of the
+process (`later`), once nothing can use the folder again: the caller answers without waiting.
+The thread is not a daemon, so the process waits for it at exit, and `reap` waits for it first;
+what a killed process left is the next prune's.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import fcntl
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bridge.workspace import fs
@@ -37,6 +45,34 @@ _REMOVER = (
     "remover_main(int(sys.argv[2]), sys.argv[3])\n"
 )
 _PACKAGE = Path(__file__).resolve().parents[1]
+
+
+_LATER: list[threading.Thread] = []  # this process's clean-ups still running (`later`)
+_LATER_LOCK = threading.Lock()
+
+
+def later(work: Callable[[], object]) -> None:
+    """Run ``work``, a finished task's clean-up, in a thread of its own (see the module's doc).
+    Its errors are dropped: nobody waits for its answer, and what it left is pruned."""
+
+    def run() -> None:
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
+    thread = threading.Thread(target=run, name="worker-bridge-clean-up")
+    with _LATER_LOCK:
+        _LATER[:] = [t for t in _LATER if t.is_alive()] + [thread]
+    thread.start()
+
+
+def wait_for_later(timeout: float | None = None) -> None:
+    """Wait for the clean-ups this process started (`later`)."""
+    with _LATER_LOCK:
+        running = list(_LATER)
+    for thread in running:
+        thread.join(timeout)
 
 
 def trash_dir(home: Path) -> Path:
@@ -130,7 +166,8 @@ _IOPRIO_IDLE = 3 << 13  # IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT
 def reap(home: Path, timeout: float = 3600.0) -> list[str]:
     """Empty the trash here and now, after waiting for a running remover; what could not be
     removed, one line each (for `workspaces prune`, and to wait for the trash in tests and
-    benchmarks)."""
+    benchmarks); this process's clean-ups (`later`) are waited for first."""
+    wait_for_later(timeout)
     if not trash_dir(home).is_dir():
         return []
     fd = _open_lock(home)
