@@ -147,3 +147,10 @@ def test_reap_waits_for_a_clean_up_still_running_in_this_process(home, workdir):
     reaped.join(30)
     assert not reaped.is_alive()
     assert not folder.exists() and not trash._entries(home)
+
+
+def test_a_clean_up_that_fails_says_so_on_the_log(caplog):
+    with caplog.at_level("WARNING", logger="worker_bridge.trash"):
+        trash.later(lambda: 1 / 0)
+        trash.wait_for_later(30)
+    assert "workspaces prune --apply" in caplog.text and "ZeroDivisionError" in caplog.text

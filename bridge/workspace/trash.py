@@ -23,6 +23,7 @@ what a killed process left is the next prune's.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import subprocess
 import sys
@@ -51,15 +52,23 @@ _LATER: list[threading.Thread] = []  # this process's clean-ups still running (`
 _LATER_LOCK = threading.Lock()
 
 
+_log = logging.getLogger("worker_bridge.trash")
+
+
 def later(work: Callable[[], object]) -> None:
     """Run ``work``, a finished task's clean-up, in a thread of its own (see the module's doc).
-    Its errors are dropped: nobody waits for its answer, and what it left is pruned."""
+    Nobody waits for its answer: an error is logged (stderr, by default), and what it left is
+    the next prune's."""
 
     def run() -> None:
         try:
             work()
         except Exception:  # noqa: BLE001 - see above
-            pass
+            _log.warning(
+                "a clean-up in the background failed; `worker-bridge workspaces prune --apply` "
+                "removes what it left",
+                exc_info=True,
+            )
 
     thread = threading.Thread(target=run, name="worker-bridge-clean-up")
     with _LATER_LOCK:
@@ -68,11 +77,12 @@ def later(work: Callable[[], object]) -> None:
 
 
 def wait_for_later(timeout: float | None = None) -> None:
-    """Wait for the clean-ups this process started (`later`)."""
+    """Wait for the clean-ups this process started (`later`), ``timeout`` seconds for all."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     with _LATER_LOCK:
         running = list(_LATER)
     for thread in running:
-        thread.join(timeout)
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 def trash_dir(home: Path) -> Path:
@@ -167,12 +177,13 @@ def reap(home: Path, timeout: float = 3600.0) -> list[str]:
     """Empty the trash here and now, after waiting for a running remover; what could not be
     removed, one line each (for `workspaces prune`, and to wait for the trash in tests and
     benchmarks); this process's clean-ups (`later`) are waited for first."""
+    deadline = time.monotonic() + timeout
     wait_for_later(timeout)
     if not trash_dir(home).is_dir():
         return []
     fd = _open_lock(home)
     try:
-        if not _wait_lock(fd, timeout):
+        if not _wait_lock(fd, max(0.0, deadline - time.monotonic())):
             return [f"{trash_dir(home)}: its background remover is still running"]
         failures: list[str] = []
         _empty(home, set(), failures)
