@@ -19,7 +19,6 @@ from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, Work
 from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.store.db import now_iso
-from bridge.workspace.trash import wait_for_later
 
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
@@ -98,6 +97,8 @@ class WorkerBridge(JobVerbs):
         recheck_permissions(self.config, self.sandbox, record, worker_turn=worker_turn)
 
     def close(self) -> None:
+        from bridge.workspace.trash import wait_for_later  # (not needed by a read's start)
+
         wait_for_later()  # an accepted task's worktree, unmounted off accept's answer
         if self._store is not None:
             self._store.close()
@@ -199,8 +200,7 @@ class WorkerBridge(JobVerbs):
     def recover(self) -> list[str]:
         """Hand tasks whose runner died to new runners, and jobs whose coordinator died to new
         coordinators (of every repository: they were made within their own scope); remove
-        orphan containers if any. Returns the ids of those in this bridge's scope (tasks, then
-        jobs)."""
+        orphan containers if any. Returns the ids in this bridge's scope (tasks, then jobs)."""
         if self._store is None and not self.config.store_path.exists():
             return []  # no store yet: nothing to recover, and nothing to create
         from bridge.jobs import recover_jobs
