@@ -31,6 +31,15 @@ def mounts() -> list[Mount]:
         return []
 
 
+def mount_points(under: Path | None = None) -> set[str]:
+    """Mount points of this mount namespace (all, or those at or under ``under``)."""
+    found = {m.point for m in mounts()}
+    if under is None:
+        return found
+    prefix = f"{under}/"
+    return {p for p in found if p == str(under) or p.startswith(prefix)}
+
+
 def parse(text: str) -> list[Mount]:
     found = []
     for line in text.splitlines():

@@ -313,9 +313,9 @@ def sealed_view(home: Path, entry: Entry, owner: tuple[int, int] | None) -> Path
         return None
     try:
         sealed_files(home, folder)
-    except OSError as exc:
-        if isinstance(exc, SealBroken):
-            raise
+    except SealBroken:
+        raise
+    except OSError:  # its image cannot be mounted here
         return None
     return folder
 

@@ -13,7 +13,7 @@ import stat
 from functools import cache
 from pathlib import Path
 
-from bridge.mountinfo import mounts
+from bridge.mountinfo import mount_points, mounts
 
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
@@ -151,12 +151,3 @@ def shared(folder: Path) -> bool:
         m.point == str(folder) and any(p.startswith("shared:") for p in m.propagation)
         for m in mounts()
     )
-
-
-def mount_points(under: Path | None = None) -> set[str]:
-    """Mount points of this mount namespace (all, or those at or under ``under``)."""
-    found = {m.point for m in mounts()}
-    if under is None:
-        return found
-    prefix = f"{under}/"
-    return {p for p in found if p == str(under) or p.startswith(prefix)}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from bridge.mountinfo import mounts, unescape
+from bridge.mountinfo import mount_points, mounts, unescape
 from bridge.workspace import fs
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
@@ -120,11 +120,6 @@ def real(path: Path) -> str:
 
 def mounted(target: Path) -> bool:
     return real(target) in mount_points()
-
-
-def mount_points() -> set[str]:
-    """Mount points of this mount namespace (mountinfo's escapes undone)."""
-    return {m.point for m in mounts()}
 
 
 def lower_dirs() -> set[str]:

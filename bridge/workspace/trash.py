@@ -50,8 +50,6 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 
 _LATER: list[threading.Thread] = []  # this process's clean-ups still running (`later`)
 _LATER_LOCK = threading.Lock()
-
-
 _log = logging.getLogger("worker_bridge.trash")
 
 

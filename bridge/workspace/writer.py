@@ -217,10 +217,8 @@ class Writer:
                 "Every file was put back."
             )
         folder, _, name = entry.path.rpartition("/")  # names stay str: os encodes them in C
-        parent = self._dirs.get(folder)
-        if parent is None:
-            parent = self._folder(folder, create=True)
-            assert parent is not None
+        parent = self._folder(folder, create=True)
+        assert parent is not None
         # Most paths of a large change are new: made in place, and only if nothing is there
         # (O_EXCL, no link followed), so nothing that appeared meanwhile is written over.
         self._undo.append((entry.path, "written", None))
@@ -311,11 +309,9 @@ def _create(parent: int, name: str, mode: str | None, data: bytes) -> os.stat_re
         dir_fd=parent,
     )
     try:
-        done = os.write(fd, data) if data else 0
-        if done < len(data):  # a short write (rare): the rest, from where it stopped
-            view = memoryview(data)[done:]
-            while view:
-                view = view[os.write(fd, view) :]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         return os.fstat(fd)
     finally:
         os.close(fd)
