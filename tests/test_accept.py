@@ -4,6 +4,7 @@ changes, or the accept is refused with one line on stderr and the repository lef
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,50 @@ def test_the_library_accept_returns_the_applied_paths(bridge, repo):
     bridge.close()
     assert not overlay.mounted(worktree) and not worktree.exists()
     assert str(worktree) not in git(repo, "worktree", "list", "--porcelain")
+
+
+# What a hostile worker leaves for accept: names that are not UTF-8 or hold a newline or regex
+# characters, attributes that ask for a filter and line-ending conversion, a FIFO, and nested
+# git metadata under a name in another case.
+HOSTILE_NAMES = r"""python3 -c "
+import os
+os.makedirs('names/sub/.GIT')
+open(b'names/caf\xe9.txt', 'wb').write(b'latin-1 name\n')
+open('names/new\nline.txt', 'w').write('newline\n')
+open('names/a|b(.*).txt', 'w').write('regex\n')
+open('names/crlf.txt', 'wb').write(b'a\nb\n')
+open('.gitattributes', 'w').write('*.txt filter=evil text eol=crlf\n')
+open('names/sub/.GIT/config', 'w').write('[core]\n\tfsmonitor = touch /tmp/pwned\n')
+os.mkfifo('names/pipe')
+"
+"""
+
+
+def test_a_hostile_workers_names_attributes_and_specials_are_accepted_as_bytes_and_no_more(
+    cli, repo, workdir, tmp_path
+):
+    from support.tasks import mock_task, run_spec
+
+    smudged = tmp_path / "smudged"  # the user's own filter: what the worker's attributes name
+    git(repo, "config", "filter.evil.smudge", f"touch {smudged}; cat")
+    git(repo, "config", "filter.evil.clean", f"touch {smudged}; cat")
+    spec = mock_task(repo, {"script": HOSTILE_NAMES}, verify=["true"])
+    # Patterns with regex characters are globs: neither matches the worker's names.
+    spec["verification"]["protected_paths"] = ["secret|names/**", "(.*)"]
+    task = run_spec(cli, workdir, spec)
+    assert task["status"] == "succeeded", task["error"]
+    dropped = {d["path"] for d in task["dropped"]}
+    assert "names/pipe" in dropped and any(".GIT" in p for p in dropped), task["dropped"]
+
+    accepted = cli("tasks", "accept", task["task_id"], "--json")
+
+    assert accepted.code == 0, accepted.stderr
+    applied = accepted.json()["applied"]
+    assert "names/caf\\xe9.txt" in applied and "names/new\nline.txt" in applied
+    names = set(os.listdir(os.fsencode(repo / "names")))
+    assert names == {b"caf\xe9.txt", b"new\nline.txt", b"a|b(.*).txt", b"crlf.txt"}
+    assert (repo / "names" / os.fsdecode(b"caf\xe9.txt")).read_bytes() == b"latin-1 name\n"
+    assert (repo / "names" / "crlf.txt").read_bytes() == b"a\nb\n"  # no eol conversion
+    assert not smudged.exists()  # no filter of the user's ran on the worker's attributes
+    assert not (repo / "names" / "sub").exists()
+    assert status_of(cli, task["task_id"]) == "accepted"
