@@ -215,6 +215,21 @@ def test_a_reservation_is_a_compare_and_set_on_a_runner_that_is_gone(store):
     assert store.runners.reserve("t", "r2", ttl=30, replacing="r1")
 
 
+def test_a_finished_tasks_next_turn_is_reserved_once_though_two_saw_the_same_runner(store):
+    """Two processes that saw the same last runner of a task waiting for input (an answer, and
+    the runner's own look once it waits): the first reservation stands, the second is refused
+    rather than replacing it, so only the winner queues the turn and launches its runner."""
+    store.insert_task(_row("t"), {})
+    assert store.runners.claim("t", Owner(id="last"), ttl=30)
+    store.transition("t", Status.QUEUED)
+    store.transition("t", Status.RUNNING)
+    store.transition("t", Status.WAITING_INPUT)
+    assert store.runners.reserve("t", "next-a", ttl=30, replacing="last", finished_ok=True)
+    assert not store.runners.reserve("t", "next-b", ttl=30, replacing="next-a", finished_ok=True)
+    assert store.load_task("t").runner_id == "next-a"
+    assert store.runners.claim("t", Owner(id="next-a"), ttl=30)  # the winner's runner starts
+
+
 def test_claiming_a_created_task_queues_it_in_the_same_transaction(store):
     store.insert_task(_row("t"), {})
     assert store.runners.claim("t", Owner(), ttl=30)

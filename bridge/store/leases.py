@@ -92,6 +92,13 @@ class Runners:
         status, runner_id, host, pid, started, expires = row
         return status, runner_id, runner_id is not None and owner_live(expires, host, pid, started)
 
+    def _reserved(self, conn: sqlite3.Connection, row_id: str) -> bool:
+        """Whether the row's runner is a reservation (`reserve`: no process has claimed it)."""
+        row = conn.execute(
+            f"SELECT runner_pid FROM {self.owned.table} WHERE {self.owned.key} = ?", (row_id,)
+        ).fetchone()
+        return row is not None and row[0] is None
+
     def _set_runner(
         self, conn: sqlite3.Connection, row_id: str, runner: tuple, expires: float
     ) -> None:
@@ -144,6 +151,9 @@ class Runners:
             finished = status in self.owned.terminal or (finished_ok and status == "waiting_input")
             if current != replacing or (finished and not finished_ok) or (live and not finished):
                 return False
+            if finished and live and self._reserved(conn, task_id):
+                return False  # another process reserved its next turn first (two answers, an
+                # answer and the runner's own look): that one queues it, and only that one
             self._set_runner(conn, task_id, (runner_id, None, None, None), time.time() + ttl)
             return True
 
