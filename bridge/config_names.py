@@ -19,6 +19,11 @@ OTHER_VARIABLES = {
     "REPOS": "the repositories folder of the compose deployment",
     "IMAGES_DIR": "image contexts to build instead of the package's own",
     "SMOKE_KEY": "the throwaway key of `images build --smoke`",
+    # the warm process (bridge/warm), read by the console script before any configuration
+    "WARM": "0, off, false or no: run each command in its own process, start no warm process",
+    "WARM_DIR": "the warm process's socket folder",
+    "WARM_IDLE_S": "seconds the warm process waits for a command before it stops",
+    "WARM_REPORT": "bench: a file each warm command's exit status and usage are written to",
     # compose/compose.yaml's own settings, read by docker-compose from the same shell
     "VERSION": "compose: the bridge image's tag",
     "BIND": "compose: the address the port is published on",

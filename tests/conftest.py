@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -31,6 +33,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "docker_images" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_folder():
+    """The CLI's warm processes (bridge/warm) of this session are its own: their folder is set
+    for every command the tests start, and each is stopped at the end (by its socket)."""
+    from bridge.warm.client import FOLDER, control
+
+    folder = Path(tempfile.mkdtemp(prefix="wbw-", dir="/tmp"))
+    os.environ[FOLDER] = str(folder)
+    yield folder
+    for sock in folder.glob("*.sock"):
+        control("stop", str(sock))
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- a test's own folders and the ways in ------------------------------------------------------

@@ -156,6 +156,7 @@ LAYERS = [
     {"bridge.mcp_flags"},  # the transport flags, for both front ends' parsers
     {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http", "bridge.ui"},
     {"bridge"},  # the public API: WorkerBridge and the records
+    {"bridge.warm"},  # the console script, and the warm process that loads everything
 ]
 
 

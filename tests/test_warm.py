@@ -1,0 +1,302 @@
+"""The warm process (bridge/warm): a command it runs behaves as the same command run alone
+(output, exit status, environment, working folder, umask, signals), it never runs stale code,
+one serves per name, it stops when idle, and it serves no one but its user from no folder but a
+private one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from support.cli import CLI
+from support.waiting import poll
+
+from bridge.warm.client import control
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """A warm folder of this test's own (short: a socket's path has a length limit)."""
+    path = Path(tempfile.mkdtemp(prefix="wbw-", dir="/tmp"))
+    yield path
+    for sock in path.glob("*.sock"):
+        answer = control("status", str(sock))
+        control("stop", str(sock))
+        if answer:
+            pid = answer["server"]
+            poll(lambda p=pid: gone(p), "the warm process to stop", 20)
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` ended (a zombie has: here PID 1 may not reap what it inherits)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def environment(folder: Path, home: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "WORKER_BRIDGE_WARM_DIR": str(folder), "WORKER_BRIDGE_HOME": str(home)}
+    env.pop("WORKER_BRIDGE_WARM", None)
+    return {**env, **extra}
+
+
+def run(env: dict[str, str], *args: str, **options) -> tuple[subprocess.CompletedProcess, dict]:
+    """`worker-bridge ARGS`: the process, and what the warm process reported ({} when the
+    command ran in its own process)."""
+    with tempfile.NamedTemporaryFile() as report:
+        proc = subprocess.run(
+            [*CLI, *args],
+            env={**env, "WORKER_BRIDGE_WARM_REPORT": report.name},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            **options,
+        )
+        return proc, json.loads(report.read() or "{}")
+
+
+def server(folder: Path) -> dict | None:
+    socks = list(folder.glob("*.sock"))
+    return control("status", str(socks[0])) if len(socks) == 1 else None
+
+
+def started(folder: Path, env: dict[str, str]) -> dict:
+    """Start the warm process with a first command (run alone) and wait until it answers."""
+    first, served = run(env, "--help")
+    assert first.returncode == 0 and not served, first.stderr
+    poll(lambda: server(folder), "the warm process to answer", 60)
+    return server(folder)
+
+
+def test_a_served_command_prints_exits_and_sees_what_it_would_alone(folder, workdir, repo):
+    env = environment(folder, workdir / "home")
+    pid = started(folder, env)["server"]
+    cases = [
+        ("--help",),
+        ("tasks", "list", "--json"),
+        ("tasks", "bogus"),  # argparse's exit 2
+        ("tasks", "show", "no-such-task"),
+        ("tasks", "create", "--json", "--repo", ".", "--worker", "nope", "--objective", "x"),
+    ]
+    for args in cases:
+        alone, _ = run({**env, "WORKER_BRIDGE_WARM": "0"}, *args, cwd=repo)
+        served, report = run(env, *args, cwd=repo)
+        assert report, f"{args} was not served by the warm process"
+        assert report["exit"] == served.returncode
+        assert (served.returncode, served.stdout, served.stderr) == (
+            alone.returncode,
+            alone.stdout,
+            alone.stderr,
+        ), args
+    # Each command has its own environment, working folder and umask.
+    for name, mask in (("a", 0o077), ("b", 0o022)):
+        env_x = environment(folder, workdir / name)
+        created, report = run(
+            env_x,
+            *("tasks", "create", "--repo", ".", "--worker", "mock", "--objective", name),
+            cwd=repo,
+            preexec_fn=lambda m=mask: os.umask(m),
+        )
+        assert created.returncode == 0 and report, created.stderr
+        db_mode = stat.S_IMODE((workdir / name / "bridge.db").stat().st_mode)
+        assert db_mode == 0o666 & ~mask, oct(db_mode)
+        listed, _ = run(env_x, "tasks", "list", "--json")
+        tasks = json.loads(listed.stdout)["tasks"]
+        assert [t["objective"] for t in tasks] == [name]
+        assert tasks[0]["repository"] == str(repo)
+    assert server(folder)["server"] == pid  # one process served all of them
+
+
+def test_signals_reach_the_command_and_a_client_killed_outright_takes_it_along(folder, workdir):
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    for signum, expected in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        client = subprocess.Popen(
+            [*CLI, "mcp"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            poll(lambda: server(folder)["children"], "the command to start", 30)
+            (child,) = server(folder)["children"]
+            assert child != client.pid
+            client.send_signal(signum)
+            assert client.wait(30) == expected
+            poll(lambda c=child: gone(c), f"command {child} to end", 30)
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    poll(lambda: not server(folder)["children"], "the warm process to report both ends", 30)
+
+
+def test_stale_code_is_never_run_and_the_process_that_loaded_it_stops(folder, workdir):
+    extra = workdir / "extra-path"
+    extra.mkdir()
+    env = environment(folder, workdir / "home", PYTHONPATH=str(extra))
+    pid = started(folder, env)["server"]
+    assert run(env, "tasks", "list")[1], "not served before the change"
+    os.utime(extra, ns=(0, 0))  # what an install into a folder of sys.path does to it
+    proc, report = run(env, "tasks", "list")
+    assert proc.returncode == 0, proc.stderr
+    assert not report, "a command was served after the code changed"
+    poll(lambda: gone(pid), "the stale warm process to stop", 30)
+    poll(lambda: server(folder), "a fresh warm process to answer", 60)  # the command started it
+    assert server(folder)["server"] != pid
+    assert run(env, "tasks", "list")[1]
+
+
+def test_one_serves_per_name(folder, workdir):
+    env = environment(folder, workdir / "home")
+    argv = [sys.executable, "-P", "-m", "bridge.warm.server", str(folder), "samename"]
+    procs = [subprocess.Popen(argv, env=env, cwd="/") for _ in range(3)]
+    try:
+        answer = poll(lambda: control("status", str(folder / "samename.sock")), "an answer", 60)
+        poll(lambda: sum(p.poll() is None for p in procs) == 1, "all but one to give up", 60)
+        assert sorted(p.returncode for p in procs if p.poll() is not None) == [0, 0]
+        (alive,) = [p for p in procs if p.poll() is None]
+        assert answer["server"] == alive.pid
+        control("stop", str(folder / "samename.sock"))
+        assert alive.wait(30) == 0
+        assert not (folder / "samename.sock").exists()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_it_stops_when_idle_and_on_sigterm(folder, workdir):
+    env = environment(folder, workdir / "home", WORKER_BRIDGE_WARM_IDLE_S="3")
+    pid = started(folder, env)["server"]
+    poll(lambda: gone(pid), "the idle warm process to stop", 60)
+    assert not list(folder.glob("*.sock"))
+    env = environment(folder, workdir / "home")
+    pid = started(folder, env)["server"]
+    os.kill(pid, signal.SIGTERM)
+    poll(lambda: gone(pid), "the warm process to stop on SIGTERM", 30)
+    assert not list(folder.glob("*.sock"))
+
+
+@pytest.mark.parametrize("kind", ["open to others", "a link", "another user's"])
+def test_no_folder_but_a_private_one_is_used(kind, workdir):
+    """A socket in a folder others can write, reached through a link, or owned by someone else
+    could be anyone's listener: the command (its environment, its streams) is never sent
+    there, and no warm process starts there."""
+    public = Path(tempfile.mkdtemp(prefix="wbw-", dir="/tmp"))
+    try:
+        target = public
+        if kind == "open to others":
+            public.chmod(0o777)
+        elif kind == "a link":
+            target = Path(tempfile.mktemp(prefix="wbw-", dir="/tmp"))
+            target.symlink_to(public)
+        else:
+            os.chown(public, NOBODY, NOBODY)
+        env = environment(target, workdir / "home")
+        planted = socket.socket(socket.AF_UNIX)
+        planted.bind(str(public / f"{_name_for(env)}.sock"))
+        planted.listen(8)
+        planted.setblocking(False)
+        for _ in range(2):
+            proc, report = run(env, "tasks", "list")
+            assert proc.returncode == 0 and not report, proc.stderr
+        time.sleep(2)  # what a warm process started now would take to bind
+        with pytest.raises(BlockingIOError):
+            planted.accept()
+        assert sorted(p.name for p in public.iterdir()) == [f"{_name_for(env)}.sock"]
+    finally:
+        if target != public:
+            target.unlink()
+        subprocess.run(["rm", "-rf", str(public)], check=False)
+
+
+def _name_for(env: dict[str, str]) -> str:
+    """The socket name a command with ``env`` uses (it depends on the PYTHON* variables)."""
+    code = "from bridge.warm.client import name; print(name())"
+    return subprocess.run(
+        [str(Path(CLI[0]).parent / "python3"), "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def test_another_user_is_refused_even_with_the_socket_opened_to_them(folder, workdir):
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    (sock,) = folder.glob("*.sock")
+
+    def connect_as_nobody() -> str:
+        """What a process of another user gets from the socket (forked: that user cannot run
+        this interpreter, under /root)."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(10)
+                try:
+                    s.connect(str(sock))
+                    s.sendall(b'\x00\x00\x00\x10{"status": true}')
+                    os.write(write, b"answer " + repr(s.recv(100)).encode())
+                except OSError as exc:
+                    os.write(write, f"refused {type(exc).__name__}".encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as answer:
+            return answer.read()
+
+    assert connect_as_nobody().startswith("refused PermissionError")  # the folder is 0700
+    folder.chmod(0o755)
+    sock.chmod(0o777)
+    refused = connect_as_nobody()  # connected, then closed unanswered (or reset)
+    assert refused in ("answer b''", "refused ConnectionResetError"), refused
+    folder.chmod(0o700)
+    assert run(env, "tasks", "list")[1], "the warm process stopped serving its own user"
+
+
+def test_a_task_run_warm_succeeds_and_its_containers_cannot_see_the_warm_process(
+    folder, workdir, repo, docker_images
+):
+    """The warm process's socket is on the host only: neither the worker's container nor the
+    verifier's has its folder (a worker that reached it could run commands as the user)."""
+    from support.tasks import task_flags
+
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    probe = f"if [ -e {folder} ]; then echo seen; else echo absent; fi"
+    flags = task_flags(
+        repo,
+        "look for the warm socket",
+        verify=(f"test ! -e {folder}", "grep -qx absent probe.txt"),
+        metadata={"mock": {"script": f"{probe} > probe.txt"}},
+    )
+    proc, report = run(env, "tasks", "run", "--json", *flags)
+    assert report, "the task was not run by the warm process"
+    result = json.loads(proc.stdout)
+    assert result["status"] == "succeeded", (result["error"], proc.stderr)
+    assert [c["path"] for c in result["changed_files"]] == ["probe.txt"]
+    assert result["verification"]["ok"] is True
