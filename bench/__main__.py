@@ -147,6 +147,8 @@ def details(results: dict) -> dict[str, str]:
         f"{jobs['serial_median_s']:.2f} s",
         "large_change_vs_floor_ratio": f"{large['files']:,} files: {large['bridge_s']:.2f} s vs "
         f"{large['floor_s']:.2f} s",
+        "cli_tasks_show_ms": "served by the warm process; without it "
+        f"{results['cli_startup']['wall_median_ms']['tasks_show_no_warm']:.0f} ms",
         "store_read_p99_ms": "as the servers read, start-up heap frozen; a library loop: "
         f"{store['library_loop']['read_p99_ms']:.1f} ms",
     }

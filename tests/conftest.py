@@ -24,6 +24,7 @@ from support.registries import PackageServer
 from support.repos import calc_repo
 from support.scratch import TEST_ROOT
 from support.upstream import Upstream
+from support.warm import stop_all
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
@@ -38,14 +39,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def _warm_folder():
     """The CLI's warm processes (bridge/warm) of this session are its own: their folder is set
-    for every command the tests start, and each is stopped at the end (by its socket)."""
-    from bridge.warm.client import FOLDER, control
+    for every command the tests start, and each is stopped at the end."""
+    from bridge.warm.client import FOLDER
 
     folder = Path(tempfile.mkdtemp(prefix="wbw-", dir="/tmp"))
     os.environ[FOLDER] = str(folder)
     yield folder
-    for sock in folder.glob("*.sock"):
-        control("stop", str(sock))
+    stop_all(folder)
     shutil.rmtree(folder, ignore_errors=True)
 
 

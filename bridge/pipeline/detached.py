@@ -37,7 +37,9 @@ def launch_detached(config: Config, module: str, log_name: str, *args: str) -> N
     coordinator (bridge/jobs/detached.py)."""
     logs = config.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", module, "--store", str(config.store_path), *args]
+    # -P: the caller's working folder is not put first on the path, so a `bridge` package in
+    # it (a repository's own, or one a worker wrote there) is never what the runner imports
+    argv = [sys.executable, "-P", "-m", module, "--store", str(config.store_path), *args]
     with open(logs / log_name, "ab") as log:
         subprocess.Popen(
             argv,
