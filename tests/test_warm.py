@@ -5,6 +5,7 @@ private one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -118,29 +119,103 @@ def test_a_served_command_prints_exits_and_sees_what_it_would_alone(folder, work
     assert server(folder)["server"] == pid  # one process served all of them
 
 
+@contextlib.contextmanager
+def long_command(folder: Path, env: dict[str, str], **options) -> Iterator[tuple]:
+    """`worker-bridge mcp` (it runs until its stdin ends) served by the warm process: the
+    client, and the child that is the command."""
+    client = subprocess.Popen(
+        [*CLI, "mcp"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **options,
+    )
+    try:
+        poll(lambda: server(folder)["children"], "the command to start", 30)
+        (child,) = server(folder)["children"]
+        assert child != client.pid
+        yield client, child
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_signals_reach_the_command_and_a_client_killed_outright_takes_it_along(folder, workdir):
     env = environment(folder, workdir / "home")
     started(folder, env)
-    for signum, expected in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
-        client = subprocess.Popen(
-            [*CLI, "mcp"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            poll(lambda: server(folder)["children"], "the command to start", 30)
-            (child,) = server(folder)["children"]
-            assert child != client.pid
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with long_command(folder, env) as (client, child):
             client.send_signal(signum)
-            assert client.wait(30) == expected
+            assert client.wait(30) == -signum
             poll(lambda c=child: gone(c), f"command {child} to end", 30)
-        finally:
-            if client.poll() is None:
-                client.kill()
-                client.wait()
-    poll(lambda: not server(folder)["children"], "the warm process to report both ends", 30)
+    # killed itself: the client dies of the same signal, and says nothing
+    with long_command(folder, env) as (client, child):
+        os.kill(child, signal.SIGKILL)
+        assert client.wait(30) == -signal.SIGKILL
+        assert client.stderr.read() == b""
+    poll(lambda: not server(folder)["children"], "the warm process to report every end", 30)
+
+
+def test_a_signal_the_caller_ignores_is_ignored_by_the_command(folder, workdir):
+    """As under `nohup`: a hang-up the caller was started ignoring ends neither it nor the
+    command."""
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    ignore = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+    with long_command(folder, env, preexec_fn=ignore) as (client, child):
+        client.send_signal(signal.SIGHUP)
+        os.kill(child, signal.SIGHUP)
+        time.sleep(1)
+        assert client.poll() is None and not gone(child)
+        client.send_signal(signal.SIGTERM)
+        assert client.wait(30) == -signal.SIGTERM
+
+
+def test_a_command_outlives_a_lost_warm_process_and_its_client_waits_for_it(folder, workdir):
+    env = environment(folder, workdir / "home")
+    pid = started(folder, env)["server"]
+    with long_command(folder, env) as (client, child):
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
+        assert client.poll() is None, "the client left its command running alone"
+        client.send_signal(signal.SIGTERM)  # still passed on to the command
+        assert client.wait(30) == 1
+        assert gone(child)
+        assert b"warm process was lost" in client.stderr.read()
+
+
+def test_a_closed_stdin_is_the_null_device_not_the_socket(folder, workdir):
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    proc, report = run(env, "tasks", "list", "--json", preexec_fn=lambda: os.close(0))
+    assert proc.returncode == 0 and report, proc.stderr
+    assert json.loads(proc.stdout) == {"tasks": []}
+    assert not server(folder)["children"]
+
+
+def test_a_caller_confined_otherwise_is_never_served_by_an_unconfined_process(folder, workdir):
+    """A caller under no-new-privileges (or other capabilities, groups, seccomp, namespaces or
+    cgroup) naming the socket of a warm process that has none is refused: its command is not
+    forked with more than it has."""
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    (sock,) = folder.glob("*.sock")
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"s.connect({str(sock)!r})\n"
+        "s.sendall(b'\\x00\\x00\\x00\\x10{\"status\": true}')\n"
+        "print(s.recv(100))\n"
+    )
+    confined = ["setpriv", "--no-new-privs", "/usr/bin/python3", "-I", "-c", code]
+    answer = subprocess.run(confined, capture_output=True, text=True, timeout=30)
+    assert answer.stdout.strip() in ("b''", ""), answer  # closed unanswered
+    proc, report = run(env, "tasks", "list")  # the same, unconfined, is served
+    assert proc.returncode == 0 and report
 
 
 def test_stale_code_is_never_run_and_the_process_that_loaded_it_stops(folder, workdir):
@@ -149,7 +224,7 @@ def test_stale_code_is_never_run_and_the_process_that_loaded_it_stops(folder, wo
     env = environment(folder, workdir / "home", PYTHONPATH=str(extra))
     pid = started(folder, env)["server"]
     assert run(env, "tasks", "list")[1], "not served before the change"
-    os.utime(extra, ns=(0, 0))  # what an install into a folder of sys.path does to it
+    (extra / "newly-1.0.dist-info").mkdir()  # a distribution installed on sys.path
     proc, report = run(env, "tasks", "list")
     assert proc.returncode == 0, proc.stderr
     assert not report, "a command was served after the code changed"
@@ -157,6 +232,22 @@ def test_stale_code_is_never_run_and_the_process_that_loaded_it_stops(folder, wo
     poll(lambda: server(folder), "a fresh warm process to answer", 60)  # the command started it
     assert server(folder)["server"] != pid
     assert run(env, "tasks", "list")[1]
+
+
+def test_a_changed_module_of_the_bridge_is_never_served_from_memory(folder, workdir):
+    import bridge.version
+
+    env = environment(folder, workdir / "home")
+    pid = started(folder, env)["server"]
+    path = Path(bridge.version.__file__)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as an edit does
+    try:
+        proc, report = run(env, "tasks", "list")
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert proc.returncode == 0 and not report, proc.stderr
+    poll(lambda: gone(pid), "the stale warm process to stop", 30)
 
 
 def test_one_serves_per_name(folder, workdir):

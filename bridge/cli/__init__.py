@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from bridge.cli.gate import turn
 from bridge.cli.render import SafeStream
@@ -20,7 +21,7 @@ from bridge.cli.ui import add_arguments as add_ui_arguments
 from bridge.errors import BridgeError
 from bridge.mcp_flags import add_arguments as add_mcp_transport_arguments
 
-__all__ = ["COMMANDS", "build_parser", "main", "run"]
+__all__ = ["COMMANDS", "build_parser", "finish", "main", "run"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,13 +100,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The console script (and `python -m bridge.cli`): main(), then the process ends the way
-    an interpreter's exit would end it, minus tearing down every module's objects, which costs
-    a task's command ~40 ms of CPU and nothing of ours needs: threads are waited for as at exit
-    (`threading._shutdown`), exit handlers run (the pool's among them), the standard streams
-    are flushed, and no file of ours is left open past its `with`. An exit by exception
-    (SystemExit from argparse, a crash) takes the ordinary way."""
-    code = main()
+    """The console script's command run in this process (and `python -m bridge.cli`): main(),
+    then `finish`. An exit by exception (SystemExit from argparse, a crash) takes the ordinary
+    way."""
+    finish(main())
+
+
+def finish(code: int, signum: int | None = None) -> NoReturn:
+    """End the process the way an interpreter's exit would, minus tearing down every module's
+    objects, which costs a task's command ~40 ms of CPU and nothing of ours needs: threads are
+    waited for as at exit (`threading._shutdown`), exit handlers run (the pool's among them),
+    the standard streams are flushed, and no file of ours is left open past its `with`. With
+    ``signum``, the process then dies of that signal (an uncaught KeyboardInterrupt's SIGINT)."""
     threading._shutdown()  # type: ignore[attr-defined]  # what exit runs first: idle
     # executors' workers told to stop, then every thread that is not a daemon joined
     atexit._run_exitfuncs()
@@ -114,4 +120,7 @@ def run() -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: what normal exit would also lose
             code = code or 1
+    if signum is not None:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     os._exit(code)

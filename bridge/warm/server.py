@@ -1,17 +1,18 @@
 """The warm process (`python -m bridge.warm.server FOLDER NAME`): load the CLI and everything
 its commands import, then fork one child per command handed over on FOLDER/NAME.sock
 (bridge/warm/client.py). The child becomes the command: a session of its own, the client's
-standard streams, working folder, umask, environment and argument list, then the CLI's own
-`main()` and the ending of `bridge.cli.run`. The parent only forks, reports each child's exit
-status and resource usage to its client, and kills a child whose client went away unannounced
-(a client killed outright: a command killed outright ends too).
+working folder, umask, resource limits, priority, ignored signals, environment, argument list
+and standard streams, then the CLI's own `main()` and `finish()`. The parent only forks,
+reports each child's exit status and resource usage to its client, and kills a child whose
+client went away unannounced (a client killed outright: a command killed outright ends too).
 
-It serves this user only (a private folder, `SO_PEERCRED`), never two at once per name (a
-lock), and never from stale code: a command arriving after any loaded `bridge` file or any
-folder of `sys.path` changed is refused (the client runs it itself) and the process stops. It
-stops after IDLE_S without a command (`WORKER_BRIDGE_WARM_IDLE_S`), or on SIGTERM or a stop
-request, once its running children have ended; the children themselves are never waited on by
-anything but it, and are not in its process group."""
+It serves this user only (a private folder, `SO_PEERCRED`) and only callers in its own security
+context (`client.context`), never two at once per name (a lock, held until it stops taking
+commands), and never from stale code: a command arriving after any loaded `bridge` file, or the
+distributions installed on `sys.path`, changed is refused (the client runs it itself) and the
+process stops. It stops after IDLE_S without a command (`WORKER_BRIDGE_WARM_IDLE_S`), on
+SIGTERM or a stop request: it takes no more commands at once, lets another start, and ends
+once its running children have."""
 
 from __future__ import annotations
 
@@ -21,44 +22,37 @@ import importlib
 import io
 import os
 import pkgutil
+import resource
 import selectors
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
 import traceback
 
-from bridge.warm.client import (
-    peer_is_me,
-    private_folder,
-    read_message,
-    send_message,
-)
+from bridge.warm.client import context, peer, read_message, send_message
 
 IDLE_S = 900.0
-LOCK_WAIT_S = 3.0  # for a stopping predecessor to let go of the lock
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
 
 
-def _lock(base: str, name: str) -> int | None:
-    """This name's lock, held for the process's life; None when another live process holds it
-    (or the folder cannot be made private)."""
+def open_folder(base: str) -> int | None:
+    """``base`` (made if missing) opened without following a link, if it is this user's folder
+    that no one else may enter; every file of the warm process is then reached through it."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(base, 0o700)
-    if not private_folder(base):
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    except OSError:
         return None
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(os.path.join(base, name + ".lock"), flags, 0o600)
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.05)
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not stat.S_ISDIR(st.st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def preload() -> None:
@@ -74,22 +68,23 @@ def preload() -> None:
             importlib.import_module(module.name)
 
 
-def stamp() -> dict[str, tuple[int, int]]:
-    """The loaded code's state: each loaded `bridge` module's file and each `sys.path` folder
-    (an install or removal there changes it), by modification time and size."""
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
+_INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
+
+
+def stamp() -> dict[str, object]:
+    """The loaded code's state: each loaded `bridge` module's file by modification time and
+    size, and the distributions installed in each `sys.path` folder by name (an install, an
+    upgrade or a removal changes them; a build log beside an editable checkout does not)."""
+    found: dict[str, object] = {}
     for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        named = module.__name__
+        path, named = getattr(module, "__file__", None), module.__name__
         if path and (named in ("bridge", "__main__") or named.startswith("bridge.")):
-            paths.append(path)
-    found = {}
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        found[path] = (st.st_mtime_ns, st.st_size)
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                found[path] = (st.st_mtime_ns, st.st_size)
+    for folder in sys.path:
+        with contextlib.suppress(OSError):
+            found[folder] = sorted(n for n in os.listdir(folder or ".") if n.endswith(_INSTALLED))
     return found
 
 
@@ -104,27 +99,40 @@ def exit_code(exc: SystemExit) -> int:
 
 
 class Server:
-    def __init__(self, base: str, name: str, lock_fd: int, idle_s: float) -> None:
-        self.path = os.path.join(base, name + ".sock")
-        self.lock_fd = lock_fd
-        self.idle_s = idle_s
-        self.loaded = stamp()
+    def __init__(self, folder_fd: int, name: str, lock_fd: int, idle_s: float) -> None:
+        self.folder_fd, self.name, self.lock_fd, self.idle_s = folder_fd, name, lock_fd, idle_s
         self.selector = selectors.DefaultSelector()
         # pid: (its client, its pidfd, this process's CPU time spent forking it)
         self.children: dict[int, tuple[socket.socket, int, float]] = {}
         self.stopping = False
-        self.last = time.monotonic()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        self.context = context()
+        # Bound under a name of its own until loaded, then published: a client never waits for
+        # a warm process that is still loading, and a socket that cannot be bound (a path too
+        # long) fails before the load.
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unlink(f"{name}.new")
         mask = os.umask(0o177)
         try:
-            self.listener.bind(self.path)
+            self.listener.bind(f"/proc/self/fd/{folder_fd}/{name}.new")
         finally:
             os.umask(mask)
-        self.inode = os.stat(self.path).st_ino  # to remove only its own socket at the end
+        self.inode = os.stat(f"{name}.new", dir_fd=folder_fd).st_ino  # removed only if its own
+
+    def publish(self, loaded_since_ns: int) -> None:
+        self.loaded = stamp()
+        # a file that changed while it loaded may be half old: the first command is refused
+        self.fresh = all(
+            v[0] < loaded_since_ns for v in self.loaded.values() if isinstance(v, tuple)
+        )
         self.listener.listen(64)
+        os.rename(
+            f"{self.name}.new",
+            f"{self.name}.sock",
+            src_dir_fd=self.folder_fd,
+            dst_dir_fd=self.folder_fd,
+        )
         self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
+        self.last = time.monotonic()
 
     def serve(self) -> None:
         self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a SIGTERM ends a select
@@ -143,17 +151,26 @@ class Server:
         self.stop()
 
     def stop(self) -> None:
-        """Take no more commands: the socket goes (if it is still ours); the children that run
-        still have their status reported."""
+        """Take no more commands: the socket goes (if it is still its own) and the lock is let
+        go, so another warm process may start; the children that run still have their status
+        reported."""
         if self.stopping:
             return
         self.stopping = True
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.listener)
-        with contextlib.suppress(OSError):
-            if os.stat(self.path).st_ino == self.inode:
-                os.unlink(self.path)
+        self._unlink(f"{self.name}.sock")
+        self._unlink(f"{self.name}.new")
         self.listener.close()
+        os.close(self.lock_fd)
+
+    def _unlink(self, entry: str) -> None:
+        with contextlib.suppress(OSError):
+            if (
+                not hasattr(self, "inode")
+                or os.stat(entry, dir_fd=self.folder_fd, follow_symlinks=False).st_ino == self.inode
+            ):
+                os.unlink(entry, dir_fd=self.folder_fd)
 
     def _accept(self, listener: socket.socket) -> None:
         try:
@@ -161,45 +178,45 @@ class Server:
         except OSError:
             return
         self.last = time.monotonic()
+        fds: list[int] = []
         try:
             conn.settimeout(5.0)  # a client that connects and sends nothing holds no one up
-            if not peer_is_me(conn):
-                raise OSError("another user")
+            pid, uid = peer(conn)
+            if uid != os.getuid() or context(pid) != self.context:
+                raise OSError("another user, or a caller confined otherwise than this process")
             message, fds = _receive(conn)
-        except (OSError, ValueError):
-            conn.close()
-            return
-        try:
             if message.get("stop"):
                 self.stop()
                 send_message(conn, {"stopping": True})
             elif message.get("status"):
                 send_message(conn, {"server": os.getpid(), "children": sorted(self.children)})
-            elif stamp() != self.loaded or threading.active_count() != 1:
-                send_message(conn, {"refused": "the installed code changed since it loaded"})
+            elif not self.fresh or stamp() != self.loaded or threading.active_count() != 1:
                 self.stop()
-            elif len(fds) != 4:
-                raise ValueError("a command comes with its streams and working folder")
-            else:
-                self._fork(conn, message, fds)
-                fds = []
+                send_message(conn, {"refused": "the installed code changed since it loaded"})
+            elif len(fds) == 4:
+                owned, fds = fds, []
+                self._fork(conn, message, owned)
         except (OSError, ValueError):
             pass
         finally:
             for fd in fds:
                 os.close(fd)
-            if conn.fileno() >= 0 and not any(c[0] is conn for c in self.children.values()):
+            if not any(c[0] is conn for c in self.children.values()):
                 conn.close()
 
     def _fork(self, conn: socket.socket, message: dict, fds: list[int]) -> None:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         cpu = time.process_time()
-        pid = os.fork()
-        if pid == 0:
-            self._become(conn, message, fds)  # never returns
-        for fd in fds:
-            os.close(fd)
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)  # none handled as this process's
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._become(conn, message, fds)  # never returns
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+            for fd in fds:
+                os.close(fd)
         pidfd = os.pidfd_open(pid)
         conn.setblocking(False)
         self.children[pid] = (conn, pidfd, time.process_time() - cpu)
@@ -227,6 +244,8 @@ class Server:
 
     def _gone(self, pid: int) -> None:
         """The client sent more, or went away: only the latter happens; its command goes too."""
+        if pid not in self.children:
+            return  # ended in the same round
         conn = self.children[pid][0]
         try:
             more = conn.recv(1)
@@ -240,56 +259,64 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
 
     def _become(self, conn: socket.socket, message: dict, fds: list[int]) -> None:
-        """The child: set up as the client's command, tell it so, run the command, end."""
-        code = 1
+        """The child: set up as the client's command, tell it so, run the command, end. What
+        can fail is done while its errors still go to the warm process's log: the client then
+        runs the command itself."""
         try:
             os.setsid()
-            for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.set_wakeup_fd(-1)
+            for signum in HANDLED:
                 signal.signal(signum, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.set_wakeup_fd(-1)
-            for fd in self.wake:
+            for signum in message["ignored"]:
+                signal.signal(signum, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+            for fd in (*self.wake, self.folder_fd, self.lock_fd):
                 os.close(fd)
             self.selector.close()
             self.listener.close()
-            os.close(self.lock_fd)
             for other, pidfd, _ in self.children.values():
                 other.close()
                 os.close(pidfd)
-            for target, fd in enumerate(fds[:3]):
-                os.dup2(fd, target)
             os.fchdir(fds[3])
-            for fd in fds:
-                os.close(fd)
             os.umask(message["umask"])
+            for limit, soft, hard in message["limits"]:
+                if resource.getrlimit(limit) != (soft, hard):
+                    resource.setrlimit(limit, (soft, hard))
+            os.setpriority(os.PRIO_PROCESS, 0, message["nice"])
             os.environ.clear()
             os.environ.update(message["env"])
             sys.argv = message["argv"]
+            for target, fd in enumerate(fds[:3]):
+                os.dup2(fd, target)
+            for fd in fds:
+                os.close(fd)
             _standard_streams(message["streams"])
             conn.setblocking(True)
             send_message(conn, {"pid": os.getpid()})
             conn.close()
-            from bridge.cli import run
+        except BaseException:  # noqa: BLE001  # not started: the client runs it
+            traceback.print_exc()
+            os._exit(1)
+        from bridge.cli import finish, main
 
-            run()  # ends the process (os._exit) when main() returns
+        code, signum = 1, None
+        try:
+            code = main()
         except SystemExit as exc:
             code = exit_code(exc)
+        except KeyboardInterrupt:
+            signum = signal.SIGINT  # as the interpreter ends on one: killed by it
         except BaseException:  # noqa: BLE001  # as the interpreter would: the trace, then 1
             traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+        finish(code, signum)
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     data, fds, _, _ = socket.recv_fds(conn, 65536, 8)
-    if not data:
-        raise ValueError("nothing sent")
-    buffer = bytearray(data)
     try:
-        message = read_message(conn, buffer)
+        buffer = bytearray(data)
+        message = read_message(conn, buffer) if data else None
         if message is None or buffer:
             raise ValueError("a malformed request")
     except BaseException:
@@ -299,16 +326,18 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return message, fds
 
 
-def _standard_streams(streams: list[list[str]]) -> None:
-    """The client's stdin, stdout and stderr as its interpreter made them: its encodings and
-    error handlers, stdout line-buffered on a terminal, stderr always."""
-    for index, (encoding, errors) in enumerate(streams):
+def _standard_streams(streams: list[list]) -> None:
+    """The client's stdin, stdout and stderr as its interpreter made them (their encodings,
+    error handlers, line buffering and writing through, which depend on its flags, its
+    environment and whether each is a terminal), without newline translation, as CPython's."""
+    for index, (encoding, errors, line_buffering, write_through) in enumerate(streams):
         stream = io.TextIOWrapper(
             io.open(index, "rb" if index == 0 else "wb", closefd=False),  # noqa: UP020
             encoding=encoding,
             errors=errors,
-            newline=None if index == 0 else "\n",
-            line_buffering=index == 2 or (index == 1 and os.isatty(1)),
+            newline="\n",
+            line_buffering=line_buffering,
+            write_through=write_through,
         )
         setattr(sys, ("stdin", "stdout", "stderr")[index], stream)
         setattr(sys, ("__stdin__", "__stdout__", "__stderr__")[index], stream)
@@ -316,20 +345,30 @@ def _standard_streams(streams: list[list[str]]) -> None:
 
 def main(argv: list[str]) -> int:
     base, name = argv
-    lock_fd = _lock(base, name)
-    if lock_fd is None:
-        return 0  # another one serves, or the folder is not private
-    log = os.open(os.path.join(base, name + ".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    folder_fd = open_folder(base)
+    if folder_fd is None:
+        return 0  # not a private folder: never used
+    lock_fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=folder_fd)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another one serves
+    log = os.open(
+        f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o600, dir_fd=folder_fd
+    )
     os.dup2(log, 2)  # its own errors, for whoever looks; each child's go to its client
     os.close(log)
-    try:
-        preload()
-        if threading.active_count() != 1:
-            return 1  # a fork of a process with threads is not safe
-        idle = float(os.environ.get("WORKER_BRIDGE_WARM_IDLE_S", IDLE_S))
-        Server(base, name, lock_fd, idle).serve()
-    finally:
-        os.close(lock_fd)
+    os.close(os.pidfd_open(os.getpid()))  # without pidfds (before Linux 5.3) it cannot serve
+    server = Server(
+        folder_fd, name, lock_fd, float(os.environ.get("WORKER_BRIDGE_WARM_IDLE_S", IDLE_S))
+    )
+    loading_since = time.time_ns()
+    preload()
+    if threading.active_count() != 1:
+        server.stop()
+        return 1  # a fork of a process with threads is not safe
+    server.publish(loading_since)
+    server.serve()
     return 0
 
 
