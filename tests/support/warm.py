@@ -1,6 +1,7 @@
 """Stopping the warm processes (bridge/warm) a test or session started in its folder: each is
-found by its lock, which it holds for its whole life, so one still loading (not yet
-answering) is waited for and stopped too, not left running after its folder is gone."""
+found by its lock, which it holds from before it loads until it stops taking commands, so one
+still loading (not yet answering) is waited for and stopped too, not left running after its
+folder is gone."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _held(lock: Path) -> bool:
 
 
 def stop_all(folder: Path, deadline_s: float = 60.0) -> None:
-    """Stop every warm process of ``folder`` and wait until each has let go of its lock."""
+    """Stop every warm process of ``folder``: each has let go of its lock when this returns (a
+    command it still runs ends on its own)."""
     deadline = time.monotonic() + deadline_s
     for lock in folder.glob("*.lock"):
         sock = str(lock.with_suffix(".sock"))
