@@ -300,10 +300,10 @@ def main() -> int:
                 continue
             results[name] = run(root, q)
     finally:
-        from bridge.warm.client import control
+        from bridge.warm.client import stop_all
         from bridge.workspace.overlay import unmount_under
 
-        control("stop")
+        stop_all()  # the bench's folder: every warm process started in it
 
         unmount_under(root)  # layered worktrees stay mounted until pruned
         shutil.rmtree(root, ignore_errors=True)

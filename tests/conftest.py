@@ -24,7 +24,6 @@ from support.registries import PackageServer
 from support.repos import calc_repo
 from support.scratch import TEST_ROOT
 from support.upstream import Upstream
-from support.warm import stop_all
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
@@ -40,12 +39,12 @@ def pytest_collection_modifyitems(config, items):
 def _warm_folder():
     """The CLI's warm processes (bridge/warm) of this session are its own: their folder is set
     for every command the tests start, and each is stopped at the end."""
-    from bridge.warm.client import FOLDER
+    from bridge.warm.client import FOLDER, stop_all
 
     folder = Path(tempfile.mkdtemp(prefix="wbw-", dir="/tmp"))
     os.environ[FOLDER] = str(folder)
     yield folder
-    stop_all(folder)
+    stop_all(str(folder))
     shutil.rmtree(folder, ignore_errors=True)
 
 

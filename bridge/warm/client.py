@@ -285,6 +285,41 @@ def control(request: str, path: str | None = None) -> dict | None:
             return None
 
 
+def stop_all(base: str | None = None, deadline_s: float = 60.0) -> int:
+    """Stop every warm process of ``base`` (default: this user's folder), whatever its name,
+    one still loading too: each is found by its lock, held from before it loads until it stops
+    taking commands. Returns how many were stopped; a command one still runs ends on its own."""
+    import fcntl
+    import glob
+    import time
+
+    def held(lock: str) -> bool:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    base = base or folder()
+    if not private_folder(base):
+        return 0
+    deadline, stopped = time.monotonic() + deadline_s, 0
+    for lock in glob.glob(os.path.join(glob.escape(base), "*.lock")):
+        stopped += held(lock)
+        while held(lock):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the warm process of {lock} did not stop")
+            control("stop", lock.removesuffix(".lock") + ".sock")
+            time.sleep(0.1)
+    return stopped
+
+
 def start_server(base: str, server_name: str) -> None:
     """Start a warm process for ``base``/``server_name`` in a session of its own, with a
     minimal environment (each command brings its own); it gives up at once if one runs. None
