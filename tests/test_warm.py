@@ -122,6 +122,7 @@ def test_a_served_command_prints_exits_and_sees_what_it_would_alone(folder, work
 def long_command(folder: Path, env: dict[str, str], **options) -> Iterator[tuple]:
     """`worker-bridge mcp` (it runs until its stdin ends) served by the warm process: the
     client, and the child that is the command."""
+    poll(lambda: not server(folder)["children"], "the last command's end to be reported", 30)
     client = subprocess.Popen(
         [*CLI, "mcp"],
         env=env,
