@@ -250,6 +250,23 @@ def test_a_changed_module_of_the_bridge_is_never_served_from_memory(folder, work
     poll(lambda: gone(pid), "the stale warm process to stop", 30)
 
 
+def test_a_module_dated_in_the_future_does_not_keep_it_from_serving(folder, workdir):
+    """Only a file that changed while it loaded makes the first command refused: one an archive
+    left dated in the future did not (else every command would start a warm process in vain)."""
+    import bridge.version
+
+    path = Path(bridge.version.__file__)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, time.time_ns() + 3600 * 10**9))
+    try:
+        env = environment(folder, workdir / "home")
+        started(folder, env)
+        proc, report = run(env, "tasks", "list")
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert proc.returncode == 0 and report, proc.stderr
+
+
 def test_one_serves_per_name(folder, workdir):
     env = environment(folder, workdir / "home")
     argv = [sys.executable, "-P", "-m", "bridge.warm.server", str(folder), "samename"]

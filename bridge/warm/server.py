@@ -120,9 +120,11 @@ class Server:
 
     def publish(self, loaded_since_ns: int) -> None:
         self.loaded = stamp()
-        # a file that changed while it loaded may be half old: the first command is refused
-        self.fresh = all(
-            v[0] < loaded_since_ns for v in self.loaded.values() if isinstance(v, tuple)
+        # a file that changed while it loaded may be half old: the first command is refused (a
+        # file dated in the future, as an archive may leave it, did not change while it loaded)
+        now = time.time_ns()
+        self.fresh = not any(
+            loaded_since_ns <= v[0] <= now for v in self.loaded.values() if isinstance(v, tuple)
         )
         self.listener.listen(64)
         os.rename(
