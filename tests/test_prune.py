@@ -8,11 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import docker
-import psutil
 import pytest
 from support.repos import git
 from support.tasks import mock_task, run_spec, show_task, start_spec, wait_for_event
-from support.waiting import poll
+from support.waiting import poll, process_gone
 from testcontainers.core.container import DockerContainer
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -27,13 +26,6 @@ def runner_pid(home: Path, task_id: str) -> int | None:
         return row[0] if row else None
     finally:
         conn.close()
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def prune(cli, *flags: str) -> dict:

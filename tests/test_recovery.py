@@ -31,7 +31,7 @@ from support.tasks import (
     wait_until_done,
     write_spec,
 )
-from support.waiting import poll
+from support.waiting import poll, process_gone
 
 PAUSED_RUNNER = Path(__file__).parent / "support" / "paused_runner.py"
 
@@ -98,13 +98,6 @@ def lease_rows(home: Path, task_id: str) -> list[dict]:
 
 def kinds(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["kind"] == kind]
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def kill_runner(pid: int) -> None:

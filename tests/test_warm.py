@@ -18,10 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from support.cli import CLI
-from support.waiting import poll
+from support.waiting import poll, process_gone
 
 from bridge.warm.client import control, stop_all
 
@@ -35,14 +34,6 @@ def folder() -> Iterator[Path]:
     yield path
     stop_all(str(path))
     subprocess.run(["rm", "-rf", str(path)], check=False)
-
-
-def gone(pid: int) -> bool:
-    """Whether ``pid`` ended (a zombie has: here PID 1 may not reap what it inherits)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def environment(folder: Path, home: Path, **extra: str) -> dict[str, str]:
@@ -151,7 +142,7 @@ def test_signals_reach_the_command_and_a_client_killed_outright_takes_it_along(f
         with long_command(folder, env) as (client, child):
             client.send_signal(signum)
             assert client.wait(30) == -signum
-            poll(lambda c=child: gone(c), f"command {child} to end", 30)
+            poll(lambda c=child: process_gone(c), f"command {child} to end", 30)
     # killed itself: the client dies of the same signal, and says nothing
     with long_command(folder, env) as (client, child):
         os.kill(child, signal.SIGKILL)
@@ -170,7 +161,7 @@ def test_a_signal_the_caller_ignores_is_ignored_by_the_command(folder, workdir):
         client.send_signal(signal.SIGHUP)
         os.kill(child, signal.SIGHUP)
         time.sleep(1)
-        assert client.poll() is None and not gone(child)
+        assert client.poll() is None and not process_gone(child)
         client.send_signal(signal.SIGTERM)
         assert client.wait(30) == -signal.SIGTERM
 
@@ -184,7 +175,7 @@ def test_a_command_outlives_a_lost_warm_process_and_its_client_waits_for_it(fold
         assert client.poll() is None, "the client left its command running alone"
         client.send_signal(signal.SIGTERM)  # still passed on to the command
         assert client.wait(30) == 1
-        assert gone(child)
+        assert process_gone(child)
         assert b"warm process was lost" in client.stderr.read()
 
 
@@ -228,7 +219,7 @@ def test_stale_code_is_never_run_and_the_process_that_loaded_it_stops(folder, wo
     proc, report = run(env, "tasks", "list")
     assert proc.returncode == 0, proc.stderr
     assert not report, "a command was served after the code changed"
-    poll(lambda: gone(pid), "the stale warm process to stop", 30)
+    poll(lambda: process_gone(pid), "the stale warm process to stop", 30)
     poll(lambda: server(folder), "a fresh warm process to answer", 60)  # the command started it
     assert server(folder)["server"] != pid
     assert run(env, "tasks", "list")[1]
@@ -247,7 +238,7 @@ def test_a_changed_module_of_the_bridge_is_never_served_from_memory(folder, work
     finally:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert proc.returncode == 0 and not report, proc.stderr
-    poll(lambda: gone(pid), "the stale warm process to stop", 30)
+    poll(lambda: process_gone(pid), "the stale warm process to stop", 30)
 
 
 def test_a_module_dated_in_the_future_does_not_keep_it_from_serving(folder, workdir):
@@ -290,12 +281,12 @@ def test_one_serves_per_name(folder, workdir):
 def test_it_stops_when_idle_and_on_sigterm(folder, workdir):
     env = environment(folder, workdir / "home", WORKER_BRIDGE_WARM_IDLE_S="3")
     pid = started(folder, env)["server"]
-    poll(lambda: gone(pid), "the idle warm process to stop", 60)
+    poll(lambda: process_gone(pid), "the idle warm process to stop", 60)
     assert not list(folder.glob("*.sock"))
     env = environment(folder, workdir / "home")
     pid = started(folder, env)["server"]
     os.kill(pid, signal.SIGTERM)
-    poll(lambda: gone(pid), "the warm process to stop on SIGTERM", 30)
+    poll(lambda: process_gone(pid), "the warm process to stop on SIGTERM", 30)
     assert not list(folder.glob("*.sock"))
 
 

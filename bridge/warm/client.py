@@ -30,9 +30,14 @@ REPORT = "WORKER_BRIDGE_WARM_REPORT"  # the bench's: a file the served child's u
 # The variables a module may read as it is imported (the interpreter's, the locale, TLS's trust
 # store: aiohttp builds its default context then): a warm process has the same as its clients.
 IMPORT_TIME = ("PYTHON", "LC_", "LANG", "SSL_CERT_", "OTEL_")
-FORWARDED = tuple(
-    getattr(signal, n)
-    for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGWINCH,
 )
 KEPT_IGNORED = (
     signal.SIGINT,
@@ -105,9 +110,13 @@ def private_folder(path: str) -> bool:
     """Whether ``path`` is a real folder (not a link), owned by this user, that no one else may
     enter: a socket planted in any other folder could be someone else's listener."""
     try:
-        st = os.lstat(path)
+        return private(os.lstat(path))
     except OSError:
         return False
+
+
+def private(st: os.stat_result) -> bool:
+    """Whether ``st`` is a folder of this user's that no one else may enter."""
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
@@ -204,9 +213,10 @@ def _request() -> dict:
 def hand_over(sock: socket.socket) -> int | None:
     """Run the command in the warm process; its exit status, or None when it did not start
     (the caller runs it here)."""
+    request = _request()
     cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        send_message(sock, _request(), [0, 1, 2, cwd])
+        send_message(sock, request, [0, 1, 2, cwd])
     except OSError:
         return None
     finally:
@@ -220,7 +230,7 @@ def hand_over(sock: socket.socket) -> int | None:
         return None  # refused (its code changed since it loaded, or it is stopping): not run
     pid = started["pid"]
     child = _pidfd(pid)
-    _relay_signals(pid)
+    _relay_signals(pid, request["ignored"])
     try:
         ended = read_message(sock, buffer)
     except (OSError, ValueError):
@@ -245,11 +255,10 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _relay_signals(pid: int) -> None:
+def _relay_signals(pid: int, ignored: list[int]) -> None:
     """Signals this process gets go to the command, but for those it was started ignoring
-    (the command ignores them too); Ctrl-Z stops the command, then this process, and what
-    continues this process continues it."""
-    ignored = _ignored()
+    (``ignored``: the command ignores them too); Ctrl-Z stops the command, then this process,
+    and what continues this process continues it."""
 
     def forward(signum: int, _frame: object) -> None:
         stop = signum == signal.SIGTSTP  # discarded in the child's orphaned group: SIGSTOP

@@ -26,13 +26,12 @@ import resource
 import selectors
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
 import traceback
 
-from bridge.warm.client import context, peer, read_message, send_message
+from bridge.warm.client import context, peer, private, read_message, send_message
 
 IDLE_S = 900.0
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -48,8 +47,7 @@ def open_folder(base: str) -> int | None:
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
     except OSError:
         return None
-    st = os.fstat(fd)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not stat.S_ISDIR(st.st_mode):
+    if not private(os.fstat(fd)):
         os.close(fd)
         return None
     return fd
@@ -71,17 +69,26 @@ def preload() -> None:
 _INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
 
 
-def stamp() -> dict[str, object]:
-    """The loaded code's state: each loaded `bridge` module's file by modification time and
-    size, and the distributions installed in each `sys.path` folder by name (an install, an
-    upgrade or a removal changes them; a build log beside an editable checkout does not)."""
+def loaded_files() -> list[str]:
+    """The files of the loaded `bridge` modules (and of `__main__`): what `stamp` watches. The
+    modules do not change once loaded, so this is listed once, not per command."""
+    return [
+        path
+        for module in list(sys.modules.values())
+        if (path := getattr(module, "__file__", None))
+        and (module.__name__ in ("bridge", "__main__") or module.__name__.startswith("bridge."))
+    ]
+
+
+def stamp(files: list[str]) -> dict[str, object]:
+    """The loaded code's state: each of ``files`` by modification time and size, and the
+    distributions installed in each `sys.path` folder by name (an install, an upgrade or a
+    removal changes them; a build log beside an editable checkout does not)."""
     found: dict[str, object] = {}
-    for module in list(sys.modules.values()):
-        path, named = getattr(module, "__file__", None), module.__name__
-        if path and (named in ("bridge", "__main__") or named.startswith("bridge.")):
-            with contextlib.suppress(OSError):
-                st = os.stat(path)
-                found[path] = (st.st_mtime_ns, st.st_size)
+    for path in files:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            found[path] = (st.st_mtime_ns, st.st_size)
     for folder in sys.path:
         with contextlib.suppress(OSError):
             found[folder] = sorted(n for n in os.listdir(folder or ".") if n.endswith(_INSTALLED))
@@ -119,7 +126,8 @@ class Server:
         self.inode = os.stat(f"{name}.new", dir_fd=folder_fd).st_ino  # removed only if its own
 
     def publish(self, loaded_since_ns: int) -> None:
-        self.loaded = stamp()
+        self.files = loaded_files()
+        self.loaded = stamp(self.files)
         # a file that changed while it loaded may be half old: the first command is refused (a
         # file dated in the future, as an archive may leave it, did not change while it loaded)
         now = time.time_ns()
@@ -166,6 +174,10 @@ class Server:
         self.listener.close()
         os.close(self.lock_fd)
 
+    def _stale(self) -> bool:
+        """Whether its code may differ from what is installed now (or a thread appeared)."""
+        return not self.fresh or stamp(self.files) != self.loaded or threading.active_count() != 1
+
     def _unlink(self, entry: str) -> None:
         with contextlib.suppress(OSError):
             if (
@@ -192,7 +204,7 @@ class Server:
                 send_message(conn, {"stopping": True})
             elif message.get("status"):
                 send_message(conn, {"server": os.getpid(), "children": sorted(self.children)})
-            elif not self.fresh or stamp() != self.loaded or threading.active_count() != 1:
+            elif self._stale():
                 self.stop()
                 send_message(conn, {"refused": "the installed code changed since it loaded"})
             elif len(fds) == 4:

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -21,3 +23,11 @@ def poll(check: Callable[[], T], what: str, deadline_s: float = 60.0) -> T:
             raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.3)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` ended (a zombie has: PID 1 here may not reap what it inherits)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
