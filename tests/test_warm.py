@@ -424,3 +424,55 @@ def test_a_bridge_package_where_a_command_runs_is_never_imported(
         assert wait_until_done(cli, task_id)["status"] == "succeeded"
         poll(lambda: server(folder), "the warm process to answer", 60)
     assert not marker.exists()
+
+
+def test_what_a_worker_plants_and_the_user_accepts_is_never_run_by_later_commands(
+    folder, workdir, repo, docker_images
+):
+    """A worker writes a `bridge` package, `sitecustomize.py`, `usercustomize.py` and a `.pth`
+    at the repository's top, with a FIFO, a link, a name that is not UTF-8 and a 2 MB line
+    beside them; the user accepts through the warm process from inside the repository and goes
+    on running commands there, served and alone: none of the worker's Python is ever imported,
+    the FIFO never arrives and the link arrives as a link."""
+    from support.tasks import task_flags
+
+    marker = workdir / "imported"
+    payload = f"open({str(marker)!r}, 'a').write('x')"
+    script = (
+        "mkdir -p bridge/cli bridge/warm && "
+        + " && ".join(
+            f'echo "{payload}" > {name}'
+            for name in (
+                "bridge/__init__.py",
+                "bridge/cli/__init__.py",
+                "bridge/warm/__init__.py",
+                "bridge/warm/server.py",
+                "sitecustomize.py",
+                "usercustomize.py",
+            )
+        )
+        + f' && echo "import os; {payload}" > evil.pth'
+        + " && mkfifo fifo && ln -s evil.pth link"
+        + " && printf x > \"$(printf 'caf\\351.txt')\""
+        + " && head -c 2000000 /dev/zero | tr '\\0' a > long.txt"
+    )
+    env = environment(folder, workdir / "home")
+    started(folder, env)
+    flags = task_flags(repo, "plant", verify=("true",), metadata={"mock": {"script": script}})
+    proc, report = run(env, "tasks", "run", "--json", *flags, cwd=repo)
+    assert report, "not served"
+    result = json.loads(proc.stdout)
+    assert result["status"] == "succeeded", result["error"]
+    arrived = {c["path"] for c in result["changed_files"]}
+    assert "fifo" not in arrived and "fifo" in {d["path"] for d in result["dropped"]}
+    accepted, report = run(env, "tasks", "accept", result["task_id"], cwd=repo)
+    assert accepted.returncode == 0 and report, accepted.stderr
+    assert (repo / "bridge" / "warm" / "server.py").exists()
+    assert (repo / "caf\udce9.txt").read_bytes() == b"x"
+    assert not (repo / "fifo").exists()
+    assert os.readlink(repo / "link") == "evil.pth"  # a link stays a link (one out is refused)
+    for warm in ("1", "0"):
+        for args in (("tasks", "list"), ("tasks", "show", result["task_id"]), ("--help",)):
+            later, _ = run({**env, "WORKER_BRIDGE_WARM": warm}, *args, cwd=repo)
+            assert later.returncode == 0, later.stderr
+    assert not marker.exists(), "the worker's Python ran on the host"
