@@ -126,6 +126,7 @@ def long_command(folder: Path, env: dict[str, str], **options) -> Iterator[tuple
         poll(lambda: server(folder)["children"], "the command to start", 30)
         (child,) = server(folder)["children"]
         assert child != client.pid
+        poll(lambda: _has_pidfd(client.pid), "the client to hear the command started", 30)
         yield client, child
     finally:
         if client.poll() is None:
@@ -133,6 +134,13 @@ def long_command(folder: Path, env: dict[str, str], **options) -> Iterator[tuple
             client.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+def _has_pidfd(pid: int) -> bool:
+    """Whether the client opened its command's pidfd: it does once the command said it started
+    (a command killed before that never started, and the client runs it itself)."""
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fd) == "anon_inode:[pidfd]" for fd in fds.iterdir())
 
 
 def test_signals_reach_the_command_and_a_client_killed_outright_takes_it_along(folder, workdir):
