@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 from support.repos import git
-from support.tasks import mock_task, run_spec, start_spec, task_events, wait_until_done
+from support.tasks import (
+    mock_task,
+    run_spec,
+    start_spec,
+    task_events,
+    wait_for_event,
+    wait_until_done,
+)
 from support.waiting import poll
 
 pytestmark = pytest.mark.usefixtures("docker_images")
@@ -134,6 +141,57 @@ def test_a_worker_that_names_no_route_has_no_gateway_at_all(cli, repo, workdir, 
     result = run_spec(cli, workdir, mock_task(repo, {"script": script}), env)
     assert result["status"] == "succeeded", result["error"]
     assert git(repo, "show", f"{result['branch']}:probe.txt") == "False ConnectionRefusedError"
+
+
+LISTENER = """
+import json, os, socket, time
+s = socket.socket()
+s.bind(("127.0.0.1", 4711))
+s.listen()
+own = socket.create_connection(("127.0.0.1", 4711), timeout=5)  # its own loopback works
+open("ns-a.txt", "w").write(os.readlink("/proc/self/ns/net"))
+open("listening", "w").write("yes")
+s.settimeout(0.2)
+accepted, deadline = 0, time.monotonic() + 60
+while not os.path.exists("stop") and time.monotonic() < deadline:
+    try:
+        s.accept()
+        accepted += 1
+    except socket.timeout:
+        pass
+open("a.json", "w").write(json.dumps({"accepted": accepted}))
+"""
+
+CALLER = """
+import json, os, socket
+try:
+    socket.create_connection(("127.0.0.1", 4711), timeout=3)
+    state = "connected"
+except OSError as exc:
+    state = exc.__class__.__name__
+open("b.json", "w").write(json.dumps({"state": state, "ns": os.readlink("/proc/self/ns/net")}))
+"""
+
+
+def test_each_container_has_a_loopback_of_its_own_that_no_other_task_reaches(cli, repo, workdir):
+    """Containers are made with the engine's networking disabled (no libnetwork sandbox, see
+    bridge/sandbox/docker.py): each still gets a network namespace of its own, with `lo` up,
+    and a worker listening on its loopback is out of reach of another task's container running
+    at the same time, and of the host's."""
+    first = start_spec(cli, workdir, mock_task(repo, {"script": py(LISTENER)}))
+    worktree = Path(wait_for_event(cli, first, "workspace.ready")["data"]["worktree"])
+    poll(lambda: (worktree / "listening").exists(), "the first worker to listen")
+    second = run_spec(cli, workdir, mock_task(repo, {"script": py(CALLER)}))
+    (worktree / "stop").write_text("")
+    done = wait_until_done(cli, first)
+    assert done["status"] == second["status"] == "succeeded", (done["error"], second["error"])
+    caller = json.loads(git(repo, "show", f"{second['branch']}:b.json"))
+    listener = json.loads(git(repo, "show", f"{done['branch']}:a.json"))
+    namespace = git(repo, "show", f"{done['branch']}:ns-a.txt")
+    assert caller["state"] == "ConnectionRefusedError"  # its own loopback, where no one listens
+    assert listener["accepted"] == 1  # its own connection, and nothing of the other task's
+    host = os.readlink("/proc/self/ns/net")
+    assert namespace.startswith("net:[") and len({namespace, caller["ns"], host}) == 3
 
 
 def test_the_allowlist_tunnels_listed_names_and_refuses_the_rest(cli, repo, workdir, env, upstream):

@@ -1,10 +1,11 @@
 """`DockerSandbox`: the `Sandbox` protocol on a local Docker engine (docker-py is imported only in
 this package).
 
-Every container gets the same hardening: no network, all capabilities dropped,
-no-new-privileges, read-only root with size-bounded tmpfs /tmp and home, pid/memory/CPU limits,
-a bounded engine log, a non-root user, and io.worker-bridge.* labels so any process can find
-(and clean up) it later. Idempotent engine calls are retried on a transient failure.
+Every container gets the same hardening: no network (a namespace of its own holding only
+`lo`), all capabilities dropped, no-new-privileges, read-only root with size-bounded tmpfs /tmp
+and home, pid/memory/CPU limits, a bounded engine log, a non-root user, and io.worker-bridge.*
+labels so any process can find (and clean up) it later. Idempotent engine calls are retried on
+a transient failure.
 """
 
 from __future__ import annotations
@@ -66,10 +67,14 @@ class DockerSandbox(DockerImages):
     def client(self) -> docker.DockerClient:
         if self._client is None:
             try:  # from_env asks the engine its API version: that call proves it reachable
-                self._client = docker.from_env(timeout=120)
+                client = docker.from_env(timeout=120)
             except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-                self._client = None
                 raise engine_down(exc) from exc
+            if client.api.base_url.startswith("http+docker://"):
+                # A local socket: no proxy or .netrc of the environment applies to it, and
+                # requests would read the whole environment again for each call to learn so.
+                client.api.trust_env = False
+            self._client = client
         return self._client
 
     def ping(self) -> str:
@@ -127,7 +132,12 @@ class DockerSandbox(DockerImages):
             environment=spec.env,
             labels=spec.labels,
             mounts=mounts,
+            # A fresh network namespace holding only `lo` (runc brings it up), with no
+            # libnetwork sandbox: with `none` alone the engine still made one and ran its
+            # set-up hook, a second start of its whole binary, ~0.1 s of CPU per container
+            # (docs/benchmarks.md, "The engine's network hook").
             network_mode="none",
+            network_disabled=True,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=spec.read_only_root,
