@@ -5,7 +5,7 @@ the host. The library facade is `WorkerBridge`; errors derive from `BridgeError`
 `--help`, a detached runner, the trash remover) starts here, and the facade pulls in pydantic
 and the whole pipeline, which most of those never need."""
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
 
 from bridge.errors import (
     BridgeError,
@@ -18,6 +18,9 @@ from bridge.errors import (
 )
 from bridge.version import __version__
 
+# Not `typing.TYPE_CHECKING`: `typing` (with `re`) is a third of the console script's imports,
+# which start here too (bridge/warm/client.py). Type checkers read the name as theirs.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from bridge.records import TaskResult
     from bridge.service import WorkerBridge
@@ -36,7 +39,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "WorkerBridge":
         from bridge.service import WorkerBridge
 

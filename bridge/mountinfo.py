@@ -54,6 +54,8 @@ def parse(text: str) -> list[Mount]:
 def unescape(text: str) -> str:
     """``text`` with the kernel's escapes undone: a backslash and exactly three octal digits
     (a space, tab, newline or backslash in a path); anything else is kept as it is."""
+    if "\\" not in text:
+        return text  # nearly every field: read per mount, several times per task
     out, i = [], 0
     while i < len(text):
         code = text[i + 1 : i + 4]

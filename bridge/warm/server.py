@@ -53,17 +53,25 @@ def open_folder(base: str) -> int | None:
     return fd
 
 
+# Libraries the package imports inside a function, not at the top, which a command then loads
+# on each run: psutil (a task's owner, a lease's check), glob, and sqlite_utils (a new store's
+# migrations, with its plugin scan).
+DEFERRED = ("psutil", "glob", "sqlite_utils")
+
+
 def preload() -> None:
     """Import what commands import: every module of the package (its `__main__` modules run
-    something, and are left out) and so the libraries they use; a module that cannot load here
-    (an optional dependency) is left to the command that needs it."""
+    something, and are left out), so the libraries they use, and those they import later
+    (`DEFERRED`); a module that cannot load here (an optional dependency) is left to the
+    command that needs it."""
     import bridge
 
-    for module in pkgutil.walk_packages(bridge.__path__, "bridge."):
-        if module.name.rsplit(".", 1)[-1] in ("__main__", "sitecustomize"):
+    names = [m.name for m in pkgutil.walk_packages(bridge.__path__, "bridge.")]
+    for name in (*names, *DEFERRED):
+        if name.rsplit(".", 1)[-1] in ("__main__", "sitecustomize"):
             continue
         with contextlib.suppress(Exception):
-            importlib.import_module(module.name)
+            importlib.import_module(name)
 
 
 _INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
