@@ -20,6 +20,7 @@ from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.pipeline.answer import asked, wait_for_input
+from bridge.pipeline.checkout import VerifyCheckout
 from bridge.pipeline.collect import CollectTimedOut, collect_changes
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.outcomes import (
@@ -36,7 +37,7 @@ from bridge.pipeline.prepare import prepare_workspace, remount_workspace
 from bridge.pipeline.recovery import recover_stranded
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
-from bridge.pipeline.verify import VerifyCheckout, run_verification
+from bridge.pipeline.verify import run_verification
 from bridge.pipeline.worker_turn import run_worker_turn
 from bridge.records import CommandResult, TaskRecord, VerificationDoc
 from bridge.sandbox import require_image
@@ -91,6 +92,7 @@ class TaskRunner:
             outcome = self._outcome(handle)
         finally:
             self._stop.set()
+        self.store.leases.release(self.task_id, self.owner)  # no container left: next task
         if outcome is not None and outcome is self._waiting:
             wait_for_input(self.ctx, handle, outcome)  # after the clean-up: no container left
         elif outcome is not None:
@@ -212,8 +214,7 @@ class TaskRunner:
                 raise SandboxError(why)
         require_image(sandbox, self.worker.image(self.ctx.config), self.worker.build_target)
         if self.record.spec.verification.commands and self.env.definition is None:
-            image = self._verify_image()
-            ours = image == self.ctx.config.verify_image_ref
+            ours = (image := self._verify_image()) == self.ctx.config.verify_image_ref
             require_image(sandbox, image, "verify" if ours else None)
 
     def _start_heartbeat(self) -> None:
@@ -292,7 +293,7 @@ class TaskRunner:
         if self.record.spec.verification.commands:
             self._checkout = VerifyCheckout(handle, ws, base, turn.number)
             if phase == "worker":
-                self._checkout.start()  # checks out the base while the worker runs
+                self._checkout.start(self.env.given())  # checks out the base while it runs
         exit_info = self.record.worker_exit if resuming else None
         if exit_info is not None and exit_info.turn != turn.number:
             exit_info = None  # recorded for an earlier turn
@@ -385,8 +386,7 @@ class TaskRunner:
 
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
-        metadata = self.record.spec.metadata
-        budget = metadata.get("auto_repair")
+        budget = (metadata := self.record.spec.metadata).get("auto_repair")
         budget = self.ctx.config.auto_repair if budget is None else budget
         return self.repairs < int(budget) and self.worker.can_repair(metadata)
 

@@ -17,6 +17,12 @@ from bridge.store.owners import Owner
 
 LEASE_TTL = 10.0
 HEARTBEAT_EVERY = 2.0
+# A waiting task looks again when the store changed (a lease released, a task queued or
+# cancelled), at most every CHECK_MIN_S, and at least every CHECK_MAX_S (a lease freed by time:
+# expired, or its owner found dead); whether it changed is asked every POLL_S.
+POLL_S = 0.02
+CHECK_MIN_S = 0.05
+CHECK_MAX_S = 0.5
 
 
 def task_scopes(config: Config, repository: str, worker: str) -> dict[str, int]:
@@ -42,9 +48,17 @@ def wait_for_leases(
     Tasks queued ahead are counted with this task's limits."""
     config = task.config
     scopes = task_scopes(config, task.repository, task.worker)
-    delay = 0.02
     last_idle = time.monotonic()
+    seen, checked_at = None, float("-inf")
     while True:
+        now = time.monotonic()
+        since = now - checked_at
+        generation = store.generation()
+        if since < CHECK_MIN_S or (generation == seen and since < CHECK_MAX_S):
+            time.sleep(POLL_S)
+            continue
+        # Read before looking: a change made while this one looks is seen on the next round.
+        seen, checked_at = generation, now
         waiting = (
             []
             if ahead_of_queue
@@ -60,5 +74,3 @@ def wait_for_leases(
         if on_idle and time.monotonic() - last_idle > 2.0:
             on_idle()
             last_idle = time.monotonic()
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.05)

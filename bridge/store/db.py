@@ -122,6 +122,14 @@ class Store:
             else:
                 conn.execute("COMMIT")
 
+    def generation(self) -> tuple[int, int]:
+        """What changes when anything is committed to the store: by another connection
+        (`PRAGMA data_version`) or by this one (its count of changed rows). Cheap enough to ask
+        in a polling loop before a read that would cost more (`wait_for_leases`)."""
+        with self._lock:
+            (version,) = self.conn.execute("PRAGMA data_version").fetchone()
+            return int(version), self.conn.total_changes
+
     def _migrate(self) -> None:
         """Apply pending migrations, one process at a time (under the write lock). A store from
         before sqlite-utils' runner had its own `migrations` table: its record moves over."""
