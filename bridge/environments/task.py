@@ -81,6 +81,14 @@ class TaskEnvironment:
             self.handle.timed("environment_s", t0)
         return self._ready
 
+    def given(self) -> tuple[Path, Path | None] | None:
+        """The cached files the worker was given, as (outputs, sealed view), if any: what
+        verification nearly always gets too (`VerifyCheckout.expected`)."""
+        ready = self._ready
+        if ready is None or ready.outputs is None:
+            return None
+        return ready.outputs, ready.sealed
+
     def enter(self, ws: TaskWorkspace) -> None:
         """The phase itself: ready, and the setup's files (node_modules, .venv...) in the
         worktree before the worker starts (what the worktree already holds wins)."""

@@ -16,25 +16,20 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import SubprocessError
 from typing import TYPE_CHECKING
 
-from bridge.environments.task import add_cached_files, view_tree
-from bridge.errors import BridgeError
+from bridge.environments.task import add_cached_files
 from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
+from bridge.pipeline.checkout import VerifyCheckout
 from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
-from bridge.workspace import overlay
-from bridge.workspace.bases import base_tree, private_folder
-from bridge.workspace.changes import Change, export_snapshot, update_checkout
-from bridge.workspace.fs import remove_tree
-from bridge.workspace.overlay import mount_point, overlay_usable
+from bridge.workspace.changes import Change, export_snapshot
 from bridge.workspace.trash import discard
-from bridge.workspace.worktree import TaskWorkspace, chown_paths, chown_tree
+from bridge.workspace.worktree import chown_tree
 
 if TYPE_CHECKING:
     from bridge.environments.task import Ready
@@ -81,137 +76,6 @@ class VerificationOutcome:
     @property
     def first_failure(self) -> CommandResult | None:
         return next((c for c in self.commands if not c.passed), None)
-
-
-class VerifyCheckout:
-    """The clean checkout verification runs on, prepared off the critical path.
-
-    While the worker runs, a thread checks out the *base* commit into a fresh folder; once the
-    snapshot exists, only the paths the task changed are brought to the snapshot. Without a
-    prepared base (a resumed runner), `finish` makes a fresh checkout of the whole snapshot.
-    """
-
-    def __init__(self, handle: PhaseHandle, ws: TaskWorkspace, base: str, turn: int) -> None:
-        self.handle, self.ws, self.base = handle, ws, base
-        self.outputs: Path | None = None  # an environment's cached files, added at finish
-        self.sealed: Path | None = None  # ... reaching it as this sealed view (`view_tree`)
-        self.home = handle.ctx.home
-        self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
-        self.path = self.scratch / "checkout"
-        # Layered: an overlay over the base's cached tree, mounted outside the task folder,
-        # its upper dir in the scratch folder (what the disk watchdog measures).
-        self.mount = mount_point(self.home, ws.task_id, f"verify-{turn}")
-        wanted = handle.ctx.config.layered_checkouts
-        self.layered = wanted and overlay_usable(self.home)
-        # Why the checkout is a full one where a layered one was asked for.
-        self.fallback = overlay.NO_OVERLAY if wanted and not self.layered else None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def _chown(self, written: list[str] | None = None) -> None:
-        """Hand the checkout (or only the paths just ``written`` into it) to the sandbox user."""
-        _, owner = self.handle.ctx.sandbox_identity()
-        if owner is None:
-            return
-        if written is None:
-            chown_tree(self.path, *owner)
-        else:
-            chown_paths(self.path, written, *owner)
-
-    def _prepare(self) -> None:
-        try:
-            self._unmount()  # what a killed runner left
-            discard(self.home, self.scratch)
-            self.scratch.mkdir(parents=True)
-            if self.layered and self._mount():
-                return
-            self.path = self.scratch / "checkout"
-            export_snapshot(self.home, self.ws.repository, self.base, self.path, self.scratch)
-            self._chown()
-        except BaseException as exc:  # finish() falls back to a fresh checkout
-            self._error = exc
-
-    def _mount(self) -> bool:
-        """The base as an overlay (already the sandbox user's); False (and why) where it
-        cannot be: the base tree could not be had, the mount was refused or did not finish."""
-        _, owner = self.handle.ctx.sandbox_identity()
-        try:
-            folder = base_tree(self.home, self.ws.repository, self.base, owner)
-            layers = overlay.Layers((folder / "tree",), self.scratch / "layers", self.mount)
-            private_folder(layers.root)  # reached by the sandbox through the mount alone
-            overlay.mount(layers, owner)  # the merged root (the upper dir) is the sandbox's
-        except (OSError, BridgeError, SubprocessError) as exc:
-            self._unmount()
-            self.fallback = f"the layered checkout could not be made: {exc}"
-            return False
-        self.path = self.mount
-        return True
-
-    def _unmount(self) -> None:
-        overlay.unmount(self.mount)
-        if not overlay.mounted(self.mount):
-            remove_tree(self.mount)
-
-    def start(self) -> VerifyCheckout:
-        self._thread = threading.Thread(target=self._prepare, name="verify-checkout", daemon=True)
-        self._thread.start()
-        return self
-
-    def finish(self, snapshot: str, changes: list[Change]) -> None:
-        """Make the folder hold exactly ``snapshot`` (``changes``: base -> snapshot)."""
-        if self._thread is not None:
-            self._thread.join()
-        fresh = self._thread is None or self._error is not None
-        if fresh and self.layered:  # the first reason wins
-            self.fallback = self.fallback or f"no checkout prepared ({self._error or 'resumed'})"
-        layered = not fresh and self.path == self.mount
-        # Layered: the environment's cached files under the base, in one step.
-        if layered and self.outputs is not None and not self._layer_outputs():
-            fresh, layered = True, False
-        if fresh:
-            self._unmount()
-            discard(self.home, self.scratch)
-            self.scratch.mkdir(parents=True)
-            self.path = self.scratch / "checkout"
-            export_snapshot(self.home, self.ws.repository, snapshot, self.path, self.scratch)
-            self._chown()
-        else:  # the prepared base is already the sandbox user's: only new files need it
-            written = update_checkout(
-                self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
-            )
-            self._chown(written)
-        data = {"checkout": "layered" if layered else "full"}
-        if self.fallback and not layered:
-            data["fallback"] = self.fallback
-        self.handle.emit("verification.checkout", data)
-        if self.outputs is not None and not layered:  # after the chown: the cache's files
-            add_cached_files(self.handle, self.outputs, self.sealed, self.path)
-
-    def _layer_outputs(self) -> bool:
-        """Mount the (still untouched) layered checkout again over the base's tree and the
-        environment's shared view of its cached files; False (and why) where it cannot be."""
-        assert self.outputs is not None
-        _, owner = self.handle.ctx.sandbox_identity()
-        try:
-            folder = base_tree(self.home, self.ws.repository, self.base, owner)
-            view = view_tree(self.home, self.outputs, owner, self.sealed)
-            overlay.unmount(self.mount)
-            upper_root = self.scratch / "layers"
-            remove_tree(upper_root)  # nothing was written into it yet
-            private_folder(upper_root)
-            overlay.mount(overlay.Layers((folder / "tree", view), upper_root, self.mount), owner)
-        except (OSError, BridgeError, SubprocessError) as exc:
-            self.fallback = f"the environment's files could not be layered: {exc}"
-            return False
-        return True
-
-    def discard(self) -> None:
-        """Remove the checkout, whatever the commands left in it (links, FIFOs, deep trees):
-        moved into the trash at once, removed there in the background (`workspace.trash`)."""
-        if self._thread is not None:
-            self._thread.join()
-        self._unmount()
-        discard(self.home, self.scratch)
 
 
 def run_verification(

@@ -63,7 +63,7 @@ def preload() -> None:
     """Import what commands import: every module of the package (its `__main__` modules run
     something, and are left out), so the libraries they use, and those they import later
     (`DEFERRED`); a module that cannot load here (an optional dependency) is left to the
-    command that needs it."""
+    command that needs it. And the CLI's whole parser, which every command would build."""
     import bridge
 
     names = [m.name for m in pkgutil.walk_packages(bridge.__path__, "bridge.")]
@@ -72,6 +72,9 @@ def preload() -> None:
             continue
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    from bridge.cli import prebuild
+
+    prebuild()
 
 
 _INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
