@@ -35,10 +35,10 @@ class VerifyCheckout:
         self.sealed: Path | None = None  # ... reaching it as this sealed view (`view_tree`)
         # The cached files the worker got (outputs, sealed view), which verification nearly
         # always gets too: the prepared layered checkout is mounted over their view already
-        # (`layered_with`: those, the view and its inode), and `finish` mounts it again only
-        # when verification's differ.
+        # (`over`: that view and its folder's identity), and `finish` mounts it again only
+        # when verification's view is another.
         self.expected: tuple[Path, Path | None] | None = None
-        self.layered_with: tuple[Path, Path | None, Path, tuple[int, int]] | None = None
+        self.over: tuple[Path, tuple[int, int]] | None = None
         self.home = handle.ctx.home
         self.scratch = handle.ctx.task_dir(ws.task_id) / f"verify-{turn}"
         self.path = self.scratch / "checkout"
@@ -98,32 +98,33 @@ class VerifyCheckout:
         False where there are none or that mount fails (`finish` then layers verification's)."""
         if self.expected is None:
             return False
-        outputs, sealed = self.expected
         try:
-            view = view_tree(self.home, outputs, owner, sealed)
-            found = os.stat(view)
+            view, identity = self._view(*self.expected, owner)
             overlay.mount(overlay.Layers((*layers.lowers, view), layers.root, layers.target), owner)
         except (OSError, BridgeError, SubprocessError):
             return False
-        self.layered_with = (outputs, sealed, view, (found.st_dev, found.st_ino))
+        self.over = (view, identity)
         return True
 
-    def _layered_as_wanted(self) -> bool:
-        """Whether the prepared checkout's lower dirs are already what verification wants: no
-        view for no cached files, else the very folder (the same inode, not one made again
-        at that path since) that verification's files' view is now."""
-        if self.layered_with is None or self.outputs is None:
-            return self.layered_with is None and self.outputs is None
-        outputs, sealed, view, mounted_id = self.layered_with
-        if (outputs, sealed) != (self.outputs, self.sealed):
-            return False
+    def _view(
+        self, outputs: Path, sealed: Path | None, owner: tuple[int, int] | None
+    ) -> tuple[Path, tuple[int, int]]:
+        """The view of ``outputs`` (its sealed one: ``sealed``), and its folder's identity."""
+        view = view_tree(self.home, outputs, owner, sealed)
+        found = os.stat(view)
+        return view, (found.st_dev, found.st_ino)
+
+    def _over_wanted_view(self) -> bool:
+        """Whether the prepared checkout is mounted over what verification wants: no view for
+        no cached files, else the very folder their view is now (not one made again at that
+        path since, which a check that failed does)."""
+        if self.outputs is None or self.over is None:
+            return self.outputs is None and self.over is None
+        _, owner = self.handle.ctx.sandbox_identity()
         try:
-            _, owner = self.handle.ctx.sandbox_identity()
-            now = view_tree(self.home, self.outputs, owner, self.sealed)
-            found = os.stat(now)
+            return self._view(self.outputs, self.sealed, owner) == self.over
         except OSError:
             return False
-        return now == view and (found.st_dev, found.st_ino) == mounted_id
 
     def _unmount(self) -> None:
         overlay.unmount(self.mount)
@@ -147,7 +148,7 @@ class VerifyCheckout:
         layered = not fresh and self.path == self.mount
         # Layered: the environment's cached files under the base, in one step (already there
         # when they are the worker's).
-        if layered and not self._layered_as_wanted() and not self._layer_outputs():
+        if layered and not self._over_wanted_view() and not self._layer_outputs():
             fresh, layered = True, False
         if fresh:
             self._unmount()
@@ -186,7 +187,6 @@ class VerifyCheckout:
         except (OSError, BridgeError, SubprocessError) as exc:
             self.fallback = f"the environment's files could not be layered: {exc}"
             return False
-        self.layered_with = None  # what it is mounted over is checked no more
         return True
 
     def discard(self) -> None:

@@ -53,11 +53,11 @@ def wait_for_leases(
     while True:
         now = time.monotonic()
         since = now - checked_at
-        generation = store.generation()
+        # Read before looking: a change made while this one looks is seen on the next round.
+        generation = store.generation() if since >= CHECK_MIN_S else seen
         if since < CHECK_MIN_S or (generation == seen and since < CHECK_MAX_S):
             time.sleep(POLL_S)
             continue
-        # Read before looking: a change made while this one looks is seen on the next round.
         seen, checked_at = generation, now
         waiting = (
             []

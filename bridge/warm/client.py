@@ -238,9 +238,8 @@ def hand_over(sock: socket.socket) -> int | None:
     if ended and "exit" in ended:
         _report(ended)
         return ended["exit"]
-    if child is not None:  # the warm process is gone; the command may not be
-        while not select.select([child], [], [])[0]:
-            pass
+    if child is not None:  # the warm process is gone, the command maybe not: wait for it
+        select.select([child], [], [])
     print(
         f"worker-bridge: the warm process was lost; command {pid}'s exit status is unknown",
         file=sys.stderr,

@@ -128,13 +128,14 @@ class Server:
         # a warm process that is still loading, and a socket that cannot be bound (a path too
         # long) fails before the load.
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.inode: int | None = None  # its socket's, once bound: removed only if its own
         self._unlink(f"{name}.new")
         mask = os.umask(0o177)
         try:
             self.listener.bind(f"/proc/self/fd/{folder_fd}/{name}.new")
         finally:
             os.umask(mask)
-        self.inode = os.stat(f"{name}.new", dir_fd=folder_fd).st_ino  # removed only if its own
+        self.inode = os.stat(f"{name}.new", dir_fd=folder_fd).st_ino
 
     def publish(self, loaded_since_ns: int) -> None:
         self.files = loaded_files()
@@ -191,10 +192,8 @@ class Server:
 
     def _unlink(self, entry: str) -> None:
         with contextlib.suppress(OSError):
-            if (
-                not hasattr(self, "inode")
-                or os.stat(entry, dir_fd=self.folder_fd, follow_symlinks=False).st_ino == self.inode
-            ):
+            found = os.stat(entry, dir_fd=self.folder_fd, follow_symlinks=False)
+            if self.inode is None or found.st_ino == self.inode:
                 os.unlink(entry, dir_fd=self.folder_fd)
 
     def _accept(self, listener: socket.socket) -> None:
