@@ -495,3 +495,39 @@ def test_a_worker_cannot_change_a_sealed_view_nor_what_later_tasks_are_given(
     assert [e["data"]["sealed"] for e in log if e["kind"] == "environment.cached"] == [True]
     assert not [e for e in log if e["kind"] == "environment.cache_corrupt"]
     assert "ok: wb-left-pad 1.0.0" in again["verification"]["commands"][0]["stdout_tail"]
+
+
+def test_a_worker_cannot_reach_the_checkout_verification_prepares_while_it_runs(
+    cli, workdir, env, node_repo, env_image
+):
+    """Verification's layered checkout is mounted over the very view of the cached files the
+    worker's tree is over, while the worker runs (bridge/pipeline/checkout.py). A worker that
+    poisons node_modules every way it can (a file replaced, a FIFO, a link out, a device, a
+    name that is not UTF-8, a nested .git and attributes with a filter, a 50 MB file, a process
+    left running) changes its own tree alone: the first check, on that prepared checkout, sees
+    the cache's files and none of what the worker planted. (Its third task: the first sets up,
+    the second checks the entry whole and seals its view, the third is as every later one.)"""
+    for _ in range(2):
+        assert run_spec(cli, workdir, node_spec(node_repo, env_image), env)["status"] == "succeeded"
+    f = "node_modules/wb-left-pad/index.js"
+    script = (
+        f"rm -f {f}; echo \"module.exports = () => 'POISONED';\" > {f}; "
+        "mkfifo node_modules/planted-fifo; ln -s /etc/passwd node_modules/planted-link; "
+        "mknod node_modules/planted-dev b 7 0 2>/dev/null; "
+        "printf x > \"node_modules/planted-$(printf 'caf\\351')\"; "
+        "mkdir -p node_modules/planted-nested/.git; "
+        "echo '* filter=evil' > node_modules/.gitattributes; "
+        "head -c 50000000 /dev/zero > node_modules/planted-huge.bin; "
+        "(sleep 300 &); npm test > result.txt 2>&1; true"
+    )
+    spec = node_spec(node_repo, env_image, {"script": script})
+    spec["verification"]["commands"] = ["npm test && ls -a node_modules"]
+    done = run_spec(cli, workdir, spec, env)
+    assert done["status"] == "succeeded", done["error"]
+    assert "POISONED" in git(node_repo, "show", f"{done['branch']}:result.txt")  # its own tree
+    log = task_events(cli, done["task_id"], env)
+    (checkout,) = [e["data"] for e in log if e["kind"] == "verification.checkout"]
+    assert checkout["checkout"] == "layered", checkout
+    tail = done["verification"]["commands"][0]["stdout_tail"]
+    assert "ok: wb-left-pad 1.0.0" in tail and "POISONED" not in tail, tail
+    assert "planted" not in tail and ".gitattributes" not in tail, tail

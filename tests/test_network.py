@@ -194,6 +194,62 @@ def test_each_container_has_a_loopback_of_its_own_that_no_other_task_reaches(cli
     assert namespace.startswith("net:[") and len({namespace, caller["ns"], host}) == 3
 
 
+ABSTRACT = """
+import json, socket, sys
+name = sys.argv[1]
+try:
+    socket.socket(socket.AF_UNIX).connect("\\0" + name)
+    state = "connected"
+except OSError as exc:
+    state = exc.__class__.__name__
+listed = name in open("/proc/net/unix").read()
+print(json.dumps({"state": state, "listed": listed}))
+"""
+
+
+def test_the_hosts_abstract_sockets_are_out_of_reach_of_the_worker_and_the_checks(
+    cli, repo, workdir
+):
+    """An abstract Unix socket belongs to a network namespace, not to a file: a container
+    sharing the host's (or the engine's) could reach the host's listeners by name, as the
+    containerd-shim escape did. With the engine's networking disabled, neither the worker nor
+    a verification command can connect to one the host listens on, nor see it listed."""
+    import socket
+    import threading
+
+    name = f"wb-host-{os.urandom(6).hex()}"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind("\0" + name)
+    listener.listen()
+    listener.settimeout(0.5)
+    accepted: list[object] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                accepted.append(listener.accept())
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    probe = f"python3 - {name} %s<<'PYEOF'\n{ABSTRACT}\nPYEOF"
+    try:
+        spec = mock_task(repo, {"script": probe % "> worker.json "}, verify=[probe % ""])
+        result = run_spec(cli, workdir, spec)
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+    assert result["status"] == "succeeded", result["error"]
+    worker = json.loads(git(repo, "show", f"{result['branch']}:worker.json"))
+    checks = json.loads(result["verification"]["commands"][0]["stdout_tail"])
+    for seen in (worker, checks):
+        assert seen == {"state": "ConnectionRefusedError", "listed": False}, seen
+    assert accepted == []
+
+
 def test_the_allowlist_tunnels_listed_names_and_refuses_the_rest(cli, repo, workdir, env, upstream):
     port = upstream.port
     script = py(
