@@ -244,3 +244,68 @@ def test_git_z_fields_decode_in_one_call_as_each_name_would_alone():
     assert fields == [fs.decode(n) for n in names]
     assert [fs.encode(f) for f in fields] == names  # each name back byte for byte
     assert [fs.display(f) for f in fields] == [n.decode("utf-8", "backslashreplace") for n in names]
+
+
+def _listing(root) -> dict[bytes, tuple]:
+    """Every entry under ``root``: its kind, executable bit and bytes or link target."""
+    found = {}
+    top = os.fsencode(root)
+    for folder, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, top)
+            if os.path.islink(path):
+                found[rel] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                found[rel] = ("dir",)
+            else:
+                with open(path, "rb") as fh:
+                    found[rel] = ("file", os.stat(path).st_mode & 0o111 != 0, fh.read())
+    return found
+
+
+def test_a_base_checkout_brought_to_the_snapshot_by_its_changes_alone_is_the_snapshot(
+    home, repo, workdir
+):
+    """Verification's prepared checkout is the base plus only the changed paths, each written
+    from the mode and blob `git diff --raw` gives: for every kind of change it must equal a
+    full checkout of the snapshot, entry for entry."""
+    from bridge.workspace.changes import export_snapshot, list_changes, update_checkout
+
+    (repo / "swap").write_text("a file that becomes a folder\n")
+    (repo / "gone").mkdir()
+    (repo / "gone" / "a.txt").write_text("a folder that becomes a file\n")
+    (repo / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "run.sh").chmod(0o755)
+    os.symlink("calc.py", repo / "link.py")
+    commit_all(repo, "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    _edit(repo)
+    (repo / "swap").unlink()
+    (repo / "swap").mkdir()
+    (repo / "swap" / "inside.txt").write_text("now a folder\n")
+    (repo / "gone" / "a.txt").unlink()
+    (repo / "gone").rmdir()
+    (repo / "gone").write_text("now a file\n")
+    (repo / "run.sh").chmod(0o644)
+    (repo / "link.py").unlink()
+    (repo / "link.py").write_text("a link that became a file\n")
+    with open(os.fsencode(repo) + b"/caf\xe9\nx.txt", "wb") as fh:
+        fh.write(b"a name that is not UTF-8\n")
+    (repo / ":(glob)*").write_text("looks like pathspec magic\n")
+    (repo / "-n").write_text("looks like an option\n")
+    (repo / "tool").write_text("new and executable\n")
+    (repo / "tool").chmod(0o755)
+    commit_all(repo, "snapshot")
+    snapshot = git(repo, "rev-parse", "HEAD").strip()
+
+    changes = list_changes(repo, base, snapshot)
+    kinds = {c.change for c in changes}
+    assert {"added", "modified", "deleted", "renamed", "type_changed"} <= kinds
+    updated, full = workdir / "updated", workdir / "full"
+    export_snapshot(home, repo, base, updated, workdir)
+    written = update_checkout(home, repo, updated, changes, workdir)
+    export_snapshot(home, repo, snapshot, full, workdir)
+    assert _listing(updated) == _listing(full)
+    assert sorted(written) == sorted(c.path for c in changes if c.change != "deleted")
+    assert not list(workdir.glob("checkout-*.index"))  # the temporary index is gone

@@ -159,7 +159,7 @@ class VerifyCheckout:
             self._chown()
         else:  # the prepared base is already the sandbox user's: only new files need it
             written = update_checkout(
-                self.home, self.ws.repository, self.path, snapshot, changes, self.scratch
+                self.home, self.ws.repository, self.path, changes, self.scratch
             )
             self._chown(written)
         data = {"checkout": "layered" if layered else "full"}

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from bridge.workspace import fs
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
-from bridge.workspace.rawgit import raw_checkout
+from bridge.workspace.rawgit import raw_checkout, raw_write
 
 _KINDS = {
     "A": "added",
@@ -222,11 +222,12 @@ def export_snapshot(home: Path, repo: Path, tree: str, dest: Path, scratch: Path
 
 
 def update_checkout(
-    home: Path, repo: Path, dest: Path, snapshot: str, changes: list[Change], scratch: Path
+    home: Path, repo: Path, dest: Path, changes: list[Change], scratch: Path
 ) -> list[str]:
-    """Bring a clean checkout of the base commit to exactly ``snapshot`` by touching only the
-    changed paths: deletions (and rename sources) first, the folders they emptied after them
-    (each looked at once), then the rest. Returns the paths written."""
+    """Bring a clean checkout of the base commit to the snapshot ``changes`` lead to (their
+    modes and blobs, from `git diff --raw`) by touching only the changed paths: deletions (and
+    rename sources) first, the folders they emptied after them (each looked at once), then the
+    rest. Returns the paths written."""
     emptied: set[str] = set()
     for change in changes:
         for path in ([change.old_path] if change.old_path else []) + (
@@ -235,7 +236,6 @@ def update_checkout(
             fs.remove_tree(dest / path)
             emptied.add(path.rpartition("/")[0])
     fs.remove_empty_folders(dest, emptied)
-    written = [c.path for c in changes if c.change != "deleted"]
-    if written:
-        raw_checkout(home, repo, snapshot, dest, scratch / f"checkout-{dest.name}.index", written)
-    return written
+    kept = [(c.mode, c.sha, c.path) for c in changes if c.change != "deleted"]
+    raw_write(home, repo, kept, dest, scratch / f"checkout-{dest.name}.index")
+    return [path for _, _, path in kept]

@@ -17,7 +17,7 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
-from bridge.workspace.git import Git, common_git_dir, nul_join
+from bridge.workspace.git import Git, common_git_dir
 
 NEUTRAL = "* -text -eol -crlf -ident -filter -working-tree-encoding -export-subst -export-ignore\n"
 _CONFIG = (
@@ -72,34 +72,35 @@ def raw_git(home: Path, repo: Path, work_tree: Path | None = None) -> Git:
 
 
 def raw_checkout(
-    home: Path,
-    repo: Path,
-    tree: str,
-    dest: Path,
-    index: Path,
-    paths: list[str] | None = None,
-    *,
-    keep_index: bool = False,
+    home: Path, repo: Path, tree: str, dest: Path, index: Path, *, keep_index: bool = False
 ) -> None:
-    """Write ``tree`` (only ``paths`` of it when given) under ``dest`` byte for byte, through
-    the index file ``index`` (kept, with stat information, when ``keep_index``: a worktree's
-    own index; otherwise removed)."""
+    """Write ``tree`` under ``dest`` byte for byte, through the index file ``index`` (kept, with
+    stat information, when ``keep_index``: a worktree's own index; otherwise removed)."""
     git = raw_git(home, repo, work_tree=dest)
     env = {"GIT_INDEX_FILE": str(index)}
     try:
         git.run("read-tree", tree, env=env)
-        if paths is None:
-            git.run("checkout-index", "--all", "--force", "--index", env=env)
-        elif paths:
-            git.run(
-                "checkout-index",
-                "--force",
-                "--index",
-                "-z",
-                "--stdin",
-                env=env,
-                input=nul_join(paths),
-            )
+        git.run("checkout-index", "--all", "--force", "--index", env=env)
     finally:
         if not keep_index:
             index.unlink(missing_ok=True)
+
+
+def raw_write(
+    home: Path, repo: Path, entries: list[tuple[str, str, str]], dest: Path, index: Path
+) -> None:
+    """Write only ``entries`` (mode, object id, path: as `git diff --raw` gives a tree's) under
+    ``dest`` byte for byte, through a temporary index of just them: work in proportion to the
+    entries, where reading the whole tree into an index costs in proportion to the tree."""
+    if not entries:
+        return
+    git = raw_git(home, repo, work_tree=dest)
+    env = {"GIT_INDEX_FILE": str(index)}
+    listing = b"".join(
+        f"{mode} {sha}\t".encode() + os.fsencode(path) + b"\0" for mode, sha, path in entries
+    )
+    try:
+        git.run("update-index", "-z", "--index-info", env=env, input=listing)
+        git.run("checkout-index", "--all", "--force", env=env)
+    finally:
+        index.unlink(missing_ok=True)
