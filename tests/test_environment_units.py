@@ -20,6 +20,7 @@ from bridge.environments.cache import (
     shared_view,
 )
 from bridge.environments.definition import EnvDefinition, key_files
+from bridge.environments.devcontainer import DevcontainerBuild
 from bridge.environments.digest import FilesCheck, tree_digest
 from bridge.environments.setup import _task_allows
 from bridge.models import Network
@@ -85,6 +86,68 @@ def test_dependency_files_are_found_by_name_at_any_depth_or_by_the_given_globs()
     ]
     chosen = key_files(_definition(cache_key_files=("package.json", "scripts/*")), tree)
     assert sorted(chosen) == ["package.json", "scripts/post.sh"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"cache_key_files": ("tools/*.cfg", "keep.txt")},
+        {"build": DevcontainerBuild(".devcontainer/Dockerfile", ".", {}, None)},
+    ],
+    ids=["by-name", "globs", "dockerfile"],
+)
+def test_a_snapshots_dependency_files_follow_from_the_base_and_the_changes_alone(tmp_path, extra):
+    """Verification learns whether the worker changed a dependency file from the change set
+    (no second listing of the whole tree): for every kind of change it must give what listing
+    the snapshot's tree gives."""
+    from support.repos import commit_all, git
+
+    from bridge.environments.definition import key_files_after, tree_files
+    from bridge.workspace.changes import list_changes
+    from bridge.workspace.git import Git
+
+    repo = tmp_path / "repo"
+    files = {
+        "package.json": "{}",
+        "web/package-lock.json": "{}",
+        "requirements.txt": "a\n",
+        "old/yarn.lock": "y\n",
+        "tools/x.cfg": "1\n",
+        "keep.txt": "k\n",
+        "linked/Cargo.toml": "[package]\n",
+        ".devcontainer/Dockerfile": "FROM x\n",
+        "src/main.py": "print()\n",
+    }
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    commit_all(repo, "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "package.json").write_text('{"name": "changed"}')  # modified
+    (repo / "web" / "package-lock.json").unlink()  # deleted
+    (repo / "requirements.txt").rename(repo / "requirements-dev.txt")  # renamed, still a key
+    (repo / "old" / "yarn.lock").rename(repo / "old" / "notes.txt")  # renamed away
+    (repo / "tools" / "x.cfg").write_text("2\n")
+    (repo / "tools" / "y.cfg").write_text("3\n")  # added
+    (repo / "keep.txt").unlink()
+    os.symlink("src/main.py", repo / "keep.txt")  # a file that became a link: not a key
+    (repo / "linked" / "Cargo.toml").unlink()
+    (repo / "linked" / "Cargo.toml").mkdir()  # a file that became a folder
+    (repo / "linked" / "Cargo.toml" / "go.mod").write_text("module x\n")
+    (repo / ".devcontainer" / "Dockerfile").write_text("FROM y\n")
+    (repo / "src" / "main.py").write_text("print(1)\n")
+    commit_all(repo, "snapshot")
+    snapshot = git(repo, "rev-parse", "HEAD").strip()
+
+    definition = _definition(**extra)
+    g = Git(repo)
+    before = key_files(definition, tree_files(g, base))
+    expected = key_files(definition, tree_files(g, snapshot))
+    assert expected != before
+    changes = list_changes(repo, base, snapshot)
+    assert key_files_after(definition, before, changes) == expected
 
 
 def test_a_snapshot_setup_reaches_only_what_the_task_itself_may():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.config import Config
 from bridge.environments.devcontainer import (
@@ -18,6 +19,9 @@ from bridge.environments.devcontainer import (
 from bridge.errors import InvalidSpec
 from bridge.models import Environment, TaskSpec
 from bridge.workspace.git import Git
+
+if TYPE_CHECKING:
+    from bridge.workspace.changes import Change
 
 # The dependency files that key a setup's cache when `cache_key_files` is not given: manifests
 # and lockfiles of the common package managers, wherever they are in the tree.
@@ -167,6 +171,21 @@ def key_files(definition: EnvDefinition, files: dict[str, str]) -> dict[str, str
     if definition.build is not None:  # the Dockerfile and its context key the built image
         chosen.update({p: b for p, b in files.items() if p == definition.build.dockerfile})
     return chosen
+
+
+def key_files_after(
+    definition: EnvDefinition, files: dict[str, str], changes: list[Change]
+) -> dict[str, str]:
+    """The dependency files of the tree ``changes`` (path, mode and blob, as `git diff --raw`
+    gives them) lead to from a tree whose dependency files are ``files``: what `key_files` of
+    that tree's `tree_files` is, without listing the whole tree again."""
+    after = dict(files)
+    for change in changes:
+        for path in change.paths:  # changed, deleted, or the source of a rename: gone as it was
+            after.pop(path, None)
+        if change.sha is not None and change.mode not in (None, "120000", "160000"):
+            after.update(key_files(definition, {change.path: change.sha}))
+    return after
 
 
 def _check_build_files(git: Git, commit: str, path: str, build: DevcontainerBuild) -> None:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from subprocess import SubprocessError
+from typing import TYPE_CHECKING
 
 from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
@@ -39,6 +40,7 @@ from bridge.environments.cache import (
 from bridge.environments.definition import (
     EnvDefinition,
     key_files,
+    key_files_after,
     resolve_definition,
     tree_files,
 )
@@ -54,6 +56,9 @@ from bridge.workspace.fs import display
 from bridge.workspace.git import Git
 from bridge.workspace.overlay import overlay_usable
 from bridge.workspace.rawgit import raw_git
+
+if TYPE_CHECKING:
+    from bridge.workspace.changes import Change
 
 __all__ = [
     "Ready",
@@ -91,16 +96,24 @@ def prepare_environment(handle: PhaseHandle, worker: Worker, definition: EnvDefi
 
 
 def for_snapshot(
-    handle: PhaseHandle, base: Ready, snapshot: str, trusted: str | None = None
+    handle: PhaseHandle,
+    base: Ready,
+    snapshot: str,
+    trusted: str | None = None,
+    changes: list[Change] | None = None,
 ) -> tuple[Ready, list[str]]:
     """The environment verification of ``snapshot`` needs: the base's when the snapshot's
     dependency files are the base's; the shared setup of ``trusted`` (a commit of the user's,
     such as the HEAD accept merges onto) when they are that commit's; else a task-private setup
-    of the snapshot (see the module's docstring). Also the dependency files that changed."""
+    of the snapshot (see the module's docstring). Also the dependency files that changed.
+    ``changes``: base -> snapshot when known (the snapshot's files then follow from them)."""
     if base.key is None:
         return base, []
     git = _git(handle)
-    files = key_files(base.definition, tree_files(git, snapshot))
+    if changes is not None and base.commit == handle.record.base_commit:
+        files = key_files_after(base.definition, base.files, changes)
+    else:
+        files = key_files(base.definition, tree_files(git, snapshot))
     if files == base.files:
         return base, []
     changed = sorted(p for p in set(files) | set(base.files) if files.get(p) != base.files.get(p))

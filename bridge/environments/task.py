@@ -113,14 +113,15 @@ class TaskEnvironment:
     def for_verification(
         self,
         snapshot: str,
-        changes: list[Change],
+        changes: list[Change] | None,
         trusted: str | None = None,
         *,
         full: int,
     ) -> tuple[Ready | None, dict | None]:
         """The environment to verify ``snapshot`` in, and what the result says of it
-        (``trusted``: a commit of the user's whose dependency files may be set up as theirs;
-        ``full``: how many full checkouts will get the cached files, one by one).
+        (``changes``: base -> snapshot, None when not known; ``trusted``: a commit of the
+        user's whose dependency files may be set up as theirs; ``full``: how many full
+        checkouts will get the cached files, one by one).
         A change inside what the setup makes (a tracked file under node_modules) is refused:
         dependencies come from setup, never from the change."""
         ready = self.ready()
@@ -130,7 +131,7 @@ class TaskEnvironment:
             ready = unsealed(ready)
         # The cached files the worker was given are checked by now (or set up again).
         ready = self._ready = confirmed(self.handle, ready)
-        for change in changes:
+        for change in changes or ():
             for path in change.paths:
                 made = next((p for p in ready.paths if path == p or path.startswith(p + "/")), None)
                 if made is not None:
@@ -141,7 +142,7 @@ class TaskEnvironment:
                         "manifest instead, and leave the setup's files out of the change.",
                         kind="protected_path",
                     )
-        ready, changed = for_snapshot(self.handle, ready, snapshot, trusted)
+        ready, changed = for_snapshot(self.handle, ready, snapshot, trusted, changes)
         ready = confirmed(self.handle, ready)
         document = {**ready.document(), "changed_files": changed}
         if changed:

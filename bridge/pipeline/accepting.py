@@ -265,7 +265,7 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str, head: str) -> Verific
         # they are not the base's), else the verification image.
         try:
             commands = record.spec.verification.commands  # each on a full checkout
-            ready, env_doc = env.for_verification(tree, [], trusted=head, full=len(commands))
+            ready, env_doc = env.for_verification(tree, None, trusted=head, full=len(commands))
         except EnvironmentFailed as exc:
             raise Refused(
                 f"Refusing to accept: the environment for the current HEAD {tree[:12]} could "
