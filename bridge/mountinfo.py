@@ -1,12 +1,20 @@
 """The mount table of this process's mount namespace (`/proc/self/mountinfo`), read in one
 place: each mount's device, mount point, propagation, filesystem type, source and options,
 the kernel's escapes undone. Layered checkouts, sealed views and the pool's shared folders all
-read it from here."""
+read it from here, and ask whether a path is a mount point (`is_mount_point`) without it.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 _OCTAL = frozenset("01234567")
 
@@ -38,6 +46,39 @@ def mount_points(under: Path | None = None) -> set[str]:
         return found
     prefix = f"{under}/"
     return {p for p in found if p == str(under) or p.startswith(prefix)}
+
+
+def is_mount_point(point: str) -> bool:
+    """Whether a mount is rooted at ``point`` (a path with no link in it, as mountinfo names
+    mount points) in this mount namespace: statx(2)'s mount-root attribute, a few µs, where
+    reading the table costs ~5 µs per mount and every task kept unaccepted keeps one; the
+    table where the kernel cannot say (before Linux 5.8)."""
+    import ctypes
+
+    buf = ctypes.create_string_buffer(256)  # struct statx
+    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
+    if libc().statx(_AT_FDCWD, os.fsencode(point), flags, 0, buf) != 0:
+        if ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
+            return False
+    else:
+        attributes, known = (int.from_bytes(buf[a : a + 8], "little") for a in (8, 56))
+        if known & _STATX_ATTR_MOUNT_ROOT:
+            return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
+    return point in mount_points()
+
+
+_AT_FDCWD, _AT_SYMLINK_NOFOLLOW, _AT_NO_AUTOMOUNT = -100, 0x100, 0x800
+_STATX_ATTR_MOUNT_ROOT = 0x2000
+
+
+@cache
+def libc() -> ctypes.CDLL:
+    """The C library, errno kept (`ctypes.get_errno`): mount system calls made directly."""
+    import ctypes
+
+    found = ctypes.CDLL(None, use_errno=True)
+    found.syscall.restype = ctypes.c_long
+    return found
 
 
 def parse(text: str) -> list[Mount]:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config_sections import PoolConfig
+from bridge.mountinfo import mount_points
 from bridge.sandbox import LABEL, ContainerSpec, DockerSandbox, Mount, home_id
-from bridge.sandbox import mounts as host_mounts
 from bridge.sandbox.pool import PooledSandbox, wait_for_fillers
 from bridge.sandbox.pool_shape import CONTROL
 from bridge.store import Store
@@ -70,7 +70,7 @@ def _inspect(container_id: str) -> dict:
 
 
 def _pool_mounts(home: Path) -> set[str]:
-    return host_mounts.mount_points(home / "pool") - {str(home / "pool")}
+    return mount_points(home / "pool") - {str(home / "pool")}
 
 
 @needs_root
@@ -410,7 +410,7 @@ def test_a_slot_s_mounts_stay_private_on_a_host_whose_mounts_are_shared(docker_i
         try:
             assert sandbox.origin(container)["pooled"] is True
             # The nested mount (/workspace/nested) is the container's, not the host's folder's.
-            assert host_mounts.mount_points(workspace) == set()
+            assert mount_points(workspace) == set()
             subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(workspace / "later")], check=True)
             (workspace / "later" / "host-only").write_text("x")
             (workspace / "go").touch()

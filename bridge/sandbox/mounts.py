@@ -10,10 +10,10 @@ import ctypes
 import errno
 import os
 import stat
-from functools import cache
 from pathlib import Path
 
-from bridge.mountinfo import mount_points, mounts
+from bridge.mountinfo import is_mount_point, mounts
+from bridge.mountinfo import libc as _libc
 
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
@@ -30,13 +30,6 @@ class _Attr(ctypes.Structure):
         ("propagation", ctypes.c_uint64),
         ("userns_fd", ctypes.c_uint64),
     ]
-
-
-@cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
 
 
 def _check(result: int, what: str) -> int:
@@ -121,7 +114,7 @@ def open_point(root: Path, rel: str = "", kind: str = "dir") -> int:
 def detach(path: Path) -> None:
     """Undo the mount at ``path`` and every mount under it, at once (lazily, for whatever
     still has it open); a path with no mount of its own is left as it is."""
-    if str(path) not in mount_points():
+    if not is_mount_point(str(path)):
         return
     result = _libc().umount2(os.fsencode(path), _MNT_DETACH)
     if result != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
@@ -136,7 +129,7 @@ def share(folder: Path) -> None:
     if shared(folder):
         return
     libc = _libc()
-    if str(folder) not in mount_points():
+    if not is_mount_point(str(folder)):
         _check(
             libc.mount(os.fsencode(folder), os.fsencode(folder), None, _MS_BIND, None),
             f"bind {folder}",

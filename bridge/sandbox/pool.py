@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.errors import BridgeError
+from bridge.mountinfo import mount_points
 from bridge.sandbox import mounts, pool_shape
 from bridge.sandbox.pool_shape import CONTROL, FIFO, POOLED_ROLES, TOKEN, Plan
 from bridge.sandbox.pool_shape import quiet_listdir as _listdir
@@ -393,9 +394,9 @@ class PooledSandbox:
         """Detach every mount in a slot folder, then remove what the pool made there, entry by
         entry (never a recursive delete: a mount still attached would lead it into a task's
         files). False when something is still mounted there."""
-        for point in sorted(mounts.mount_points(folder), reverse=True):
+        for point in sorted(mount_points(folder), reverse=True):
             mounts.detach(Path(point))
-        if mounts.mount_points(folder):
+        if mount_points(folder):
             return False
         token = _read(folder / TOKEN)
         for name in _listdir(folder):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from bridge.mountinfo import mount_points, mounts, unescape
+from bridge.mountinfo import is_mount_point, libc, mount_points, mounts, unescape
 from bridge.workspace import fs
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
@@ -119,7 +119,7 @@ def real(path: Path) -> str:
 
 
 def mounted(target: Path) -> bool:
-    return real(target) in mount_points()
+    return is_mount_point(real(target))
 
 
 def lower_dirs() -> set[str]:
@@ -142,9 +142,17 @@ def unmount(target: Path) -> None:
     for _ in range(8):  # mounts stacked at one point: each taken off in turn
         if not mounted(target):
             return
-        proc = subprocess.run(["umount", real(target)], capture_output=True, timeout=60)
-        if proc.returncode != 0 and mounted(target):
-            subprocess.run(["umount", "-l", real(target)], capture_output=True, timeout=60)
+        if not _umount2(real(target), 0) and mounted(target):
+            _umount2(real(target), _MNT_DETACH)
+
+
+_MNT_DETACH = 2  # umount2(2)'s lazy detach: `umount -l`
+
+
+def _umount2(point: str, flags: int) -> bool:
+    """umount2(2) of ``point``: the system call itself (~0.05 ms), where `umount` costs a
+    process (~2.5 ms) and one is made several times per task. Whether it succeeded."""
+    return libc().umount2(os.fsencode(point), flags) == 0
 
 
 def unmount_under(root: Path) -> list[str]:
