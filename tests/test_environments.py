@@ -81,23 +81,34 @@ def test_a_node_project_verifies_in_its_environment_once_set_up(
 
 
 def test_cached_files_are_linked_where_layering_them_is_refused_and_verification_says_so(
-    cli, workdir, env, node_repo, env_image, monkeypatch
+    home, workdir, env, node_repo, env_image, monkeypatch
 ):
+    from bridge import WorkerBridge
+
     # Every mount over the environment's shared view fails: the worktree's and verification's
-    # (each mounted again over the view), not the plain layered ones before them.
-    fake_mount(workdir, monkeypatch, "/bases/env/")
+    # (each mounted again over the view), not the plain layered ones before them. The bridge
+    # mounts in its own process: the task runs in this one, through the library.
+    fake_mount(monkeypatch, "/bases/env/")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     mock = {"script": "npm test > result.txt 2>&1; echo status $? >> result.txt"}
-    done = run_spec(cli, workdir, node_spec(node_repo, env_image, mock), env)
+    bridge = WorkerBridge(home=home)
+    try:
+        task_id = bridge.create_task(node_spec(node_repo, env_image, mock)).task_id
+        done = bridge.run_task(task_id).document()
+        log = [{"kind": e.kind, "data": e.data} for e in bridge.task_logs(task_id).events]
+    finally:
+        bridge.close()
     assert done["status"] == "succeeded", done["error"]
     assert "ok: wb-left-pad 1.0.0" in done["verification"]["commands"][0]["stdout_tail"]
     result = git(node_repo, "show", f"{done['branch']}:result.txt")
     assert "ok: wb-left-pad 1.0.0" in result and "status 0" in result  # linked for the worker
-    log = task_events(cli, done["task_id"], env)
     assert [e["data"]["checkout"] for e in log if e["kind"] == "workspace.ready"] == ["layered"]
     assert "environment.outputs" not in kinds(log)  # linked one by one, not layered
     (checkout,) = [e["data"] for e in log if e["kind"] == "verification.checkout"]
     assert checkout["checkout"] == "full"
     assert "environment's files could not be layered" in checkout["fallback"]
+    assert "refused by the test" in checkout["fallback"]
 
 
 def test_a_python_project_with_a_dependency_the_verify_image_lacks(

@@ -34,6 +34,7 @@ UNSEALABLE = "unsealable"  # why sealing failed here once: never tried again for
 # Not st_dev: some filesystems number their devices anew at each boot.
 _IDENTITY = ("st_ino", "st_mode", "st_uid", "st_size", "st_mtime_ns", "st_ctime_ns")
 _MOUNT_OPTIONS = "ro,loop,nodev,nosuid"
+MOUNT_TIMEOUT_S = 60  # the `mount` command (it sets up the loop device) past this: undone, refused
 _TIMEOUT_S = 300
 
 
@@ -137,7 +138,7 @@ def _mount(folder: Path) -> None:
     command = ["mount", "-t", "erofs", "-o", _MOUNT_OPTIONS, overlay.real(image)]
     command.append(overlay.real(tree))
     try:
-        proc = subprocess.run(command, capture_output=True, timeout=overlay.MOUNT_TIMEOUT_S)
+        proc = subprocess.run(command, capture_output=True, timeout=MOUNT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         overlay.unmount(tree)
         raise OSError("the sealed image's mount did not finish in time") from None

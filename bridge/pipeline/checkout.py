@@ -78,7 +78,7 @@ class VerifyCheckout:
     def _mount(self) -> bool:
         """The base as an overlay (already the sandbox user's), over the view of the cached
         files the worker got when it can be; False (and why) where it cannot be at all: the
-        base tree could not be had, the mount was refused or did not finish."""
+        base tree could not be had, the mount was refused."""
         _, owner = self.handle.ctx.sandbox_identity()
         try:
             folder = base_tree(self.home, self.ws.repository, self.base, owner)

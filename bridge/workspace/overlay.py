@@ -17,9 +17,9 @@ Every mount here is under the state root and is undone before its folders are re
 from __future__ import annotations
 
 import bisect
+import ctypes
 import os
 import stat
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,7 +33,6 @@ OPAQUE_XATTR = "trusted.overlay.opaque"
 # copied, a chmod copies the data), which is what reading the change set relies on.
 _OPTIONS = "redirect_dir=off,metacopy=off,index=off"
 _UNSAFE = (",", ":", "\\", "\n", "=")
-MOUNT_TIMEOUT_S = 60  # a mount past this is undone and taken as refused (callers fall back)
 NO_OVERLAY = "this process cannot make overlay mounts (not root, or not allowed to mount)"
 MOUNT_SEP = "--"  # <home>/mounts/<task id>--<name>: a mount point outside the task's folders
 
@@ -79,7 +78,7 @@ def _probe(scratch: str) -> bool:
             return (layers.lowers[0] / "f").exists() and not os.path.lexists(layers.target / "f")
         finally:
             unmount(layers.target)
-    except (OSError, subprocess.SubprocessError):
+    except OSError:
         return False
     finally:
         fs.remove_tree(root)
@@ -88,8 +87,7 @@ def _probe(scratch: str) -> bool:
 def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
     """Mount ``layers`` at its target (made, with fresh upper and work dirs, when missing; an
     existing upper dir is used again, as after a reboot). The merged root takes the upper dir's
-    owner: ``owner`` when given. OSError when the kernel refuses or the mount does not finish
-    in time (undone then)."""
+    owner: ``owner`` when given. OSError when the kernel refuses."""
     for folder in (layers.upper, layers.work, layers.target):
         folder.mkdir(parents=True, exist_ok=True)
     if owner is not None:
@@ -100,17 +98,16 @@ def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
     if any(ch in p for p in (*lowers, upper, work) for ch in _UNSAFE):
         raise OSError(f"overlay options cannot name {layers.root}")
     options = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work},{_OPTIONS}"
-    try:
-        proc = subprocess.run(
-            ["mount", "-t", "overlay", "overlay", "-o", options, real(layers.target)],
-            capture_output=True,
-            timeout=MOUNT_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        unmount(layers.target)  # made after all, maybe, when the command was stopped
-        raise OSError(f"overlay mount did not finish within {MOUNT_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        raise OSError(f"overlay mount failed: {proc.stderr.decode(errors='replace').strip()}")
+    _mount_overlay(os.fsencode(options), os.fsencode(real(layers.target)))
+
+
+def _mount_overlay(options: bytes, target: bytes) -> None:
+    """mount(2) of an overlay with ``options`` at ``target``: the system call itself (~0.05 ms),
+    where the `mount` command costs a process and libmount's reading of the table (2-5 ms),
+    two or three times per task."""
+    if libc().mount(b"overlay", target, b"overlay", 0, options) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"overlay mount failed: {os.strerror(code)}")
 
 
 def real(path: Path) -> str:

@@ -149,7 +149,7 @@ def _mount_layers(
 ) -> Checkout:
     """The worktree as an overlay over the base commit's tree, its index the tree's; else
     (nothing left behind) a full one, and why: no overlay mounts here, the base tree could not
-    be had (its lock, the disk), the kernel refused the mount or it did not finish."""
+    be had (its lock, the disk), the kernel refused the mount."""
     if not overlay.overlay_usable(home):
         return Checkout("full", overlay.NO_OVERLAY)
     try:

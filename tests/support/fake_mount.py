@@ -1,31 +1,27 @@
-"""A `mount` command put first on PATH that refuses, or makes and then never finishes, the mounts
-whose arguments contain a given text, and hands every other one to the real `mount`: how tests
-make the kernel refuse one chosen layered checkout, or its mount hang, without touching others."""
+"""Overlay mounts refused by the kernel, chosen by a text in their options or mount point, every
+other one made as usual: how tests make one layered checkout fall back without touching the
+others. The bridge makes overlay mounts with mount(2) in its own process (`overlay._mount_overlay`),
+so the refusal is that call's, in the test's process: tasks run through the library there."""
 
 from __future__ import annotations
 
+import errno
 import os
-import shlex
-import shutil
-from pathlib import Path
 
 import pytest
 
+from bridge.workspace import overlay
 
-def fake_mount(folder: Path, monkeypatch: pytest.MonkeyPatch, when: str, *, hang: bool = False):
-    """Mounts whose arguments contain ``when`` are refused (exit 32, as the kernel's refusal
-    reads), or with ``hang`` made and then left unfinished (the command sleeps on)."""
-    real = shutil.which("mount")
-    assert real is not None
-    bin_dir = folder / "fake-bin"
-    bin_dir.mkdir(exist_ok=True)
-    refuse = 'echo "mount: refused by the test" >&2; exit 32'
-    matched = f'{shlex.quote(real)} "$@"; exec sleep 600' if hang else refuse
-    script = bin_dir / "mount"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'case "$*" in *{shlex.quote(when)}*) {matched};; esac\n'
-        f'exec {shlex.quote(real)} "$@"\n'
-    )
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+def fake_mount(monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """Overlay mounts whose options or target contain ``when`` fail as the kernel's refusal
+    does (EPERM), with "refused by the test" in the message."""
+    real = overlay._mount_overlay
+    wanted = os.fsencode(when)
+
+    def refusing(options: bytes, target: bytes) -> None:
+        if wanted in options or wanted in target:
+            raise OSError(errno.EPERM, "overlay mount failed: refused by the test")
+        real(options, target)
+
+    monkeypatch.setattr(overlay, "_mount_overlay", refusing)
