@@ -20,11 +20,13 @@ def run_reserved(
     """The body of a detached runner: run the task under its reservation, with the task's own
     configuration and the Docker engine."""
     from bridge.sandbox.docker import DockerSandbox
+    from bridge.sandbox.docker_images import resolved_once
 
     store = Store(store_path)
     try:
         config = store.load_task(task_id).config
         ctx = Context(config, store, DockerSandbox())
-        return TaskRunner(ctx, task_id, Owner(id=runner_id), hooks=hooks).run()
+        with resolved_once():  # the run's images, each looked up once
+            return TaskRunner(ctx, task_id, Owner(id=runner_id), hooks=hooks).run()
     finally:
         store.close()

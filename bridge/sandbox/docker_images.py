@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,28 @@ from bridge.errors import BridgeError, SandboxError
 from bridge.sandbox.engine import call, engine_down
 from bridge.sandbox.output import ChunkReader
 from bridge.sandbox.spec import ImageInfo
+
+# A task's run asks the engine about the same few images several times within milliseconds:
+# its preflight and its worker's bundle the worker's image, the permission check and its
+# environment the environment's image. Inside `resolved_once` (one run, in its own thread) an
+# image found is looked up once; any image this process builds, commits or removes meanwhile
+# clears what was found, and one not found is asked again.
+_FOUND: ContextVar[dict[str, ImageInfo] | None] = ContextVar("found_images", default=None)
+
+
+@contextmanager
+def resolved_once() -> Iterator[None]:
+    token = _FOUND.set({})
+    try:
+        yield
+    finally:
+        _FOUND.reset(token)
+
+
+def _forget() -> None:
+    found = _FOUND.get()
+    if found is not None:
+        found.clear()
 
 
 def image_info(attrs: dict) -> ImageInfo:
@@ -52,6 +76,9 @@ class DockerImages:
         return None if found is None else dict(found.labels)
 
     def inspect_image(self, ref: str) -> ImageInfo | None:
+        found = _FOUND.get()
+        if found is not None and ref in found:
+            return found[ref]
         attrs = call(
             f"inspect image {ref}",
             self.client.api.inspect_image,
@@ -59,7 +86,12 @@ class DockerImages:
             tolerate=(404,),
             retried=True,
         )
-        return None if attrs is None else image_info(attrs)
+        if attrs is None:
+            return None
+        info = image_info(attrs)
+        if found is not None:
+            found[ref] = info
+        return info
 
     def images(self, labels: dict[str, str]) -> list[ImageInfo]:
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
@@ -77,6 +109,7 @@ class DockerImages:
         ]
 
     def remove_image(self, ref: str) -> None:
+        _forget()
         # 409: a container still uses it (it goes with its last container)
         call(
             f"remove image {ref}",
@@ -88,6 +121,7 @@ class DockerImages:
         )
 
     def commit(self, container_id: str, tag: str, labels: dict[str, str]) -> str:
+        _forget()
         repository, _, version = tag.rpartition(":")
         result = call(
             f"keep the result of container {container_id[:12]}",
@@ -146,6 +180,7 @@ class DockerImages:
         target: str | None = None,
         timeout: float | None = None,
     ) -> None:
+        _forget()
         step = ""
         try:
             stream = self.client.api.build(
