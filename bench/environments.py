@@ -469,7 +469,7 @@ def settings(quick: bool) -> tuple[list[tuple[int, int]], int, int]:
     small = [(1, FILES_PER_PACKAGE), (200, FILES_PER_PACKAGE)]
     if quick:
         return small, 1, 1
-    return [small[0], (50, FILES_PER_PACKAGE), small[1], LARGE], 7, 3
+    return [small[0], (50, FILES_PER_PACKAGE), small[1], LARGE], 15, 3
 
 
 def main() -> int:

@@ -144,12 +144,13 @@ def unmount(target: Path) -> None:
 
 
 _MNT_DETACH = 2  # umount2(2)'s lazy detach: `umount -l`
+_UMOUNT_NOFOLLOW = 8  # a link at the point itself is not followed
 
 
 def _umount2(point: str, flags: int) -> bool:
     """umount2(2) of ``point``: the system call itself (~0.05 ms), where `umount` costs a
     process (~2.5 ms) and one is made several times per task. Whether it succeeded."""
-    return libc().umount2(os.fsencode(point), flags) == 0
+    return libc().umount2(os.fsencode(point), flags | _UMOUNT_NOFOLLOW) == 0
 
 
 def unmount_under(root: Path) -> list[str]:
