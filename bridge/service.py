@@ -119,20 +119,18 @@ class WorkerBridge(JobVerbs):
         return self.get_task(task_id)
 
     def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
-        """Run a task in this thread until it reaches a terminal status (or resume one whose
-        runner died). Returns the task result."""
+        """Run a task in this thread to a terminal status (or resume one whose runner died)."""
         from bridge.pipeline.runner import TaskRunner
         from bridge.sandbox.docker_images import resolved_once
         from bridge.store.owners import Owner
 
         record = self._task(task_id)
+        if runner_id is None and record.status not in (Status.CREATED, Status.QUEUED):
+            raise TaskStateError(
+                f"Task {task_id} is already {record.status}; only a created or queued task starts."
+            )
         with resolved_once():  # the run's images, each looked up once
             if runner_id is None:
-                if record.status not in (Status.CREATED, Status.QUEUED):
-                    raise TaskStateError(
-                        f"Task {task_id} is already {record.status}; only a created or queued "
-                        "task starts."
-                    )
                 self._still_allowed(record, worker_turn=True)
             owner = Owner(id=runner_id) if runner_id else Owner()
             TaskRunner(self.context(), task_id, owner, hooks=self.hooks).run()

@@ -322,8 +322,9 @@ def test_tasks_take_fresh_pooled_containers_and_never_one_used(docker_images, ho
             events = bridge.task_logs(result["task_id"]).events
             notes = [e.data for e in events if e.kind == "sandbox.pool"]
             assert [d["role"] for d in notes] == ["worker", "verify", "verify"]
-            if n > 0:  # the worker and the first command from the pool; the second made cold
-                assert [d["pooled"] for d in notes] == [True, True, False]
+            if n > 0:  # the worker and the first command from the pool; the second from
+                # the first's refill when it is ready in time (under load), else made cold
+                assert [d["pooled"] for d in notes][:2] == [True, True]
             progress = [e.data.get("text", "") for e in events if e.kind == "worker.progress"]
             assert not any("secret-of" in text for text in progress)  # nothing of the last task
             used.append({d["container"] for d in notes})
