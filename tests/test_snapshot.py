@@ -309,3 +309,36 @@ def test_a_base_checkout_brought_to_the_snapshot_by_its_changes_alone_is_the_sna
     assert _listing(updated) == _listing(full)
     assert sorted(written) == sorted(c.path for c in changes if c.change != "deleted")
     assert not list(workdir.glob("checkout-*.index"))  # the temporary index is gone
+
+
+def test_a_changed_path_git_refuses_to_check_out_fails_the_update_instead_of_vanishing(
+    home, repo, workdir
+):
+    """A tree can hold a name git's checkout refuses (`git~1:x`, the short name of `.git` on
+    some filesystems, then a colon): `update-index --index-info` leaves such an entry out with a
+    warning and exit 0. Verification's checkout must then fail, as a full checkout of the tree
+    does, never check a tree without that file."""
+    from bridge.errors import GitError
+    from bridge.workspace.changes import export_snapshot, list_changes, update_checkout
+
+    base = git(repo, "rev-parse", "HEAD").strip()
+    stream = (
+        "commit refs/heads/odd\n"
+        "committer t <t@example.com> 0 +0000\n"
+        "data 4\nodd\n"
+        f"from {base}\n"
+        "M 100644 inline git~1:x/f\ndata 6\nhello\n"
+        "M 100644 inline ok.txt\ndata 3\nok\n\n"
+    )
+    subprocess.run(
+        ["git", "-C", str(repo), "fast-import", "--quiet"], input=stream.encode(), check=True
+    )
+    snapshot = git(repo, "rev-parse", "refs/heads/odd").strip()
+    changes = list_changes(repo, base, snapshot)
+    assert {c.path for c in changes} == {"git~1:x/f", "ok.txt"}
+    with pytest.raises(GitError):
+        export_snapshot(home, repo, snapshot, workdir / "full", workdir)  # as git refuses it
+    updated = workdir / "updated"
+    export_snapshot(home, repo, base, updated, workdir)
+    with pytest.raises(GitError, match="left entries out"):
+        update_checkout(home, repo, updated, changes, workdir)

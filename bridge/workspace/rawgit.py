@@ -17,6 +17,7 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
+from bridge.errors import GitError
 from bridge.workspace.git import Git, common_git_dir
 
 NEUTRAL = "* -text -eol -crlf -ident -filter -working-tree-encoding -export-subst -export-ignore\n"
@@ -99,8 +100,12 @@ def raw_write(
     listing = b"".join(
         f"{mode} {sha}\t".encode() + os.fsencode(path) + b"\0" for mode, sha, path in entries
     )
+    index.unlink(missing_ok=True)
     try:
-        git.run("update-index", "-z", "--index-info", env=env, input=listing)
+        made = git.run("update-index", "-z", "--index-info", env=env, input=listing)
+        if made.stderr.strip():  # a path git refuses is left out with a warning, exit 0
+            said = made.stderr.decode(errors="replace").strip().splitlines()[-1]
+            raise GitError(f"git update-index left entries out in {dest}: {said}", stderr=said)
         git.run("checkout-index", "--all", "--force", env=env)
     finally:
         index.unlink(missing_ok=True)
