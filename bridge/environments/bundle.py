@@ -38,7 +38,7 @@ PROBE_SCRIPT = (
 def worker_bundle(handle: PhaseHandle, worker_image: str) -> Path:
     """The host folder holding ``worker_image``'s bundle (copied out on first use)."""
     sandbox, home = handle.ctx.sandbox, handle.ctx.home
-    info = sandbox.inspect_image(worker_image)
+    info = sandbox.known_image(worker_image)  # the preflight looked it up a moment ago
     if info is None:
         raise EnvironmentFailed(
             f"Image {worker_image} is not present; build it with `worker-bridge images build`."

@@ -31,7 +31,7 @@ def environment_image(
     devcontainer's Dockerfile when it has one and the build is not in the engine yet."""
     sandbox = handle.ctx.sandbox
     ref = env_image_ref(handle, definition)
-    info = sandbox.inspect_image(ref)
+    info = sandbox.known_image(ref)  # the permission check looked it up a moment ago
     if info is None and definition.build is not None:
         _build(handle, definition, ref)
         info = sandbox.inspect_image(ref)

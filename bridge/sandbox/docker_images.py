@@ -22,11 +22,13 @@ from bridge.sandbox.engine import call, engine_down
 from bridge.sandbox.output import ChunkReader
 from bridge.sandbox.spec import ImageInfo
 
-# A task's run asks the engine about the same few images several times within milliseconds:
-# its preflight and its worker's bundle the worker's image, the permission check and its
-# environment the environment's image. Inside `resolved_once` (one run, in its own thread) an
-# image found is looked up once; any image this process builds, commits or removes meanwhile
-# clears what was found, and one not found is asked again.
+# A task's run asks the engine about the same few images within milliseconds: its preflight
+# and its worker's bundle the worker's image, the permission check and its environment the
+# environment's image. Inside `resolved_once` (one run, in its own thread) what `inspect_image`
+# found is kept, and `known_image` (the presence checks, the environment's image, the bundle's)
+# answers from it. Everything else asks the engine each time: a cache entry's image, which
+# another process may make again, and the pool's. A build, commit or removal in this run's
+# thread clears what was kept, and an image not found is asked for again.
 _FOUND: ContextVar[dict[str, ImageInfo] | None] = ContextVar("found_images", default=None)
 
 
@@ -69,16 +71,20 @@ class DockerImages:
     def remove(self, container_id: str) -> None: ...
 
     def image_present(self, ref: str) -> bool:
-        return self.inspect_image(ref) is not None
+        return self.known_image(ref) is not None
 
     def image_labels(self, ref: str) -> dict[str, str] | None:
         found = self.inspect_image(ref)
         return None if found is None else dict(found.labels)
 
-    def inspect_image(self, ref: str) -> ImageInfo | None:
+    def known_image(self, ref: str) -> ImageInfo | None:
         found = _FOUND.get()
         if found is not None and ref in found:
             return found[ref]
+        return self.inspect_image(ref)
+
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        found = _FOUND.get()
         attrs = call(
             f"inspect image {ref}",
             self.client.api.inspect_image,

@@ -114,6 +114,9 @@ class FakeSandbox:
     def image_labels(self, ref: str) -> dict[str, str] | None:
         return {} if self.image_present(ref) else None
 
+    def known_image(self, ref: str) -> ImageInfo | None:
+        return self.inspect_image(ref)
+
     def inspect_image(self, ref: str) -> ImageInfo | None:
         if not self.image_present(ref):
             return None

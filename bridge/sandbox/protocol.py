@@ -36,6 +36,11 @@ class Sandbox(Protocol):
         """The image's id, labels and environment, or None when it is not present."""
         ...
 
+    def known_image(self, ref: str) -> ImageInfo | None:
+        """`inspect_image`, or what it found earlier in this task's run (`resolved_once`):
+        for an image the run only needs to exist and be the one it started with."""
+        ...
+
     def images(self, labels: dict[str, str]) -> list[ImageInfo]:
         """Images carrying all ``labels`` (their environments are not filled in)."""
         ...
