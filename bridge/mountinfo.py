@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -55,13 +56,16 @@ def is_mount_point(point: str) -> bool:
     table where the kernel cannot say (before Linux 5.8)."""
     import ctypes
 
+    statx = getattr(libc(), "statx", None)  # glibc 2.28, musl 1.2.5 on
     buf = ctypes.create_string_buffer(256)  # struct statx
     flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
-    if libc().statx(_AT_FDCWD, os.fsencode(point), flags, 0, buf) != 0:
+    if statx is None:
+        pass
+    elif statx(_AT_FDCWD, os.fsencode(point), flags, 0, buf) != 0:
         if ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
             return False
     else:
-        attributes, known = (int.from_bytes(buf[a : a + 8], "little") for a in (8, 56))
+        attributes, known = (int.from_bytes(buf[a : a + 8], sys.byteorder) for a in (8, 56))
         if known & _STATX_ATTR_MOUNT_ROOT:
             return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
     return point in mount_points()

@@ -33,3 +33,40 @@ def test_only_a_backslash_and_three_octal_digits_is_an_escape():
 
 def test_this_process_mount_table_has_its_root():
     assert any(m.point == "/" for m in mounts())
+
+
+def test_a_mount_point_is_told_without_the_table_as_the_table_tells_it(tmp_path, monkeypatch):
+    """`is_mount_point` asks the kernel about one path (statx's mount-root attribute) where
+    the table costs a read of every mount: it must agree with the table for every mount point
+    this namespace lists (those reachable at their path), for a folder that is none, for a
+    bind of a folder on the same filesystem (same device as its parent) and once it is gone;
+    the table is out of its reach here, so the kernel's answer is the one tested."""
+    import os
+    import subprocess
+
+    import pytest
+
+    from bridge import mountinfo
+
+    listed = mountinfo.mount_points()
+
+    def no_table(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("is_mount_point read the mount table")
+
+    monkeypatch.setattr(mountinfo, "mount_points", no_table)
+    for point in listed:
+        if os.path.isdir(point) and not os.path.islink(point):
+            assert mountinfo.is_mount_point(point), point
+    assert not mountinfo.is_mount_point(str(tmp_path))
+    assert not mountinfo.is_mount_point(str(tmp_path / "missing"))
+    if os.geteuid() != 0:
+        pytest.skip("binding a folder needs root")
+    target = tmp_path / "bound"
+    target.mkdir()
+    subprocess.run(["mount", "--bind", str(target), str(target)], check=True)
+    try:
+        assert os.stat(target).st_dev == os.stat(tmp_path).st_dev  # st_dev cannot tell
+        assert mountinfo.is_mount_point(str(target))
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    assert not mountinfo.is_mount_point(str(target))

@@ -20,6 +20,7 @@ _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x80
 _MOVE_F_EMPTY, _MOVE_T_EMPTY = 0x4, 0x40
 _ATTR_RDONLY, _ATTR_NOSUID, _ATTR_NODEV = 0x1, 0x2, 0x4
 _MS_BIND, _MS_PRIVATE, _MS_SHARED, _MNT_DETACH = 4096, 1 << 18, 1 << 20, 2
+_UMOUNT_NOFOLLOW = 8  # a link at the point itself is not followed
 _AT_FDCWD = -100
 
 
@@ -116,7 +117,7 @@ def detach(path: Path) -> None:
     still has it open); a path with no mount of its own is left as it is."""
     if not is_mount_point(str(path)):
         return
-    result = _libc().umount2(os.fsencode(path), _MNT_DETACH)
+    result = _libc().umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW)
     if result != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
         _check(result, f"unmount {path}")
 

@@ -98,6 +98,8 @@ def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
     if any(ch in p for p in (*lowers, upper, work) for ch in _UNSAFE):
         raise OSError(f"overlay options cannot name {layers.root}")
     options = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work},{_OPTIONS}"
+    if len(os.fsencode(options)) >= _PAGE:  # mount(2) would cut them at a page, silently
+        raise OSError(f"overlay options for {layers.root} are too long for the kernel")
     _mount_overlay(os.fsencode(options), os.fsencode(real(layers.target)))
 
 
@@ -145,6 +147,7 @@ def unmount(target: Path) -> None:
 
 _MNT_DETACH = 2  # umount2(2)'s lazy detach: `umount -l`
 _UMOUNT_NOFOLLOW = 8  # a link at the point itself is not followed
+_PAGE = 4096
 
 
 def _umount2(point: str, flags: int) -> bool:
