@@ -53,21 +53,19 @@ def is_mount_point(point: str) -> bool:
     """Whether a mount is rooted at ``point`` (a path with no link in it, as mountinfo names
     mount points) in this mount namespace: statx(2)'s mount-root attribute, a few µs, where
     reading the table costs ~5 µs per mount and every task kept unaccepted keeps one; the
-    table where the kernel cannot say (before Linux 5.8)."""
+    table where the kernel (before Linux 5.8) or the C library (glibc before 2.28) cannot say."""
     import ctypes
 
-    statx = getattr(libc(), "statx", None)  # glibc 2.28, musl 1.2.5 on
-    buf = ctypes.create_string_buffer(256)  # struct statx
-    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
-    if statx is None:
-        pass
-    elif statx(_AT_FDCWD, os.fsencode(point), flags, 0, buf) != 0:
-        if ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
+    statx = getattr(libc(), "statx", None)
+    if statx is not None:
+        buf = ctypes.create_string_buffer(256)  # struct statx
+        flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
+        if statx(_AT_FDCWD, os.fsencode(point), flags, 0, buf) == 0:
+            attributes, known = (int.from_bytes(buf[a : a + 8], sys.byteorder) for a in (8, 56))
+            if known & _STATX_ATTR_MOUNT_ROOT:
+                return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
+        elif ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
             return False
-    else:
-        attributes, known = (int.from_bytes(buf[a : a + 8], sys.byteorder) for a in (8, 56))
-        if known & _STATX_ATTR_MOUNT_ROOT:
-            return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
     return point in mount_points()
 
 
