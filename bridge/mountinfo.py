@@ -71,6 +71,16 @@ def is_mount_point(point: str) -> bool:
 
 _AT_FDCWD, _AT_SYMLINK_NOFOLLOW, _AT_NO_AUTOMOUNT = -100, 0x100, 0x800
 _STATX_ATTR_MOUNT_ROOT = 0x2000
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+
+
+def unmount_point(point: str, *, lazy: bool = False) -> int:
+    """umount2(2) of ``point``, never following a link at the point itself (``lazy``:
+    detached at once, undone when nothing has it open: `umount -l`); 0, or the errno."""
+    import ctypes
+
+    flags = _UMOUNT_NOFOLLOW | (_MNT_DETACH if lazy else 0)
+    return 0 if libc().umount2(os.fsencode(point), flags) == 0 else ctypes.get_errno()
 
 
 @cache

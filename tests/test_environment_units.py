@@ -101,7 +101,7 @@ def test_a_snapshots_dependency_files_follow_from_the_base_and_the_changes_alone
     """Verification learns whether the worker changed a dependency file from the change set
     (no second listing of the whole tree): for every kind of change it must give what listing
     the snapshot's tree gives."""
-    from support.repos import commit_all, git
+    from support.repos import commit_all, git, write_files
 
     from bridge.environments.definition import key_files_after, tree_files
     from bridge.workspace.changes import list_changes
@@ -119,9 +119,7 @@ def test_a_snapshots_dependency_files_follow_from_the_base_and_the_changes_alone
         ".devcontainer/Dockerfile": "FROM x\n",
         "src/main.py": "print()\n",
     }
-    for rel, text in files.items():
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
+    write_files(repo, files)
     git(repo.parent, "init", "-q", "-b", "main", str(repo))
     commit_all(repo, "base")
     base = git(repo, "rev-parse", "HEAD").strip()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.fake_mount import fake_mount
-from support.repos import commit_all, git
+from support.repos import commit_all, git, write_files
 
 from bridge.workspace import overlay
 from bridge.workspace.bases import base_folder, unused_bases
@@ -85,9 +85,7 @@ def tricky_repo(workdir):
         "flat/f2.txt": "f2\n",
         ".gitignore": "*.log\nsecret/\n",
     }
-    for rel, text in files.items():
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
+    write_files(repo, files)
     os.chmod(repo / "run.sh", 0o755)
     os.symlink("a.txt", repo / "link")
     commit_all(repo, "base")

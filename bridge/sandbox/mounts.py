@@ -12,15 +12,14 @@ import os
 import stat
 from pathlib import Path
 
-from bridge.mountinfo import is_mount_point, mounts
+from bridge.mountinfo import is_mount_point, mounts, unmount_point
 from bridge.mountinfo import libc as _libc
 
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000
 _MOVE_F_EMPTY, _MOVE_T_EMPTY = 0x4, 0x40
 _ATTR_RDONLY, _ATTR_NOSUID, _ATTR_NODEV = 0x1, 0x2, 0x4
-_MS_BIND, _MS_PRIVATE, _MS_SHARED, _MNT_DETACH = 4096, 1 << 18, 1 << 20, 2
-_UMOUNT_NOFOLLOW = 8  # a link at the point itself is not followed
+_MS_BIND, _MS_PRIVATE, _MS_SHARED = 4096, 1 << 18, 1 << 20
 _AT_FDCWD = -100
 
 
@@ -117,9 +116,9 @@ def detach(path: Path) -> None:
     still has it open); a path with no mount of its own is left as it is."""
     if not is_mount_point(str(path)):
         return
-    result = _libc().umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW)
-    if result != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
-        _check(result, f"unmount {path}")
+    code = unmount_point(str(path), lazy=True)
+    if code not in (0, errno.EINVAL, errno.ENOENT):
+        raise OSError(code, f"unmount {path}: {os.strerror(code)}")
 
 
 def share(folder: Path) -> None:

@@ -30,6 +30,13 @@ def commit_all(repo: Path, message: str) -> None:
     git(repo, "commit", "-qm", message)
 
 
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """Write FILES (path -> text) under ROOT, making the folders they need."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def commit_files(repo: Path, files: dict[str, str], message: str) -> None:
     """Write FILES (path -> text) and commit them alone."""
     for rel, text in files.items():
