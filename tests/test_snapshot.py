@@ -171,13 +171,13 @@ def test_names_git_would_refuse_and_pathspec_lookalikes_are_handled(home, repo):
     root = ws.worktree
     (root / ":(glob)x").write_text("looks like pathspec magic\n")
     (root / ":!y").write_text("so does this\n")
-    for name in (".git.", ".GIT ", "git~1"):
+    for name in (".git.", ".GIT ", "git~1", "git~1:x", ".git :z", ".GIT.:s"):
         (root / name).mkdir()
         (root / name / "config").write_text("[core]\n")
     os.symlink("/etc/passwd", root / ".gitmodules")
     snap = _snap(ws, base, before)
     dropped = {d.path for d in snap.dropped}
-    assert {".git.", ".GIT ", "git~1", ".gitmodules"} <= dropped
+    assert {".git.", ".GIT ", "git~1", "git~1:x", ".git :z", ".GIT.:s", ".gitmodules"} <= dropped
     listed = git(repo, "ls-tree", "-r", "--name-only", snap.commit).split("\n")
     assert ":(glob)x" in listed and ":!y" in listed
     # The snapshot checks out: git itself finds nothing to refuse in it.

@@ -245,11 +245,12 @@ def _normal(name: str) -> str:
 
 def is_git_dir_name(part: str) -> bool:
     """Whether a path component names git metadata as git itself would refuse it in a tree:
-    `.git` in any case, with trailing dots or spaces, an NTFS stream (`.git::$DATA`), the 8.3
-    name `git~1`, or any of those behind a backslash."""
+    `.git` in any case, with trailing dots or spaces, the 8.3 name `git~1`, either before an
+    NTFS stream's colon (`.git::$DATA`, `.git :x`, `git~1:x`), or any of those behind a
+    backslash."""
     for piece in part.split("\\"):
-        name = _normal(piece)
-        if name == ".git" or name.startswith(".git:") or name == "git~1":
+        name = _normal(piece.partition(":")[0])
+        if name in (".git", "git~1"):
             return True
     return False
 
