@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import compileall
 import json
 import os
 import platform
@@ -20,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cli_startup import WORKER_BRIDGE, bench_cli_startup, print_cli_startup
-from bench.common import make_repo, scratch_root, warm_ready
+from bench.cli_startup import bench_cli_startup, print_cli_startup
+from bench.common import make_repo, scratch_root
 from bench.concurrency import bench_concurrency
 from bench.environments import SYNTHETIC as ENV_SYNTHETIC
 from bench.environments import bench_environments, print_environments
@@ -66,15 +67,6 @@ def large_task(quick: bool, root_disk: str) -> dict:
         return bench_large_task({"tmpfs": (scratch_root(), 0.0)}, [2000], {2000: 1}, images)
     disks = {"tmpfs": (scratch_root(), 0.0), "root disk": (Path(root_disk), 30.0)}
     return bench_large_task(disks, [10_000, 100_000], {10_000: 3, 100_000: 2}, images)
-
-
-def start_warm() -> bool:
-    """The CLI's figures are those of a user's second command on: one served by the warm
-    process (bridge/warm) the first starts. Whether it answered."""
-    subprocess.run([str(WORKER_BRIDGE), "--help"], capture_output=True, check=True)
-    ready = warm_ready()
-    print(f"warm process: {'ready' if ready else 'NOT running: CLI figures are cold starts'}")
-    return ready
 
 
 def cli_startup(home: Path, runs: int) -> dict:
@@ -147,8 +139,6 @@ def details(results: dict) -> dict[str, str]:
         f"{jobs['serial_median_s']:.2f} s",
         "large_change_vs_floor_ratio": f"{large['files']:,} files: {large['bridge_s']:.2f} s vs "
         f"{large['floor_s']:.2f} s",
-        "cli_tasks_show_ms": "served by the warm process; without it "
-        f"{results['cli_startup']['wall_median_ms']['tasks_show_no_warm']:.0f} ms",
         "store_read_p99_ms": "as the servers read, start-up heap frozen; a library loop: "
         f"{store['library_loop']['read_p99_ms']:.1f} ms",
     }
@@ -206,6 +196,11 @@ def main() -> int:
         help="a large repository for the object-cache figures (default: a generated history)",
     )
     args = parser.parse_args()
+    # Every command the bench starts imports compiled modules, as an installed package's do
+    # (an editable install under PYTHONDONTWRITEBYTECODE would compile them on every start).
+    import bridge
+
+    compileall.compile_dir(Path(bridge.__file__).parent, quiet=1)
     q = args.quick
     size = {"files": 500, "mb": 5} if q else {"files": 5000, "mb": 50}
     pairs = 2 if q else 8
@@ -213,7 +208,6 @@ def main() -> int:
 
     image = load_config().image_for("base")
     root = Path(tempfile.mkdtemp(prefix="wb-bench-", dir=scratch_root()))
-    os.environ["WORKER_BRIDGE_WARM_DIR"] = str(root / "warm")  # the bench's own, stopped after
     results: dict = {
         "machine": machine_line(),
         "quick": q,
@@ -226,7 +220,6 @@ def main() -> int:
         scratch.mkdir()
         print(f"machine: {results['machine']}")
         print(f"repository: {size['files']} files, {size['mb']} MB, on {root}")
-        results["warm_process"] = start_warm()
 
         one = bench_one_task(repo, root / "home-cli", scratch, image, pairs)
         results["one_task_cli"] = one
@@ -300,10 +293,7 @@ def main() -> int:
                 continue
             results[name] = run(root, q)
     finally:
-        from bridge.warm.client import stop_all
         from bridge.workspace.overlay import unmount_under
-
-        stop_all()  # the bench's folder: every warm process started in it
 
         unmount_under(root)  # layered worktrees stay mounted until pruned
         shutil.rmtree(root, ignore_errors=True)

@@ -1,8 +1,6 @@
 """The CLI's start-up: `worker-bridge --help`, `tasks show ID` and `tasks list` as new processes
 on a state root that holds tasks, 10 runs each alternated (A B C A B C ...), median wall and CPU
-time (a command the warm process ran counts its child's CPU too); beside them the bare
-interpreter (`python -c pass`), `tasks show` without the warm process
-(`WORKER_BRIDGE_WARM=0`) and `python -m bridge.cli tasks show` (no warm process either)."""
+time; beside them the bare interpreter (`python -c pass`)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,6 @@ def bench_cli_startup(home: Path, task_id: str, runs: int) -> dict:
         "help": [WORKER_BRIDGE, "--help"],
         "tasks_show": [WORKER_BRIDGE, "tasks", "show", task_id],
         "tasks_list": [WORKER_BRIDGE, "tasks", "list"],
-        "tasks_show_no_warm": [WORKER_BRIDGE, "tasks", "show", task_id],
-        "python_m_tasks_show": [sys.executable, "-m", "bridge.cli", "tasks", "show", task_id],
         "python": [sys.executable, "-c", "pass"],
     }
     env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
@@ -29,8 +25,7 @@ def bench_cli_startup(home: Path, task_id: str, runs: int) -> dict:
     cpus: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
         for name, cmd in commands.items():
-            cold = {"WORKER_BRIDGE_WARM": "0"} if name.endswith("_no_warm") else {}
-            usage, _ = run_process(cmd, {**env, **cold})
+            usage, _ = run_process(cmd, env)
             walls[name].append(usage.wall_s * 1000)
             cpus[name].append(usage.cpu_s * 1000)
     return {

@@ -91,36 +91,17 @@ class Usage:
 
 def run_process(cmd: list[str], env: dict[str, str]) -> tuple[Usage, str]:
     """Run ``cmd`` to its end: its usage (its own and its waited-for children's CPU, from
-    wait4, so nothing else the bench does is counted) and its stdout. A `worker-bridge` command
-    the warm process ran (bridge/warm) adds that child's usage, as the warm process reported it
-    (the child's CPU and its children's, and the fork's in the warm process), and its peak."""
+    wait4, so nothing else the bench does is counted), its peak memory and its stdout."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.NamedTemporaryFile() as report:
-        env = {**env, "WORKER_BRIDGE_WARM_REPORT": report.name}
+    with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
         out.seek(0)
         stdout = out.read().decode()
-        served = json.loads(report.read() or "{}")
-    cpu = usage.ru_utime + usage.ru_stime + served.get("cpu_s", 0.0)
-    peak_kb = max(usage.ru_maxrss, served.get("maxrss_kb", 0))
-    return Usage(wall, cpu, round(peak_kb / 1024, 1)), stdout
-
-
-def warm_ready(timeout_s: float = 30.0) -> bool:
-    """Wait until the warm process answers (a command without one starts it); whether it
-    does. The bench's CLI figures are those of the commands it serves: a user's second
-    command on."""
-    from bridge.warm.client import control
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if control("status"):
-            return True
-        time.sleep(0.1)
-    return False
+    cpu = usage.ru_utime + usage.ru_stime
+    return Usage(wall, cpu, round(usage.ru_maxrss / 1024, 1)), stdout
 
 
 def measured(fn: Callable[[], object], *, in_process: bool = False) -> tuple[Usage, object]:

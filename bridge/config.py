@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bridge.config_names import CONFIG_KEYS, ENV_PREFIX, OTHER_VARIABLES, default_home, variables
+from bridge.config_names import ENV_PREFIX, OTHER_VARIABLES, default_home, variables
 from bridge.config_sections import (
     CircuitConfig,
     GatewayConfig,
@@ -299,12 +299,12 @@ def _deep_update(base: dict[str, Any], *updates: Mapping[str, Any]) -> dict[str,
 def _check_variables(env: Mapping[str, str]) -> None:
     """ConfigError naming a WORKER_BRIDGE_* variable that is neither a key (nested keys as
     KEY__SUBKEY, which the key's own model checks) nor one of OTHER_VARIABLES."""
-    for name, key in variables(env):
+    for name, key in variables(env, Config.model_fields):
         if key is not None:
             continue
         import difflib
 
-        known = [f"{ENV_PREFIX}{k.upper()}" for k in CONFIG_KEYS] + [
+        known = [f"{ENV_PREFIX}{k.upper()}" for k in Config.model_fields] + [
             f"{ENV_PREFIX}{k}" for k in OTHER_VARIABLES
         ]
         close = difflib.get_close_matches(name.upper(), known, n=1)

@@ -1,12 +1,11 @@
 """The names configuration comes by, without the models: the environment variables' prefix,
-the WORKER_BRIDGE_* variables that are not configuration keys, the state root, Config's keys, and
-where the store is when nothing moves it (the fast reads of bridge/reads.py need no more).
-Standard library only."""
+the WORKER_BRIDGE_* variables that are not configuration keys and the state root. Standard
+library only: the CLI's start-up gate reads the state root before anything heavy loads."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 ENV_PREFIX = "WORKER_BRIDGE_"
@@ -19,11 +18,6 @@ OTHER_VARIABLES = {
     "REPOS": "the repositories folder of the compose deployment",
     "IMAGES_DIR": "image contexts to build instead of the package's own",
     "SMOKE_KEY": "the throwaway key of `images build --smoke`",
-    # the warm process (bridge/warm), read by the console script before any configuration
-    "WARM": "0, off, false or no: run each command in its own process, start no warm process",
-    "WARM_DIR": "the warm process's socket folder",
-    "WARM_IDLE_S": "seconds the warm process waits for a command before it stops",
-    "WARM_REPORT": "bench: a file each warm command's exit status and usage are written to",
     # compose/compose.yaml's own settings, read by docker-compose from the same shell
     "VERSION": "compose: the bridge image's tag",
     "BIND": "compose: the address the port is published on",
@@ -50,48 +44,7 @@ def default_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(raw).expanduser().absolute() if raw else Path.home() / ".worker-bridge"
 
 
-# Config's keys (bridge/config.py; tests/test_config.py holds the two equal). Those a read of
-# the store depends on are READ_KEYS: where the store is and which repositories it may show.
-CONFIG_KEYS = frozenset(
-    {
-        "allocation_timeout_s",
-        "allow_mock_routes",
-        "allowed_images",
-        "auto_repair",
-        "base_image",
-        "circuit",
-        "disk_reserve_gb",
-        "environments",
-        "extra_ca_file",
-        "gateway",
-        "home",
-        "http",
-        "image_tag",
-        "jobs",
-        "layered_checkouts",
-        "limits",
-        "max_concurrency",
-        "max_progress_events",
-        "output_tail_chars",
-        "pool",
-        "profiles",
-        "repo_concurrency",
-        "repositories",
-        "retention_days",
-        "runtime",
-        "sandbox_uid",
-        "setup_timeout_s",
-        "store",
-        "verify_image",
-        "worker_concurrency",
-        "worker_settings",
-        "workers",
-    }
-)
-READ_KEYS = frozenset({"home", "store", "repositories"})
-
-
-def variables(env: Mapping[str, str]) -> Iterator[tuple[str, str | None]]:
+def variables(env: Mapping[str, str], keys: Collection[str]) -> Iterator[tuple[str, str | None]]:
     """(name, key) for each WORKER_BRIDGE_* variable of ``env``, sorted by name: the key it sets
     (KEY, also for a nested KEY__SUBKEY, which the key's own model checks), "" for one of
     OTHER_VARIABLES, None for one that names neither (an error, as an unknown key is)."""
@@ -100,17 +53,4 @@ def variables(env: Mapping[str, str]) -> Iterator[tuple[str, str | None]]:
         if rest == name.upper():
             continue
         key = rest.split("__", 1)[0].lower()
-        yield name, key if key in CONFIG_KEYS else "" if rest in OTHER_VARIABLES else None
-
-
-def default_store_root(env: Mapping[str, str] | None = None) -> Path | None:
-    """The state root, when the store is where it is by default and every repository's tasks
-    may be shown: no config.yaml there, and no WORKER_BRIDGE_* variable sets `store` or
-    `repositories` or names no key (HOME aside). None otherwise: then only `load_config` knows
-    (and says what is wrong). Other keys' values are not checked here: reads do not use them."""
-    env = os.environ if env is None else env
-    for name, key in variables(env):
-        if key is None or (key in READ_KEYS and name.upper() != f"{ENV_PREFIX}HOME"):
-            return None
-    home = default_home(env)
-    return None if (home / "config.yaml").exists() else home
+        yield name, key if key in keys else "" if rest in OTHER_VARIABLES else None

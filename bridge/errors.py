@@ -17,6 +17,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── EngineUnavailable            (ConnectionError) the Docker engine cannot be reached -> exit 1
     ├── ImageMissing                 (LookupError)   an image a task needs is not built  -> exit 1
     ├── GitError                                     a git command failed unexpectedly
+    ├── StoreUnavailable             (OSError)       the store cannot be opened or written -> exit 1
     ├── EnvironmentFailed                            the project's environment could not be made
     └── SandboxError                                 the engine refused or failed a container op
 
@@ -117,6 +118,11 @@ class GitError(BridgeError):
     def __init__(self, message: str, *, args: list[str] | None = None, stderr: str = "") -> None:
         super().__init__(message, args=args or [], stderr=stderr)
         self.stderr = stderr
+
+
+class StoreUnavailable(BridgeError, OSError):
+    """The SQLite store could not be opened or written (its folder's permissions, a read-only
+    file system, a confined caller)."""
 
 
 class SandboxError(BridgeError):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -33,19 +31,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "docker_images" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.docker)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _warm_folder():
-    """The CLI's warm processes (bridge/warm) of this session are its own: their folder is set
-    for every command the tests start, and each is stopped at the end."""
-    from bridge.warm.client import FOLDER, stop_all
-
-    folder = Path(tempfile.mkdtemp(prefix="wbw-", dir="/tmp"))
-    os.environ[FOLDER] = str(folder)
-    yield folder
-    stop_all(str(folder))
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- a test's own folders and the ways in ------------------------------------------------------

@@ -1,9 +1,20 @@
-"""CLI surfaces not covered elsewhere: create + start (detached and --wait), logs --follow,
-list filters, and the usage errors of the parser itself."""
+"""CLI surfaces not covered elsewhere: create + start (detached and --wait), logs --follow (to
+the end, and streaming while the task runs), a spec by process substitution, a confined
+caller, list filters, and the usage errors of the parser itself."""
 
 from __future__ import annotations
 
-from support.tasks import mock_task, task_flags, wait_until_done, write_spec
+import json
+import os
+import shlex
+import subprocess
+import threading
+
+import pytest
+from support.cli import CLI
+from support.confine import confined
+from support.tasks import mock_task, show_task, task_flags, wait_until_done, write_spec
+from support.waiting import poll
 
 
 def test_create_prints_only_the_task_id_and_the_task_waits_in_created(cli, repo, workdir):
@@ -82,3 +93,57 @@ def test_a_missing_subcommand_is_a_one_line_usage_error(cli):
     result = cli("tasks")
     assert result.code == 2
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_logs_follow_prints_each_event_while_the_task_still_runs(cli, home, repo, docker_images):
+    """A reader at the other end of a pipe (a script, `| grep`) sees the worker start while the
+    worker is still running, not everything at the end."""
+    mock = {"mock": {"sleep": 60}}
+    task_id = cli("tasks", "create", *task_flags(repo, "slow", metadata=mock)).stdout.strip()
+    assert cli("tasks", "start", task_id).code == 0
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    env.pop("PYTHONUNBUFFERED", None)  # stdout buffered, as a pipe's is by default
+    follow = subprocess.Popen(
+        [*CLI, "tasks", "logs", task_id, "--follow"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(follow.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        poll(lambda: any(" worker.started " in line for line in seen), "worker.started", 60)
+        assert show_task(cli, task_id)["status"] == "running"
+    finally:
+        cli("tasks", "cancel", task_id)
+        follow.wait(timeout=60)
+    assert follow.returncode == 0
+
+
+def test_a_spec_given_by_process_substitution_is_read(cli, repo, home):
+    """`--spec <(...)` names /dev/fd/N, a pipe that only this shell's child can open."""
+    spec = json.dumps(mock_task(repo, {}, objective="from a pipe"))
+    script = f'exec "$@" --spec <(printf %s {shlex.quote(spec)})'
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    done = subprocess.run(
+        ["bash", "-c", script, "bash", *CLI, "tasks", "create", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["objective"] == "from a pipe"
+
+
+def test_a_confined_callers_command_runs_confined(cli, repo, home, workdir):
+    """A caller that may not write (Landlock) gets a command that may not either: it fails with
+    one sentence, and no task was written by any less confined process on its behalf."""
+    spec = write_spec(workdir / "t.json", mock_task(repo, {}))
+    assert cli("tasks", "list", "--json").code == 0  # the store exists, made unconfined
+    argv = confined([*CLI, "tasks", "create", "--spec", str(spec)])
+    if argv is None:
+        pytest.skip("this kernel has no Landlock")
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.startswith("worker-bridge: The store ") and "Traceback" not in done.stderr
+    assert cli("tasks", "list", "--json").json() == {"tasks": []}

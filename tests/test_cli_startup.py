@@ -103,8 +103,6 @@ def test_showing_and_listing_tasks_load_no_heavy_module(home, workdir, finished_
         code, modules = loaded(home, workdir, *argv)
         assert code == 0, argv
         assert heavy_among(modules) == [], argv
-        if argv[0] == "tasks":  # answered from the store's rows (bridge/reads.py)
-            assert "pydantic" not in modules and "bridge.service" not in modules, argv
 
 
 def test_a_plain_setting_in_the_environment_still_loads_without_pydantic_settings(
@@ -146,8 +144,7 @@ def test_a_follow_up_the_caller_waits_for_runs_in_the_callers_process(home, repo
 
 def test_the_quick_exit_loses_no_output_and_keeps_the_exit_code(home, cli, monkeypatch):
     """The console script ends with os._exit after flushing: a listing far larger than a pipe's
-    buffer arrives whole, in one write or a line at a time, by the fast read and by the facade
-    alike, and codes are kept."""
+    buffer arrives whole, in one write or a line at a time, and codes are kept."""
     from bridge.store import Store
 
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # stdout buffered, as a pipe's is
@@ -159,7 +156,7 @@ def test_the_quick_exit_loses_no_output_and_keeps_the_exit_code(home, cli, monke
             {**row, "objective": spec["objective"], "repository": "/r", "spec": spec}, {}
         )
     store.close()
-    for env in ({}, {"WORKER_BRIDGE_STORE": str(home / "bridge.db")}):  # fast read, facade
+    for env in ({}, {"WORKER_BRIDGE_STORE": str(home / "bridge.db")}):
         listed = cli("tasks", "list", "--json", env=env)
         assert listed.code == 0, listed.stderr
         assert len(listed.stdout) > 150_000

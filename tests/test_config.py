@@ -106,13 +106,6 @@ def test_an_unknown_worker_bridge_variable_is_an_error_naming_it_like_an_unknown
         load_config(env={**fine, "WORKER_BRIDGE_LIMITS__TIMEOUT_SECONDZ": "1"})
 
 
-def test_the_key_names_known_without_the_models_are_configs_keys():
-    from bridge.config import Config
-    from bridge.config_names import CONFIG_KEYS
-
-    assert set(Config.model_fields) == CONFIG_KEYS
-
-
 YAML_FILES = [
     "",
     "max_concurrency: 7\nlimits:\n  memory_mb: 512\ngateway:\n  max_connections: 9\n"

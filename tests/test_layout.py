@@ -149,14 +149,13 @@ LAYERS = [
     {"bridge.environments"},
     {"bridge.pipeline", "bridge.creation", "bridge.doctor"},
     {"bridge.jobs"},  # several tasks advanced together, through the pipeline
-    {"bridge.service", "bridge.reads"},  # the facade, and its reads that load no model
+    {"bridge.service"},  # the facade
     {"bridge.smoke"},  # runs tasks through the facade
     {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
     {"bridge.mcp_job_tools"},  # mixed into the tools
     {"bridge.mcp_flags"},  # the transport flags, for both front ends' parsers
     {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http", "bridge.ui"},
     {"bridge"},  # the public API: WorkerBridge and the records
-    {"bridge.warm"},  # the console script, and the warm process that loads everything
 ]
 
 
@@ -181,7 +180,6 @@ def test_the_pipeline_reaches_the_environments_through_their_one_door():
 def test_the_front_ends_call_only_the_facade():
     allowed = (
         "bridge.service",
-        "bridge.reads",
         "bridge.records",
         "bridge.errors",
         "bridge.models",

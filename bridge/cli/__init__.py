@@ -65,30 +65,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-_PARSER: argparse.ArgumentParser | None = None  # every group's, made once by `prebuild`
-
-
-def prebuild() -> None:
-    """Build the whole parser now, for the commands this process forks (the warm process):
-    each then parses with it instead of building its own, ~10 ms of CPU a command. Nothing in
-    it depends on a command's environment or folder (the locale, which argparse's messages
-    do, is the same: part of the warm process's name)."""
-    global _PARSER
-    _PARSER = build_parser()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = (_PARSER or build_parser(argv)).parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     streams = sys.stdout, sys.stderr
     if args.group != "mcp":  # the MCP server's stdout carries the protocol, not text for people
         sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)  # type: ignore
     bridge = None
     try:
-        quick = args.command_entry.quick_function()
-        answered = quick(args) if quick else None
-        if answered is not None:
-            return answered
         with turn():  # one command per CPU starts at a time (bridge/cli/gate.py)
             run = args.command_entry.function()
             from bridge.service import WorkerBridge

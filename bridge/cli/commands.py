@@ -184,6 +184,8 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
                 print_event(event.document())
         after = page.next_after
         if page.events:
+            if args.follow and not args.json:
+                sys.stdout.flush()  # a reader at the other end of a pipe sees each event now
             continue
         if not args.follow or bridge.task_status(args.task_id) in TERMINAL:
             # one last page: events written just before the terminal status

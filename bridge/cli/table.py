@@ -26,8 +26,7 @@ class Command:
     function that runs it (`module.function` in bridge/cli, imported only when the command
     runs, so that `--help` and a parse error load nothing but this module), and whether it acts
     (only a command that acts hands tasks whose runner died to new runners; one that reads
-    starts nothing). A read may also name a `quick` function, which answers without the
-    facade when it can (returning its exit code) and returns None when it cannot."""
+    starts nothing)."""
 
     group: str
     name: str | None
@@ -35,13 +34,9 @@ class Command:
     run: str
     args: tuple[Arg, ...] = ()
     acts: bool = False
-    quick: str | None = None
 
     def function(self) -> Callable[..., int]:
         return _named(self.run)
-
-    def quick_function(self) -> Callable[..., int | None] | None:
-        return _named(self.quick) if self.quick else None
 
 
 def _named(where: str) -> Callable[..., Any]:
@@ -127,7 +122,6 @@ COMMANDS = (
         "show a task result",
         "commands.cmd_tasks_show",
         (TASK_ID, JSON),
-        quick="quick.show",
     ),
     Command(
         "tasks",
@@ -135,7 +129,6 @@ COMMANDS = (
         "list tasks, newest first",
         "commands.cmd_tasks_list",
         (arg("--status"), arg("--limit", type=int), JSON),
-        quick="quick.list_",
     ),
     Command(
         "tasks",

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge.errors import InvalidTransition, TaskNotFound
+from bridge.errors import InvalidTransition, StoreUnavailable, TaskNotFound
 from bridge.models import TRANSITIONS, Status, allowed_sources
 from bridge.records import Event, TaskRecord
 from bridge.store.jobs import Jobs
@@ -78,23 +78,45 @@ class Store:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 30000")
-        self.conn = conn
-        if str(path) != ":memory:":
-            conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
         self._lock = threading.RLock()
-        self._migrate()
+        try:
+            self.conn = self._open(str(path))
+        except (sqlite3.Error, OSError) as exc:
+            raise self._unavailable(path, exc) from exc
+        try:
+            self._migrate()
+        except sqlite3.Error as exc:
+            self.conn.close()
+            raise self._unavailable(path, exc) from exc
         self.runners = Runners(self)
         self.leases = Leases(self)
         self.jobs = Jobs(self, now_iso, self.event_in)
         self.job_runners = Runners(self, JOBS)
         self.requests = Requests(self, now_iso, self.event_in)
         self.pool = PoolSlots(self)
+
+    @staticmethod
+    def _unavailable(path: Path | str, exc: Exception) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"The store {path} cannot be opened for writing ({exc}); let this user write to "
+            "its folder, or point WORKER_BRIDGE_HOME at a folder it may write."
+        )
+
+    @staticmethod
+    def _open(path: str) -> sqlite3.Connection:
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            if path != ":memory:":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
 
     @property
     def db(self) -> sqlite_utils.Database:
