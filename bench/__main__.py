@@ -10,8 +10,8 @@ is the whole task of a large change (bench/large_task.py), which runs on both di
 from __future__ import annotations
 
 import argparse
-import importlib
 import compileall
+import importlib
 import json
 import os
 import platform
