@@ -59,7 +59,7 @@ def large_task(quick: bool, root_disk: str) -> dict:
     """The whole task of a large change beside git's floor: on tmpfs and on the root disk at
     10,000 and 100,000 files (--quick: 2,000 on tmpfs, one pair). The root disk settles 30 s
     after each sample (see bench/large_task.py)."""
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     config = load_config()
     images = {"mock": config.image_for("mock"), "verify": config.verify_image_ref}
@@ -204,7 +204,7 @@ def main() -> int:
     q = args.quick
     size = {"files": 500, "mb": 5} if q else {"files": 5000, "mb": 50}
     pairs = 2 if q else 8
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     image = load_config().image_for("base")
     root = Path(tempfile.mkdtemp(prefix="wb-bench-", dir=scratch_root()))

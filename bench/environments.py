@@ -395,7 +395,7 @@ def bench_environments(
                 f"(setup {row['cold_setup_median_s']:.2f} s)",
                 flush=True,
             )
-        from bridge.config import load_config
+        from bridge.config.settings import load_config
 
         # As a task's materialization: hard links to the sandbox user when the bridge is root.
         owner = (load_config().sandbox_uid,) * 2 if os.geteuid() == 0 else None

@@ -25,7 +25,7 @@ import psutil
 from aiohttp import web
 
 from bench.common import median, percentile
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.policy import Route
 from bridge.gateway.server import ROUTES_SOCKET, Gateway
 
@@ -100,7 +100,7 @@ def _post(connect, target: str, size: int) -> int:
 _HOST = """
 import sys
 from pathlib import Path
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.policy import Route
 from bridge.gateway.server import Gateway
 routes = {"b": Route("b", sys.argv[2], "bearer", None, "k")}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.common import git, timed
 from bridge.workspace.baseline import record_files
-from bridge.workspace.changes import list_changes, write_diff
+from bridge.workspace.diff import list_changes, write_diff
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.git import Git
 from bridge.workspace.snapshot import SnapshotLimits, snapshot_worktree

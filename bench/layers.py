@@ -119,7 +119,7 @@ def bench_layers(
     size), ``layered_vs_full_ratio`` (at the largest), and ``containers`` (see
     `container_costs`)."""
     if image is None:
-        from bridge.config import load_config
+        from bridge.config.settings import load_config
 
         image = load_config().image_for("base")
     root = Path(tempfile.mkdtemp(prefix="wb-bench-layers-", dir=scratch_root()))

@@ -95,7 +95,7 @@ def bench_tasks(root: Path, files: int, pairs: int) -> dict[str, Any]:
 def bench_container(root: Path, image: str, samples: int) -> dict[str, float]:
     """One container running `true`: started cold (create + start) and waited for, against
     claimed from the pool (claim, attach, hand over) and waited for; both removed untimed."""
-    from bridge.config_sections import PoolConfig
+    from bridge.config.sections import PoolConfig
     from bridge.sandbox import LABEL, ContainerSpec, DockerSandbox, Mount, home_id
     from bridge.sandbox.pool import PooledSandbox, wait_for_fillers
     from bridge.store import Store
@@ -148,7 +148,7 @@ def _drain(home: Path) -> None:
 
 
 def bench_pool(root: Path, quick: bool) -> dict[str, Any]:
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     image = load_config().verify_image_ref
     files, pairs = (1000, 2) if quick else (5000, 7)

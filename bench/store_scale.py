@@ -110,7 +110,7 @@ def _measure(root: Path, tasks: int, events: int, samples: int) -> dict:
     and as the long-lived servers read (start-up's heap frozen, `freeze_start_up_heap`, which
     the MCP server and `worker-bridge ui` call before they serve). The figure is the servers'."""
     from bridge import WorkerBridge
-    from bridge.heap import freeze_start_up_heap
+    from bridge.host.heap import freeze_start_up_heap
 
     home = root / "store-home"
     bridge = WorkerBridge(home=home)

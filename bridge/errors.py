@@ -95,7 +95,7 @@ class TaskStateError(BridgeError):
 class CircuitOpen(BridgeError):
     """A new task for a worker whose circuit breaker is open (or half-open with its one task
     already let through): the message names the worker, its recent failures and when it is
-    tried again (bridge/circuit.py)."""
+    tried again (bridge/workers/circuit.py)."""
 
     def __init__(self, message: str, *, worker: str) -> None:
         super().__init__(message, worker=worker)

@@ -117,8 +117,8 @@ class TaskSpec(_Strict):
     @field_validator("metadata")
     @classmethod
     def _metadata_type(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Which types exist is the configuration's (bridge/profiles.py checks it at creation);
-        # here only the shapes the runner relies on.
+        # Which types exist is the configuration's (bridge/config/profiles.py checks it at
+        # creation); here only the shapes the runner relies on.
         kind = value.get("type")
         if kind is not None and (not isinstance(kind, str) or not kind):
             raise ValueError("metadata.type must be the name of a task type")

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from bridge.config import Config, LimitDefaults
+from bridge.config.settings import Config, LimitDefaults
 from bridge.models import Status, TaskSpec
 
 
@@ -70,7 +70,7 @@ class ChangedFile(_Doc):
 
 # What a built-in worker's failure sentence says when its CLI could not resume the session of
 # the earlier turns (its files gone, say): the circuit breaker does not count that as a broken
-# worker (bridge/circuit.py), on a follow-up turn.
+# worker (bridge/workers/circuit.py), on a follow-up turn.
 RESUME_FAILED = "could not resume its session"
 
 
@@ -187,7 +187,7 @@ class TaskRecord(_StoredRow):
     @property
     def profile(self) -> dict[str, Any] | None:
         """The task type's profile as applied at creation: its type and the spec fields it
-        filled (bridge/profiles.py); None for a task without a type."""
+        filled (bridge/config/profiles.py); None for a task without a type."""
         return self.config_doc.get("task_profile")
 
     @property
@@ -285,9 +285,9 @@ class WorkerInfo(BaseModel):
     reason: str | None = None
     circuit: dict[str, Any] = Field(
         default_factory=lambda: {"state": "closed"},
-        description="Its circuit breaker (bridge/circuit.py): state (closed, open, half_open, "
-        "disabled), failures and their kinds, retry_at (when an open one is tried again) and "
-        "probe_task (the one task trying it).",
+        description="Its circuit breaker (bridge/workers/circuit.py): state (closed, open, "
+        "half_open, disabled), failures and their kinds, retry_at (when an open one is tried "
+        "again) and probe_task (the one task trying it).",
     )
 
     @model_serializer(mode="wrap")

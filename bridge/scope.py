@@ -15,7 +15,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.errors import InvalidSpec
 
 

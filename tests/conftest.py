@@ -84,7 +84,7 @@ def bridge(home: Path):
 @pytest.fixture(scope="session")
 def docker_images():
     """The engine is reachable and the image set (base, mock, verify) is built."""
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.errors import BridgeError
     from bridge.sandbox import DockerSandbox
     from bridge.sandbox.images import build_images

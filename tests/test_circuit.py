@@ -17,9 +17,9 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
-from bridge.circuit import circuits_of, classify, reset
 from bridge.errors import CircuitOpen, UnknownWorker
 from bridge.sandbox.fake import FakeSandbox
+from bridge.workers.circuit import circuits_of, classify, reset
 
 FAIL = {"exit_code": 3}
 OK = {"write": {"ok.txt": "ok\n"}}
@@ -270,7 +270,7 @@ def test_a_task_made_before_the_circuit_opened_neither_closes_nor_reopens_it(hom
 
 
 def test_a_job_s_task_never_takes_the_half_open_slot(home, repo):
-    from bridge.creation import new_task_row, record_task
+    from bridge.pipeline.creation import new_task_row, record_task
 
     bridge = breaker(home, failures=1, cooldown_s=0.1)
     trip(bridge, repo, 1)
@@ -384,8 +384,8 @@ def test_an_idempotency_key_already_used_returns_its_task_even_while_the_circuit
 
 
 def test_failures_no_window_reaches_are_removed_when_another_is_counted(fast, repo):
-    from bridge.circuit import FORGET_AFTER_S
     from bridge.store import circuits as table
+    from bridge.workers.circuit import FORGET_AFTER_S
 
     with fast.store.transaction() as conn:
         table.add_failure(conn, "mock", "old-task", 0, "worker_exit", 1.0)
@@ -549,8 +549,8 @@ def test_workers_list_does_not_show_a_probe_that_has_ended(home, repo, monkeypat
 
 
 def test_record_task_outcome_is_idempotent_and_never_raises(fast, repo, monkeypatch):
-    from bridge.circuit import record_task_outcome
     from bridge.store import circuits as table
+    from bridge.workers.circuit import record_task_outcome
 
     _unrecorded(monkeypatch)
     failed = run(fast, repo, FAIL)
@@ -637,7 +637,7 @@ def test_circuit_store_read_in_a_home_with_a_hash_in_its_path(workdir, repo, nam
     ],
 )
 def test_an_endless_or_huge_duration_is_refused_naming_the_key(home, yaml, named):
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.errors import ConfigError
 
     (home / "config.yaml").write_text(f"circuit: {{{yaml}}}\n")
@@ -740,9 +740,9 @@ def test_a_follow_up_the_bridge_cannot_resume_is_not_the_worker_s_failure(fast, 
 
 
 def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(home):
-    from bridge.config import load_config
-    from bridge.doctor import health_checks
+    from bridge.config.settings import load_config
     from bridge.errors import BridgeError
+    from bridge.service.doctor import health_checks
 
     config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})
     config.store_path.parent.mkdir(parents=True, exist_ok=True)
@@ -785,9 +785,9 @@ def test_a_circuit_row_that_does_not_read_is_said_and_doctor_goes_on(home, reaso
     check in doctor and one sentence from `workers list`, never a traceback."""
     import sqlite3
 
-    from bridge.config import load_config
-    from bridge.doctor import health_checks
+    from bridge.config.settings import load_config
     from bridge.errors import BridgeError
+    from bridge.service.doctor import health_checks
     from bridge.store import Store
 
     config = load_config(env={"WORKER_BRIDGE_HOME": str(home)})

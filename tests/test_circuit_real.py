@@ -17,8 +17,8 @@ from support.tasks import mock_task, run_spec, start_spec, task_flags, wait_for_
 from support.waiting import poll
 
 from bridge import WorkerBridge
-from bridge.circuit import circuits_of
 from bridge.errors import CircuitOpen
+from bridge.workers.circuit import circuits_of
 
 pytestmark = pytest.mark.usefixtures("docker_images")
 
@@ -124,7 +124,7 @@ def test_a_probe_whose_runner_was_killed_lets_the_next_task_try_the_worker(
 
     import psutil
 
-    import bridge.circuit
+    import bridge.workers.circuit
 
     (home / "config.yaml").write_text("circuit: {failures: 1, cooldown_s: 1}\n")
     failing = cli("tasks", "run", *task_flags(repo, "f", metadata={"mock": {"exit_code": 3}}))
@@ -139,7 +139,9 @@ def test_a_probe_whose_runner_was_killed_lets_the_next_task_try_the_worker(
     pid = row["runner_pid"]
     os.kill(pid, signal.SIGKILL)  # the detached runner this test started, by its id
     poll(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", "death")
-    monkeypatch.setattr(bridge.circuit, "PROBE_GRACE_S", 0.0)  # the cool-down (1 s) is the wait
+    monkeypatch.setattr(
+        bridge.workers.circuit, "PROBE_GRACE_S", 0.0
+    )  # the cool-down (1 s) is the wait
 
     def admitted():
         try:

@@ -47,7 +47,8 @@ HEAVY = (
     "bridge.gateway",
     "bridge.workers",
     "bridge.jobs.coordinator",
-    "bridge.mcp_http",
+    "bridge.mcp",
+    "bridge.listener.run",
 )
 
 

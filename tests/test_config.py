@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.config import load_config
+from bridge.config.settings import load_config
 from bridge.errors import ConfigError
 
 
@@ -86,7 +86,7 @@ def test_the_effective_config_is_recorded_with_each_task(bridge, repo):
 
 
 def test_an_unknown_worker_bridge_variable_is_an_error_naming_it_like_an_unknown_key(tmp_path):
-    from bridge.config import OTHER_VARIABLES
+    from bridge.config.settings import OTHER_VARIABLES
 
     env = {"WORKER_BRIDGE_HOME": str(tmp_path), "WORKER_BRIDGE_MAX_CONCURENCY": "2"}
     with pytest.raises(ConfigError) as refused:
@@ -123,7 +123,7 @@ PLAIN_ENVS = [
 @pytest.mark.parametrize("text", YAML_FILES)
 @pytest.mark.parametrize("variables", PLAIN_ENVS)
 def test_plain_variables_load_as_pydantic_settings_loads_them(home, text, variables):
-    from bridge.config import _load_by_settings, _plain_variables
+    from bridge.config.settings import _load_by_settings, _plain_variables
 
     (home / "config.yaml").write_text(text)
     env = {"WORKER_BRIDGE_HOME": str(home), **variables}
@@ -147,7 +147,7 @@ def test_plain_variables_load_as_pydantic_settings_loads_them(home, text, variab
 def test_nested_or_structured_variables_go_through_pydantic_settings(
     home, name, value, key, expected
 ):
-    from bridge.config import _plain_variables
+    from bridge.config.settings import _plain_variables
 
     env = {"WORKER_BRIDGE_HOME": str(home), name: value}
     assert _plain_variables(env) is None

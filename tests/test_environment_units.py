@@ -104,7 +104,7 @@ def test_a_snapshots_dependency_files_follow_from_the_base_and_the_changes_alone
     from support.repos import commit_all, git, write_files
 
     from bridge.environments.definition import key_files_after, tree_files
-    from bridge.workspace.changes import list_changes
+    from bridge.workspace.diff import list_changes
     from bridge.workspace.git import Git
 
     repo = tmp_path / "repo"

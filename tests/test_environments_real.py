@@ -27,7 +27,7 @@ def test_a_real_cli_works_inside_the_project_environment(
 ):
     from support.engine import BASE_IMAGE
 
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.sandbox import DockerSandbox
 
     image = node_image(DockerSandbox(), BASE_IMAGE)

@@ -23,7 +23,7 @@ from support.gateway_sockets import (
 )
 from support.waiting import poll
 
-from bridge.config import GatewayConfig, RouteConfig, load_config
+from bridge.config.settings import GatewayConfig, RouteConfig, load_config
 from bridge.errors import InvalidSpec
 from bridge.gateway.policy import Route, address_refusal, check_domains, name_allowed
 from bridge.gateway.server import PROXY_SOCKET, ROUTES_SOCKET, Gateway

@@ -93,7 +93,7 @@ def test_a_real_cli_works_resumes_and_verifies_under_gvisor(cli, repo, workdir, 
     from support.real_workers import KEY_VARS, ensure_worker_image
     from support.tasks import run_spec
 
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.smoke.model_server import ModelServer
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), "codex")

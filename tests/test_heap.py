@@ -1,4 +1,4 @@
-"""The collector around work that keeps what it makes (`bridge.heap`): the long-lived servers
+"""The collector around work that keeps what it makes (`bridge.host.heap`): the long-lived servers
 leave their start-up heap out of later collections (gc.freeze), just before they serve (the MCP
 server on stdio, and the HTTP listener the MCP server over HTTP and `worker-bridge ui` share),
 and what a served request makes is still collected; a bulk step pauses collections, and the
@@ -13,8 +13,12 @@ import weakref
 
 import pytest
 
-from bridge import WorkerBridge, mcp_http, mcp_server
-from bridge.heap import collections_paused, freeze_start_up_heap
+from bridge import WorkerBridge
+from bridge.config.settings import HttpConfig
+from bridge.host.heap import collections_paused, freeze_start_up_heap
+from bridge.listener import run as listener_run
+from bridge.listener.options import HttpOptions
+from bridge.mcp import server as mcp_server
 
 
 @pytest.fixture
@@ -35,7 +39,7 @@ def test_the_stdio_server_freezes_its_start_up_heap_before_it_serves(
             seen["frozen"] = gc.get_freeze_count()
 
     monkeypatch.setattr(mcp_server, "build_server", lambda bridge: Server())
-    monkeypatch.setattr(mcp_http, "keep_recovering", lambda recover: None)
+    monkeypatch.setattr(listener_run, "keep_recovering", lambda recover: None)
     monkeypatch.setattr(mcp_server, "_setup_logging", lambda bridge: None)  # the test's own
     args = argparse.Namespace(http=None, token_file=None, no_token=False)
     bridge = WorkerBridge(home=tmp_path / "home")
@@ -57,9 +61,9 @@ def test_the_http_listener_freezes_before_uvicorn_serves(monkeypatch, unfrozen):
         seen["frozen"] = gc.get_freeze_count()
 
     monkeypatch.setattr(uvicorn.Server, "run", run)
-    options = mcp_http.HttpOptions("127.0.0.1", 1, None, "none (--no-token)")
+    options = HttpOptions("127.0.0.1", 1, None, "none (--no-token)")
     app = lambda scope, receive, send: None  # noqa: E731 - never called
-    assert mcp_http.run_listener(app, options, mcp_http.HttpConfig()) == 0
+    assert listener_run.run_listener(app, options, HttpConfig()) == 0
     assert seen["frozen"] > 1000
 
 
@@ -117,7 +121,7 @@ def test_a_pause_ends_when_its_step_raises():
 def test_a_pause_cut_short_by_a_signal_is_repaired_by_the_next(monkeypatch):
     """An interrupt between turning the collector off and counting the pause: the next pause
     turns it back on."""
-    from bridge import heap
+    from bridge.host import heap
 
     monkeypatch.setattr(heap, "_ours", True)  # as `__enter__` leaves it when cut there
     gc.disable()

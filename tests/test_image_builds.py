@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import load_config
+from bridge.config.settings import load_config
 from bridge.errors import BridgeError
 from bridge.sandbox.images import DEFAULT_TARGETS, build_images, explain_build_failure
 

@@ -127,7 +127,7 @@ def test_two_askings_that_disagree_leave_no_ordering_and_say_so():
 
 
 def test_a_review_answer_is_checked_and_bounded():
-    from bridge.config_sections import JobsConfig
+    from bridge.config.sections import JobsConfig
     from bridge.jobs.review_answer import parse_review
 
     def block(body) -> str:

@@ -23,7 +23,7 @@ CLIS = ("claude-code", "codex")
 def real_bridge(home: Path, real_env: dict[str, str], monkeypatch):
     """A bridge whose model routes lead to the scripted server; the route keys in this
     process's environment, which its detached coordinators and runners inherit."""
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     for var, value in real_env.items():
         monkeypatch.setenv(var, value)

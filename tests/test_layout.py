@@ -15,15 +15,15 @@ OWNERS = {
     "requests": "sandbox/",
     "sqlite_utils": "store/",
     "sqlite3": "store/",
-    "mcp": ("mcp_server.py", "mcp_tools.py", "mcp_http.py"),
-    "yaml": "config.py",
-    "pydantic_settings": "config.py",
+    "mcp": "mcp/",
+    "yaml": "config/settings.py",
+    "pydantic_settings": "config/settings.py",
     "tenacity": "sandbox/",
     # the gateway, and the scripted model server that smoke tests and the tests serve
     "aiohttp": ("gateway/", "smoke/"),
-    # h11 also for the MCP listener's protocol (its deadlines read the parser's state)
-    "h11": ("gateway/", "mcp_http_limits.py"),
-    "uvicorn": ("mcp_http.py", "mcp_http_limits.py", "ui/serve.py"),
+    # h11 also for the HTTP listener's deadlines (they read the parser's state)
+    "h11": ("gateway/", "listener/limits.py"),
+    "uvicorn": "listener/",
     "starlette": "ui/",  # the web view (its listener is the MCP one's stack)
 }
 
@@ -72,7 +72,7 @@ def _bridge_imports(path: Path) -> set[str]:
             names.update(a.name for a in node.names if a.name.startswith("bridge"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.startswith("bridge"):
-                if node.module != "bridge":  # `from bridge import mcp_http` imports a module
+                if node.module != "bridge":  # `from bridge import x` may import a module
                     names.add(node.module)
                 names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
@@ -133,28 +133,25 @@ def test_no_package_imports_a_package_that_imports_it_back():
 
 # Layers, lowest first: a package may import its own layer and those below, never one above.
 LAYERS = [
-    {"bridge.version", "bridge.errors", "bridge.models", "bridge.config_sections"},
-    {"bridge.config_names"},  # the variables' names and the state root, without the models
-    {"bridge.config", "bridge.redact", "bridge.records", "bridge.profiles", "bridge.display"},
+    {"bridge.version", "bridge.errors", "bridge.models", "bridge.host"},
+    {"bridge.config"},  # settings, sections, the variables' names, profiles
+    {"bridge.redact", "bridge.records", "bridge.display"},
     {
         "bridge.store",
         "bridge.sandbox",
         "bridge.workspace",
         "bridge.scope",
         "bridge.gateway",
-        "bridge.circuit",  # the breaker per worker, kept in the store
-        "bridge.requests",  # a worker's block and prompt text: read by workers and the store
+        "bridge.asking",  # a worker's block and prompt text: read by workers and the store
     },
-    {"bridge.workers", "bridge.phase"},
+    {"bridge.workers", "bridge.phase"},  # the workers (and their circuit breaker); a phase's kit
     {"bridge.environments"},
-    {"bridge.pipeline", "bridge.creation", "bridge.doctor"},
+    {"bridge.pipeline"},  # task creation, the runner and its phases
     {"bridge.jobs"},  # several tasks advanced together, through the pipeline
-    {"bridge.service"},  # the facade
+    {"bridge.service"},  # the facade, its job verbs, doctor
     {"bridge.smoke"},  # runs tasks through the facade
-    {"bridge.mcp_http_limits"},  # the HTTP listener's bounds, below the server
-    {"bridge.mcp_job_tools"},  # mixed into the tools
-    {"bridge.mcp_flags"},  # the transport flags, for both front ends' parsers
-    {"bridge.cli", "bridge.mcp_server", "bridge.mcp_tools", "bridge.mcp_http", "bridge.ui"},
+    {"bridge.listener"},  # the HTTP listener the MCP server and the web view share
+    {"bridge.cli", "bridge.mcp", "bridge.ui"},
     {"bridge"},  # the public API: WorkerBridge and the records
 ]
 
@@ -187,13 +184,14 @@ def test_the_front_ends_call_only_the_facade():
         "bridge.version",
         "bridge.smoke",
         "bridge.display",
-        "bridge.heap",
+        "bridge.host.heap",
+        "bridge.listener",
         "bridge.cli",
-        "bridge.mcp_",
+        "bridge.mcp",
         "bridge.ui",
     )
     for module, imported in _module_graph().items():
-        if module.startswith(("bridge.cli", "bridge.mcp_", "bridge.ui")):
+        if module.startswith(("bridge.cli", "bridge.mcp", "bridge.ui")):
             beyond = sorted(m for m in imported if not m.startswith(allowed))
             assert beyond == [], (module, beyond)
 

@@ -30,8 +30,9 @@ from support.mcp_session import (
     wait_status,
 )
 
-from bridge import mcp_flags, mcp_http
 from bridge.errors import ConfigError
+from bridge.listener import flags as listener_flags
+from bridge.listener.options import HttpOptions, resolve_options
 from bridge.version import __version__
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
@@ -134,10 +135,10 @@ async def test_it_refuses_to_start_without_a_token_off_loopback(home):
     assert "loopback" in stderr, stderr
 
 
-def options(*argv: str, env: dict[str, str] | None = None) -> mcp_http.HttpOptions | None:
+def options(*argv: str, env: dict[str, str] | None = None) -> HttpOptions | None:
     parser = argparse.ArgumentParser()
-    mcp_flags.add_arguments(parser)
-    return mcp_http.resolve_options(parser.parse_args(argv), env if env is not None else {})
+    listener_flags.add_arguments(parser)
+    return resolve_options(parser.parse_args(argv), env if env is not None else {})
 
 
 @pytest.mark.parametrize(

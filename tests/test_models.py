@@ -6,7 +6,7 @@ import pytest
 
 from bridge.errors import InvalidSpec
 from bridge.models import TERMINAL, TRANSITIONS, Status, parse_spec
-from bridge.workspace.changes import Change, protected_violations
+from bridge.workspace.diff import Change, protected_violations
 
 SPEC = {"objective": "o", "workspace": {"repository": "/r"}}
 

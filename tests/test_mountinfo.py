@@ -1,9 +1,9 @@
-"""The one reader of the mount table (bridge/mountinfo.py): fields as the kernel writes them,
+"""The one reader of the mount table (bridge/host/mountinfo.py): fields as the kernel writes them,
 escapes undone only in the kernel's own form."""
 
 from __future__ import annotations
 
-from bridge.mountinfo import mounts, parse, unescape
+from bridge.host.mountinfo import mounts, parse, unescape
 
 TABLE = (
     "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
@@ -46,7 +46,7 @@ def test_a_mount_point_is_told_without_the_table_as_the_table_tells_it(tmp_path,
 
     import pytest
 
-    from bridge import mountinfo
+    from bridge.host import mountinfo
 
     listed = mountinfo.mount_points()
 

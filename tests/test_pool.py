@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config_sections import PoolConfig
-from bridge.mountinfo import mount_points
+from bridge.config.sections import PoolConfig
+from bridge.host.mountinfo import mount_points
 from bridge.sandbox import LABEL, ContainerSpec, DockerSandbox, Mount, home_id
 from bridge.sandbox.pool import PooledSandbox, wait_for_fillers
 from bridge.sandbox.pool_shape import CONTROL
@@ -220,7 +220,7 @@ time.sleep(600)
 
 @needs_root
 def test_a_pool_left_by_a_killed_process_is_reclaimed_by_the_next(docker_images, workdir, home):
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.phase.context import Context
     from bridge.pipeline.recovery import remove_orphan_containers
 

@@ -110,7 +110,7 @@ def test_config_adds_types_and_overrides_fields_of_a_built_in_one(home, repo):
 
 
 def test_a_bad_profile_in_config_is_an_error_naming_it(home):
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.errors import ConfigError
 
     (home / "config.yaml").write_text("profiles:\n  chore: {priorty: 3}\n")

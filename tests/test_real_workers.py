@@ -212,7 +212,7 @@ OPENCODE = RealCli(
 def real(request, home: Path, real_env: dict[str, str]) -> RealCli:
     """One CLI, its image built (once per session), its model routes leading to the scripted
     server (the key variables are in real_env)."""
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), request.param.worker)
     return request.param

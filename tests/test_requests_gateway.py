@@ -13,7 +13,7 @@ import pytest
 from support.gateway_sockets import Events
 from support.upstream import Upstream
 
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.policy import check_ranges, request_refusal
 from bridge.gateway.server import PROXY_SOCKET, Gateway
 from bridge.phase.network import PENDING_TTL_S, NetworkAsker

@@ -20,7 +20,7 @@ CLIS = [("claude-code", "anthropic"), ("codex", "responses")]
 
 @pytest.fixture(params=CLIS, ids=lambda cli: cli[0])
 def real(request, home: Path, real_env: dict[str, str]) -> tuple[str, str]:
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), request.param[0])
     return request.param

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from bridge.asking import MAX_BLOCK, parse_request_block, resume_message
 from bridge.errors import InvalidTransition
 from bridge.models import Status, allowed_sources
-from bridge.requests import MAX_BLOCK, parse_request_block, resume_message
 
 FENCE = "```"
 
@@ -179,7 +179,7 @@ def test_the_live_view_shows_a_request_with_the_command_that_answers_it():
 
 
 def test_a_waiting_task_left_with_nothing_pending_is_moved_on_by_the_sweep(tmp_path):
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.phase.context import Context
     from bridge.pipeline.answer import expire_due
     from bridge.sandbox.fake import FakeSandbox

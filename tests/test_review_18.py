@@ -26,7 +26,7 @@ from support.repos import commit_all, make_repo
 from support.tasks import bare_spec, mock_task
 
 from bridge import WorkerBridge
-from bridge.config import load_config
+from bridge.config.settings import load_config
 from bridge.errors import InvalidSpec, TaskNotFound
 from bridge.gateway.server import ROUTES_SOCKET
 from bridge.sandbox.fake import FakeSandbox

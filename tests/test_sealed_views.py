@@ -26,7 +26,7 @@ from bridge.environments.cache import (
     view_folder,
 )
 from bridge.environments.digest import tree_digest
-from bridge.mountinfo import mounts
+from bridge.host.mountinfo import mounts
 from bridge.workspace import overlay
 from bridge.workspace.bases import IDLE_S, remove_unused
 

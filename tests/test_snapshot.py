@@ -187,7 +187,7 @@ def test_names_git_would_refuse_and_pathspec_lookalikes_are_handled(home, repo):
 def test_the_diff_keeps_its_prefixes_whatever_the_users_git_config_says(
     home, repo, workdir, monkeypatch
 ):
-    from bridge.workspace.changes import write_diff
+    from bridge.workspace.diff import write_diff
 
     config = workdir / "gitconfig"
     config.write_text("[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n")
@@ -270,7 +270,7 @@ def test_a_base_checkout_brought_to_the_snapshot_by_its_changes_alone_is_the_sna
     """Verification's prepared checkout is the base plus only the changed paths, each written
     from the mode and blob `git diff --raw` gives: for every kind of change it must equal a
     full checkout of the snapshot, entry for entry."""
-    from bridge.workspace.changes import export_snapshot, list_changes, update_checkout
+    from bridge.workspace.diff import export_snapshot, list_changes, update_checkout
 
     (repo / "swap").write_text("a file that becomes a folder\n")
     (repo / "gone").mkdir()
@@ -319,7 +319,7 @@ def test_a_changed_path_git_refuses_to_check_out_fails_the_update_instead_of_van
     warning and exit 0. Verification's checkout must then fail, as a full checkout of the tree
     does, never check a tree without that file."""
     from bridge.errors import GitError
-    from bridge.workspace.changes import export_snapshot, list_changes, update_checkout
+    from bridge.workspace.diff import export_snapshot, list_changes, update_checkout
 
     base = git(repo, "rev-parse", "HEAD").strip()
     stream = (

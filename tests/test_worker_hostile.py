@@ -80,7 +80,7 @@ def test_the_clis_own_session_ids_are_taken():
 
 
 def test_a_claimed_failure_does_not_fail_a_clean_exit():
-    from bridge.config import LimitDefaults
+    from bridge.config.settings import LimitDefaults
     from bridge.models import TaskSpec
     from bridge.pipeline.outcomes import judge_worker
     from bridge.records import WorkerExit
@@ -127,7 +127,7 @@ def test_a_link_planted_where_a_config_file_is_mounted_is_removed_first(tmp_path
 
 
 def test_a_built_in_route_pointed_elsewhere_takes_no_built_in_key(monkeypatch):
-    from bridge.config import Config
+    from bridge.config.settings import Config
     from bridge.gateway.policy import resolve_routes
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-the-real-one")
@@ -154,7 +154,7 @@ def test_a_repository_hook_cannot_plant_a_session_id_for_the_next_turn(
     """A repository whose Claude Code project settings run a hook at session start (hooks run
     in plan mode too: the CLI is not the boundary, the container is) writes forged stream lines
     straight into the container's log: the task keeps Claude Code's own session id."""
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
 
     ensure_worker_image(load_config({"WORKER_BRIDGE_HOME": str(home)}), "claude-code")
     (repo / ".claude").mkdir()

@@ -13,7 +13,7 @@ import pytest
 
 
 def test_a_claude_code_or_zcode_glm_turn_maps_permissions_sessions_and_models(tmp_path):
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.workers import Turn
     from bridge.workers.claude_code import ClaudeCodeWorker, ZcodeGlmWorker
 
@@ -169,7 +169,7 @@ OPENCODE_FAILURES = [
 
 @pytest.mark.parametrize(("line", "says"), OPENCODE_FAILURES)
 def test_each_terminal_failure_of_opencode_says_which(line, says):
-    from bridge.config import load_config
+    from bridge.config.settings import load_config
     from bridge.workers.base import Turn
     from bridge.workers.opencode import OpencodeWorker
 

@@ -19,7 +19,7 @@ from bridge.cli.render import SafeStream
 from bridge.cli.table import COMMANDS, GROUPS
 from bridge.cli.ui import add_arguments as add_ui_arguments
 from bridge.errors import BridgeError
-from bridge.mcp_flags import add_arguments as add_mcp_transport_arguments
+from bridge.listener.flags import add_arguments as add_mcp_transport_arguments
 
 __all__ = ["COMMANDS", "build_parser", "finish", "main", "run"]
 

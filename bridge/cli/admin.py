@@ -145,6 +145,6 @@ def cmd_doctor(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    from bridge.mcp_server import run as run_mcp_server
+    from bridge.mcp.server import run as run_mcp_server
 
     return run_mcp_server(args, bridge)

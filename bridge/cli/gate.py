@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bridge.config_names import default_home
+from bridge.config.names import default_home
 
 MAX_WAIT_S = 10.0  # a command waits at most this long for a turn, then goes without one
 POLL_S = 0.005

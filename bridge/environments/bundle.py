@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from bridge.errors import EnvironmentFailed
-from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
+from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.sandbox import Mount
 from bridge.sandbox.output import Tail

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.environments.devcontainer import (
     DevcontainerBuild,
     find_devcontainer,
@@ -21,7 +21,7 @@ from bridge.models import Environment, TaskSpec
 from bridge.workspace.git import Git
 
 if TYPE_CHECKING:
-    from bridge.workspace.changes import Change
+    from bridge.workspace.diff import Change
 
 # The dependency files that key a setup's cache when `cache_key_files` is not given: manifests
 # and lockfiles of the common package managers, wherever they are in the tree.

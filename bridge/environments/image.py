@@ -19,7 +19,7 @@ from bridge.environments.log import OutputEvents
 from bridge.errors import BridgeError, EnvironmentFailed
 from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import LABEL, home_id
-from bridge.workspace.changes import export_snapshot
+from bridge.workspace.diff import export_snapshot
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.git import Git
 

@@ -27,14 +27,14 @@ from bridge.environments.log import OutputEvents
 from bridge.environments.outputs import keep_outputs
 from bridge.environments.ready import Ready, SetupPlan
 from bridge.errors import BridgeError, EnvironmentFailed
-from bridge.phase.containers import Reader, run_container
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.network import open_gateway, with_gateway
+from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.sandbox import LABEL, ContainerSpec, Mount, home_id
 from bridge.sandbox.output import Tail
-from bridge.workspace.changes import export_snapshot
+from bridge.workspace.diff import export_snapshot
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.worktree import chown_tree
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from bridge.mountinfo import mounts
+from bridge.host.mountinfo import mounts
 from bridge.workspace import overlay
 
 IMAGE = "image.erofs"

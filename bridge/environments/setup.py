@@ -58,7 +58,7 @@ from bridge.workspace.overlay import overlay_usable
 from bridge.workspace.rawgit import raw_git
 
 if TYPE_CHECKING:
-    from bridge.workspace.changes import Change
+    from bridge.workspace.diff import Change
 
 __all__ = [
     "Ready",

@@ -5,7 +5,8 @@ environment made ready (its image, the worker's bundle, the setup's result from 
 setup run) and the setup's ignored files put into the new worktree. Verification asks again for
 the snapshot: when the worker changed a dependency file, setup runs for it. The rest is what the
 phases need besides: `Ready`, `materialize` (the cached files into a checkout), the bundle's
-mount point and the setup's errors."""
+mount point and the setup's errors; and, for task creation and the verbs that run more of a
+task, `check_environment`: what a spec's environment names is allowed and present."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
+from bridge.config.settings import Config
 from bridge.environments.bundle import BUNDLE
 from bridge.environments.cache import (
     Entry,
@@ -23,7 +26,8 @@ from bridge.environments.cache import (
     remove_entry,
     view_tree,
 )
-from bridge.environments.definition import EnvDefinition
+from bridge.environments.definition import EnvDefinition, read_blob, resolve_definition
+from bridge.environments.dockerfile import dockerfile_images
 from bridge.environments.ready import Ready
 from bridge.environments.setup import (
     SetupTimedOut,
@@ -34,11 +38,15 @@ from bridge.environments.setup import (
     prepare_environment,
     unsealed,
 )
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, InvalidSpec
+from bridge.models import TaskSpec
 from bridge.phase.handle import PhaseHandle
+from bridge.sandbox import Sandbox
+from bridge.scope import check_image
 from bridge.workers import Worker
-from bridge.workspace.changes import Change
+from bridge.workspace.diff import Change
 from bridge.workspace.fs import display, remove_tree
+from bridge.workspace.git import Git
 from bridge.workspace.worktree import TaskWorkspace, layer_under
 
 __all__ = [
@@ -159,3 +167,50 @@ class TaskEnvironment:
             folder = item.folder if isinstance(item, Entry) else item
             remove_entry(folder, image, self.handle.ctx.sandbox.remove_image)
         remove_tree(root)
+
+
+# -- at creation, and before a verb that runs more of a task ------------------------------
+
+
+def check_environment(
+    config: Config, sandbox: Sandbox, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
+) -> None:
+    """The images the spec names are allowed, the environment's definition (and
+    devcontainer.json) reads, its worker can run in one, and a named image is in the engine
+    (InvalidSpec naming what is not)."""
+    if spec.verification.image:
+        check_image(config, spec.verification.image, "verification.image")
+    definition = resolve_definition(config, spec, repo, base_commit)
+    if definition is None:
+        return
+    if definition.image and (spec.environment is not None or definition.devcontainer):
+        # Named by the caller (or by the devcontainer.json at the ref the caller chose); a
+        # configured default is the owner's own choice. Checked before the engine is asked, so
+        # a refusal says nothing of what the engine holds.
+        where = (
+            f"{definition.devcontainer}'s image" if definition.devcontainer else "environment.image"
+        )
+        check_image(config, definition.image, where)
+    if definition.build is not None:  # the Dockerfile is the repository's: the caller's choice
+        check_build_images(config, repo, base_commit, definition.build)
+    if worker.probe is None:
+        raise InvalidSpec(
+            f"The {worker.name} worker cannot run inside a project environment; drop "
+            "`environment` or choose a built-in worker."
+        )
+    if definition.image and not sandbox.image_present(definition.image):
+        raise InvalidSpec(
+            f"Environment image {definition.image} is not present in this engine; build "
+            "it, or `docker load` it from a saved file (worker-bridge never pulls images)."
+        )
+
+
+def check_build_images(config: Config, repo: Path, base_commit: str, build: Any) -> None:
+    """Every image a devcontainer's Dockerfile builds from is allowed (InvalidSpec naming the
+    first that is not)."""
+    text = read_blob(Git(repo), base_commit, build.dockerfile)
+    if text is None:
+        return  # resolve_definition refused it already
+    where = f"{build.dockerfile} (the devcontainer's build)"
+    for ref in dockerfile_images(text.decode("utf-8", "replace"), dict(build.args), where):
+        check_image(config, ref, f"{build.dockerfile}'s base image")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.config import Config, RouteConfig
+from bridge.config.settings import Config, RouteConfig
 from bridge.errors import InvalidSpec
 from bridge.gateway.paths import check_pattern
 from bridge.models import TaskSpec

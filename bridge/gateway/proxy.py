@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import h11
 
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.accounting import Accounting
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn, connect_tcp

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import h11
 
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.accounting import Accounting, Usage
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 import h11
 
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.accounting import Accounting
 from bridge.gateway.exchange import Exchange, Refused
 from bridge.gateway.usage import JsonEnds, TokenCounter

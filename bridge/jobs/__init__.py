@@ -1,6 +1,6 @@
 """Jobs: several tasks advanced together by one coordinator (compete: one objective on several
 candidates, ranked by our own verification and optionally a judge). The facade
-(bridge/service.py) is the front ends' only door here; see docs/jobs.md."""
+(bridge/service/facade.py) is the front ends' only door here; see docs/jobs.md."""
 
 from typing import Any
 
@@ -24,7 +24,7 @@ _HOMES = {
 
 def __getattr__(name: str) -> Any:
     """The names above load with their module on first use: the facade's read verbs import
-    bridge.jobs.verbs (and so this package) without the coordinator behind them."""
+    bridge.service.jobs (and so this package) without the coordinator behind them."""
     if name not in _HOMES:
         raise AttributeError(f"module 'bridge.jobs' has no attribute {name!r}")
     import importlib

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.creation import new_task_row, record_task
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, JobStatus, Status
 from bridge.phase.context import Context
 from bridge.pipeline.answer import expire_due
 from bridge.pipeline.cancel import cancel_task
+from bridge.pipeline.creation import new_task_row, record_task
 from bridge.pipeline.detached import spawn_runner
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL
 from bridge.records import JobRecord, TaskRecord

@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bridge.circuit import Circuit, circuits_of
-from bridge.config import Config
-from bridge.creation import new_task_row
+from bridge.config.settings import Config
 from bridge.errors import CircuitOpen, InvalidSpec, TaskNotFound
 from bridge.jobs.slots import (
     candidate_spec,
@@ -22,9 +20,11 @@ from bridge.jobs.slots import (
     split_metadata,
 )
 from bridge.models import JobKind, JobStatus, Status, TaskSpec
+from bridge.pipeline.creation import new_task_row
 from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
+from bridge.workers.circuit import Circuit, circuits_of
 from bridge.workers.info import worker_infos
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.phase.context import Context
 from bridge.pipeline.detached import STARTUP_GRACE, launch_detached
 from bridge.store import Store

@@ -15,7 +15,7 @@ import re
 import string
 from typing import Any
 
-from bridge.config_sections import JobsConfig
+from bridge.config.sections import JobsConfig
 
 DEFAULT_BOUNDS = JobsConfig()
 ANSWER_INFO = "worker-bridge-ranking"

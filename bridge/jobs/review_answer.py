@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from bridge.config_sections import JobsConfig
+from bridge.config.sections import JobsConfig
 from bridge.jobs.judge import DEFAULT_BOUNDS, quoted, quoted_answers
 
 ANSWER_INFO = "worker-bridge-review"

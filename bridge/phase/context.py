@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.sandbox import LABEL, Sandbox, home_id
 from bridge.store import Store
 

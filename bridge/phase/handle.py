@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.config import LimitDefaults
+from bridge.config.settings import LimitDefaults
 from bridge.models import TERMINAL, TaskSpec
 from bridge.phase.context import Context
 from bridge.records import TaskRecord

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from bridge.asking import listed_domains
 from bridge.gateway.policy import resolve_routes
 from bridge.phase.handle import PhaseHandle
-from bridge.requests import listed_domains
 from bridge.sandbox import ContainerSpec, Mount
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bridge.environments.task import TaskEnvironment
 from bridge.errors import EnvironmentFailed
-from bridge.heap import collections_paused
+from bridge.host.heap import collections_paused
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle
@@ -37,7 +37,7 @@ from bridge.workspace.accept import (
     target_entries,
     tracked_paths,
 )
-from bridge.workspace.changes import Change, list_changes, protected_violations
+from bridge.workspace.diff import Change, list_changes, protected_violations
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge.circuit import record_task_outcome
+from bridge.asking import resume_message
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
@@ -21,10 +21,10 @@ from bridge.pipeline.follow_up import queue_turn
 from bridge.pipeline.outcomes import Outcome
 from bridge.pipeline.results import redactor_for
 from bridge.records import RequestRecord
-from bridge.requests import resume_message
 from bridge.store.db import now_iso
+from bridge.workers.circuit import record_task_outcome
 from bridge.workspace.baseline import tree_entries
-from bridge.workspace.changes import path_matches
+from bridge.workspace.diff import path_matches
 
 DECISIONS = ("approve", "deny")
 MAX_ANSWER = 4000  # characters of an answer's text

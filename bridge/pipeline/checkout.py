@@ -14,7 +14,7 @@ from bridge.errors import BridgeError
 from bridge.phase.handle import PhaseHandle
 from bridge.workspace import overlay
 from bridge.workspace.bases import base_tree, private_folder
-from bridge.workspace.changes import Change, export_snapshot, update_checkout
+from bridge.workspace.diff import Change, export_snapshot, update_checkout
 from bridge.workspace.fs import remove_tree
 from bridge.workspace.overlay import mount_point, overlay_usable
 from bridge.workspace.trash import discard

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from bridge.phase.handle import PhaseHandle
 from bridge.workspace.baseline import Stat
-from bridge.workspace.changes import Change, list_changes, write_diff, write_manifest
+from bridge.workspace.diff import Change, list_changes, write_diff, write_manifest
 from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree
 from bridge.workspace.worktree import TaskWorkspace
 

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.store import Store
 from bridge.store.owners import new_runner_id
 

@@ -1,18 +1,18 @@
 """Finish: the task's terminal status, with its result fields, timings and redacted error, in one
 compare-and-set. If writing the outcome itself fails, the task still ends: `failed`, `internal`,
 with the reason (a runner never leaves a task without a terminal status). The worker's circuit
-breaker then learns how it ended (bridge/circuit.py's record_task_outcome, by the `circuit`
+breaker then learns how it ended (bridge/workers/circuit.py's record_task_outcome, by the `circuit`
 section recorded with the task, like everything its runner does)."""
 
 from __future__ import annotations
 
-from bridge.circuit import record_task_outcome
 from bridge.models import Status
 from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.outcomes import Outcome, error
 from bridge.records import ErrorInfo
 from bridge.store import Store
 from bridge.store.db import now_iso
+from bridge.workers.circuit import record_task_outcome
 
 
 def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.config import LimitDefaults
+from bridge.asking import approved_paths as paths_approved
+from bridge.config.settings import LimitDefaults
 from bridge.models import Status, TaskSpec
 from bridge.records import CommandResult, ErrorInfo, WorkerExit
-from bridge.requests import approved_paths as paths_approved
 from bridge.store import Store
-from bridge.workspace.changes import Change, protected_violations
+from bridge.workspace.diff import Change, protected_violations
 
 
 @dataclass

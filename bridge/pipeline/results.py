@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from bridge.asking import approved_hosts, approved_paths, listed_domains, request_document
 from bridge.records import RequestRecord, TaskRecord, TaskResult
 from bridge.redact import Redactor, task_redactor
-from bridge.requests import approved_hosts, approved_paths, listed_domains, request_document
 
 
 def redactor_for(record: TaskRecord) -> Redactor:

@@ -46,7 +46,7 @@ from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker, get_worker
 from bridge.workspace.baseline import Stat, record_files
-from bridge.workspace.changes import Change, list_changes
+from bridge.workspace.diff import Change, list_changes
 from bridge.workspace.worktree import TaskWorkspace
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})

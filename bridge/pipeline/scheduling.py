@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.records import TaskRecord
 from bridge.store import Store
 from bridge.store.owners import Owner

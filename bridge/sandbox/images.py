@@ -16,7 +16,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.sandbox.protocol import Sandbox
 from bridge.version import __version__

@@ -12,8 +12,8 @@ import os
 import stat
 from pathlib import Path
 
-from bridge.mountinfo import is_mount_point, mounts, unmount_point
-from bridge.mountinfo import libc as _libc
+from bridge.host.mountinfo import is_mount_point, mounts, unmount_point
+from bridge.host.mountinfo import libc as _libc
 
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
 _OPEN_TREE_CLONE, _O_CLOEXEC, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0o2000000, 0x8000, 0x1000

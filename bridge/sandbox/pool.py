@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.errors import BridgeError
-from bridge.mountinfo import mount_points
+from bridge.host.mountinfo import mount_points
 from bridge.sandbox import mounts, pool_shape
 from bridge.sandbox.pool_shape import CONTROL, FIFO, POOLED_ROLES, TOKEN, Plan
 from bridge.sandbox.pool_shape import quiet_listdir as _listdir
@@ -43,7 +43,7 @@ from bridge.store.owners import Owner, new_runner_id
 from bridge.store.pool import StoreError
 
 if TYPE_CHECKING:
-    from bridge.config_sections import PoolConfig
+    from bridge.config.sections import PoolConfig
     from bridge.sandbox.protocol import Sandbox
     from bridge.store.pool import PoolSlot, PoolSlots
 

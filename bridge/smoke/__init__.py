@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.config import Config, RouteConfig
+from bridge.config.settings import Config, RouteConfig
 
 KEY_VAR = "WORKER_BRIDGE_SMOKE_KEY"
 # What each image's smoke runs: the workers that use it.

@@ -1,7 +1,7 @@
-"""The circuits tables: one row per worker whose breaker has a state, and the failures it
-counts. Only SQL lives here; what the state means and when it changes is bridge/circuit.py's,
-which calls these inside one of the store's BEGIN IMMEDIATE transactions, so a decision and
-its write are one compare-and-set across processes."""
+"""The circuits tables: one row per worker whose breaker has a state, and the failures it counts.
+Only SQL lives here; what the state means and when it changes is bridge/workers/circuit.py's, which
+calls these inside one of the store's BEGIN IMMEDIATE transactions, so a decision and its write are
+one compare-and-set across processes."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ STEPS.append(("0009_requests", _requests))
 
 
 def _circuits(db: sqlite_utils.Database) -> None:
-    """The circuit breaker per worker (bridge/circuit.py): its state (`closed` or `open`, an
+    """The circuit breaker per worker (bridge/workers/circuit.py): its state (`closed` or `open`, an
     open one half-open from `retry_at`, with the one task let through then in `probe_task`),
     and the failures it counts, one row per task turn (so recording one twice counts once)."""
     db["circuits"].create(

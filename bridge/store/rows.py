@@ -1,19 +1,16 @@
 """The store's rows as plain data: which columns hold JSON, how a task or request row is decoded,
-the tasks listing's query, and a read-only connection to a store that is up to date. The Store
-(db.py) reads through these; so do the reads that must start at once (bridge/reads.py), which
-load no model. Standard library only."""
+the tasks listing's query, and the queries that gather a listing's artifacts and requests. The
+Store (db.py) reads through these."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge.store.migrations import MIGRATION_SET, STEPS
+from bridge.store.migrations import MIGRATION_SET
 from bridge.store.sql import marks
 
 JSON_COLUMNS = (
@@ -96,25 +93,6 @@ def sqlite_uri(path: Path, mode: str) -> str:
     return f"{path.absolute().as_uri()}?mode={mode}"
 
 
-def open_current(path: Path) -> sqlite3.Connection | None:
-    """A read-only connection to the store at ``path`` when it exists and every migration is
-    applied; None otherwise (opening a Store then makes or migrates it)."""
-    if not path.is_file():
-        return None
-    try:
-        conn = sqlite3.connect(sqlite_uri(path, "ro"), uri=True, timeout=30, isolation_level=None)
-    except sqlite3.Error:
-        return None
-    try:
-        conn.execute("PRAGMA busy_timeout = 30000")
-        if applied_migrations(conn) >= {name for name, _ in STEPS}:
-            return conn
-    except sqlite3.Error:  # not a store at all: the Store says so
-        pass
-    conn.close()
-    return None
-
-
 def rows_of(conn: sqlite3.Connection, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
     """Rows as dicts keyed by column name."""
     cur = conn.execute(sql, params)
@@ -143,19 +121,3 @@ def requests_of(run: Query, task_ids: list[str]) -> dict[str, list[dict[str, Any
     for row in run(sql, task_ids):
         found.setdefault(row["task_id"], []).append(decode_request(row))
     return found
-
-
-@contextmanager
-def reader(path: Path) -> Iterator[Query | None]:
-    """A query function on the store at ``path`` while it is up to date (open_current), its
-    queries in one read transaction, closed on the way out; None when it is not (then a Store
-    must open it)."""
-    conn = open_current(path)
-    if conn is None:
-        yield None
-        return
-    try:
-        conn.execute("BEGIN")  # one snapshot for every query of the read
-        yield partial(rows_of, conn)
-    finally:
-        conn.close()

@@ -1,6 +1,6 @@
 """The web view's ASGI app (Starlette, served by uvicorn): every path under `/ui`, behind the
 gate of bridge/ui/security.py. `worker-bridge ui` serves it alone (see `serve`); the MCP HTTP
-listener mounts the same app beside `/mcp` when config `http.ui` says so (bridge/mcp_http.py).
+listener mounts the same app beside `/mcp` when config `http.ui` says so (bridge/mcp/http.py).
 
 The pages are static shells (bridge/ui/static) whose scripts read the JSON API and the event
 streams; nothing a worker wrote is ever put into HTML on the server.
@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from bridge.mcp_http_limits import ASGIApp, Receive, RefusalLog, Scope, Send
+from bridge.listener.limits import ASGIApp, Receive, RefusalLog, Scope, Send
 from bridge.service import WorkerBridge
 from bridge.ui import actions, routes, sse
 from bridge.ui.routes import PREFIX, STATIC, read_body

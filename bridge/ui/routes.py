@@ -18,7 +18,7 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from bridge.errors import BridgeError, JobNotFound, TaskNotFound
-from bridge.mcp_http_limits import RefusalLog
+from bridge.listener.limits import RefusalLog
 from bridge.models import Status
 from bridge.service import WorkerBridge
 from bridge.ui import views

@@ -1,6 +1,6 @@
 """What stands between a browser and the verbs that change a user's working tree.
 
-- The token (bridge/mcp_http.py's, from the same token file) is presented once, by POST to
+- The token (bridge/mcp/http.py's, from the same token file) is presented once, by POST to
   `/ui/login` (the login page's form, or its script taking it from the URL's fragment, which
   no server sees), and exchanged for a session of two halves: a random id in an HttpOnly,
   SameSite=Strict cookie named for the port (`wb_ui_<port>`), and a random key the browser
@@ -25,7 +25,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from bridge.mcp_http import LOOPBACK_NAMES, is_loopback, token_matches
+from bridge.listener.gate import token_matches
+from bridge.listener.options import LOOPBACK_NAMES, is_loopback
 
 KEY_HEADER = "x-ui-key"
 SESSION_TTL_S = 12 * 3600

@@ -1,5 +1,5 @@
 """`worker-bridge ui`: the web view alone on its own listener (loopback by default), with the
-MCP HTTP listener's token handling (bridge/mcp_http.py: `--token-file`, the same environment
+MCP HTTP listener's token handling (bridge/listener/options.py: `--token-file`, the same environment
 variables, `--no-token` only on loopback), its connection bounds and its periodic recovery of
 tasks whose runner died. Given no token at all, it makes one for this run and prints the login
 URL that carries it (in the fragment), once, to the terminal."""
@@ -14,17 +14,10 @@ import sys
 from collections.abc import MutableMapping
 from urllib.parse import quote
 
-from bridge.config import HttpConfig
-from bridge.mcp_http import (
-    TOKEN_ENV,
-    TOKEN_FILE_ENV,
-    HttpOptions,
-    keep_recovering,
-    parse_bind,
-    resolve_options,
-    run_listener,
-    url_host,
-)
+from bridge.config.settings import HttpConfig
+from bridge.listener.flags import TOKEN_ENV, TOKEN_FILE_ENV
+from bridge.listener.options import HttpOptions, parse_bind, resolve_options, url_host
+from bridge.listener.run import keep_recovering, run_listener
 from bridge.service import WorkerBridge
 
 DEFAULT_LISTEN = "127.0.0.1:8770"

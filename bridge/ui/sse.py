@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from bridge.errors import BridgeError, TaskNotFound
-from bridge.mcp_http_limits import client_key
+from bridge.listener.limits import client_key
 from bridge.records import Event
 from bridge.ui import views
 from bridge.ui.routes import PREFIX, UiState, api

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.errors import UnknownWorker
 from bridge.workers.base import (
     HOME_DIR,

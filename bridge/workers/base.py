@@ -8,8 +8,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bridge.config import Config
-from bridge.requests import ASKING
+from bridge.asking import ASKING
+from bridge.config.settings import Config
 
 # Inside every task container: the read-only inputs folder (prompt and worker files).
 INPUTS_DIR = "/bridge"
@@ -33,7 +33,7 @@ class Turn:
     @property
     def prompt(self) -> str:
         """The whole task for a CLI that keeps no session (objective and follow-up together),
-        or a session's first turn; either way with how to ask (bridge/requests.py)."""
+        or a session's first turn; either way with how to ask (bridge/asking.py)."""
         if self.message:
             return f"{self.objective}\n{ASKING}\n\nFollow-up:\n{self.message}\n"
         return f"{self.objective}\n{ASKING}\n"

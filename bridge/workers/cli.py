@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bridge.config import Config, WorkerSettings
+from bridge.config.settings import Config, WorkerSettings
 from bridge.workers.base import ParsedLine, Worker
 
 ROUTES_URL = "http://127.0.0.1:7800"  # the gateway's model routes, inside the sandbox

@@ -19,7 +19,7 @@ import re
 import shlex
 from typing import Any
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain

@@ -1,15 +1,15 @@
 """What `workers list` (and `list_workers`) says of each worker: whether its image is in the
 engine, whether it can run a task here now, and why not in one sentence, and its circuit
-breaker (which may refuse new tasks for it although it is healthy: bridge/circuit.py)."""
+breaker (which may refuse new tasks for it although it is healthy: bridge/workers/circuit.py)."""
 
 from __future__ import annotations
 
-from bridge.circuit import circuits_of
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.errors import BridgeError
 from bridge.records import WorkerInfo
 from bridge.sandbox import Sandbox
 from bridge.workers import all_workers
+from bridge.workers.circuit import circuits_of
 
 
 def worker_infos(config: Config, sandbox: Sandbox) -> list[WorkerInfo]:

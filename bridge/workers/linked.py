@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.config import Config, LinkedWorker
+from bridge.config.settings import Config, LinkedWorker
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaunch
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.errors import InvalidSpec
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Turn, Worker, WorkerLaunch
 

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain

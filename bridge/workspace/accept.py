@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from bridge.workspace import fs
-from bridge.workspace.changes import Change
+from bridge.workspace.diff import Change
 from bridge.workspace.git import Git
 from bridge.workspace.writer import Entry, Refused, blob_id, lstat_at, lstat_path
 

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from bridge.mountinfo import is_mount_point, libc, mount_points, mounts, unescape, unmount_point
+from bridge.host.mountinfo import (
+    is_mount_point,
+    libc,
+    mount_points,
+    mounts,
+    unescape,
+    unmount_point,
+)
 from bridge.workspace import fs
 
 OPAQUE_XATTR = "trusted.overlay.opaque"

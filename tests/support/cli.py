@@ -20,7 +20,7 @@ def _command(script: str, module: str) -> list[str]:
 
 
 CLI = _command("worker-bridge", "bridge.cli")
-MCP_SERVER = _command("worker-bridge-mcp", "bridge.mcp_server")
+MCP_SERVER = _command("worker-bridge-mcp", "bridge.mcp.server")
 
 
 @dataclass

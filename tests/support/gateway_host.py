@@ -16,7 +16,7 @@ import psutil
 _HOST = """
 import json, sys
 from pathlib import Path
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.policy import Route
 from bridge.gateway.server import Gateway
 folder, routes, config = Path(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.upstream import Upstream
 
-from bridge.config import GatewayConfig
+from bridge.config.settings import GatewayConfig
 from bridge.gateway.policy import Route
 from bridge.gateway.server import Gateway
 

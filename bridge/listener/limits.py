@@ -8,7 +8,7 @@ answered 503 and closed before a byte of it is read, and one that is slow to sen
 body is answered 408 and closed. The sessions themselves are the SDK's to count and reap
 (`max_sessions`, `session_idle_timeout`); this module only words its refusal.
 
-No `mcp` import here (that stays in mcp_server.py and mcp_http.py).
+No `mcp` import here (that stays in bridge/mcp).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.server import ServerState
 
-from bridge.config import HttpConfig
+from bridge.config.settings import HttpConfig
 
 log = logging.getLogger("worker_bridge.mcp.http")
 

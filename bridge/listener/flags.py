@@ -1,6 +1,6 @@
 """The MCP server's transport flags (`--http`, `--token-file`, `--no-token`), shared by
 `worker-bridge-mcp` and `worker-bridge mcp`, and the names they mention. Kept apart from
-bridge/mcp_http.py so that building the CLI's parser (every `worker-bridge` command, `--help`
+bridge/mcp/http.py so that building the CLI's parser (every `worker-bridge` command, `--help`
 included) does not load uvicorn and the HTTP listener."""
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
-"""The facade's verbs on jobs, mixed into WorkerBridge (bridge/service.py), which provides the
-store, the sandbox, the scope and the task verbs they use. A job outside the bridge's scope is
+"""The facade's verbs on jobs, mixed into WorkerBridge (bridge/service/facade.py), which provides
+the store, the sandbox, the scope and the task verbs they use. A job outside the bridge's scope is
 absent for every verb, as a task is."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bridge.config.profiles import without_filled
 from bridge.errors import InvalidSpec, JobNotFound
 from bridge.jobs.results import job_result
 from bridge.models import JOB_TERMINAL, JobStatus, Status, TaskSpec
-from bridge.profiles import without_filled
 from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord, TaskResult
 
 # What makes, launches, cancels or accepts a job is imported in the verb that does it: reading
 # a job (`jobs show`, `jobs list`) loads none of it.
 if TYPE_CHECKING:
-    from bridge.config import Config
+    from bridge.config.settings import Config
     from bridge.phase.context import Context
     from bridge.sandbox import Sandbox
     from bridge.scope import RepositoryScope

@@ -1,7 +1,7 @@
 """Sections of the configuration: the gateway (`gateway`, its model routes and bounds), the MCP
 server's HTTP listener (`http`), the bounds of jobs (`jobs`), the workers' circuit breaker
-(`circuit`), the container pool (`pool`), the task types' profiles (`profiles`), the default
-limits (`limits`) and the workers' own settings (`workers`, `linked_workers`). bridge/config.py
+(`circuit`), the container pool (`pool`), the task types' profiles (`profiles`), the default limits
+(`limits`) and the workers' own settings (`workers`, `linked_workers`). bridge/config/settings.py
 loads them as part of `Config`; they live apart so that module stays the loader."""
 
 from __future__ import annotations

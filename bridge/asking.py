@@ -10,7 +10,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # this module loads no model: the fast reads use it too (bridge/reads.py)
+if TYPE_CHECKING:
     from bridge.models import TaskSpec
     from bridge.records import RequestRecord
     from bridge.redact import Redactor

@@ -10,23 +10,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge.config import Config, load_config
+from bridge.config.settings import Config, load_config
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
-from bridge.jobs.verbs import JobVerbs
 from bridge.models import Status, TaskSpec
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, WorkerInfo
 from bridge.scope import RepositoryScope
+from bridge.service.jobs import JobVerbs
 from bridge.store import Store
 from bridge.store.db import now_iso
 
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
-    from bridge.circuit import Reset
     from bridge.phase.context import Context
     from bridge.phase.handle import PipelineHooks
     from bridge.sandbox import Sandbox
+    from bridge.workers.circuit import Reset
 
 
 class WorkerBridge(JobVerbs):
@@ -92,7 +92,7 @@ class WorkerBridge(JobVerbs):
     def _still_allowed(self, record: TaskRecord, *, worker_turn: bool) -> None:
         """What the owner's configuration allows now still covers the task (its mock routes,
         the images it names): InvalidSpec naming the setting otherwise."""
-        from bridge.creation import recheck_permissions
+        from bridge.pipeline.creation import recheck_permissions
 
         recheck_permissions(self.config, self.sandbox, record, worker_turn=worker_turn)
 
@@ -110,8 +110,8 @@ class WorkerBridge(JobVerbs):
         """Validate a spec (its type's profile filling what it left unset) and record the task
         (status `created`). Raises InvalidSpec naming what is wrong, or CircuitOpen when the
         worker's circuit breaker refuses new tasks; nothing is allocated for a rejected spec
-        (see bridge/creation.py)."""
-        from bridge.creation import new_task_row, record_task
+        (see bridge/pipeline/creation.py)."""
+        from bridge.pipeline.creation import new_task_row, record_task
 
         row, event = new_task_row(self.config, self.sandbox, self.scope, spec)
         # a key is its repository's alone; the worker's circuit breaker may refuse it
@@ -353,10 +353,10 @@ class WorkerBridge(JobVerbs):
         return worker_infos(self.config, self.sandbox)
 
     def reset_worker(self, name: str) -> Reset:
-        """Close the worker's circuit breaker (bridge/circuit.py), so new tasks for it are
+        """Close the worker's circuit breaker (bridge/workers/circuit.py), so new tasks for it are
         taken again; UnknownWorker for a name that is no worker here."""
-        from bridge.circuit import reset as reset_circuit
         from bridge.workers import get_worker
+        from bridge.workers.circuit import reset as reset_circuit
 
         get_worker(self.config, name)
         return reset_circuit(self.store, self.config, name)
@@ -386,8 +386,8 @@ class WorkerBridge(JobVerbs):
         return build_images(self.config, self.sandbox, targets or None, base_image, on_line)
 
     def doctor(self) -> list[dict[str, Any]]:
-        """Whether tasks can run here: one check each (see bridge/doctor.py). Writes nothing."""
-        from bridge.doctor import health_checks
+        """Whether tasks can run here: one check each (bridge/service/doctor.py). Writes nothing."""
+        from bridge.service.doctor import health_checks
 
         return health_checks(self.config, self.sandbox)
 
@@ -401,7 +401,7 @@ class WorkerBridge(JobVerbs):
     def link_worker(
         self, name: str, command: list[str], image: str | None = None, routes: tuple = ()
     ) -> None:
-        from bridge.config import LinkedWorker, save_linked_worker
+        from bridge.config.settings import LinkedWorker, save_linked_worker
         from bridge.gateway.policy import all_routes
         from bridge.workers import BUILTIN
 

@@ -1,6 +1,6 @@
-"""The MCP tools on jobs (compete, review, status, accept, cancel), mixed into bridge/mcp_tools.py's
+"""The MCP tools on jobs (compete, review, status, accept, cancel), mixed into bridge/mcp/tools.py's
 BridgeTools, whose `call` runs each blocking bridge call in a thread and turns a BridgeError
-into a tool error (`isError`) with one sentence. Their hints are in mcp_tools.TOOLS."""
+into a tool error (`isError`) with one sentence. Their hints are in bridge/mcp/tools.py (TOOLS)."""
 
 from __future__ import annotations
 

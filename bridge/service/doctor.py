@@ -7,8 +7,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from bridge.circuit import circuits_of
-from bridge.config import Config
+from bridge.config.settings import Config
 from bridge.errors import BridgeError
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import deployment_checks
@@ -16,6 +15,7 @@ from bridge.sandbox.runtimes import runtime_check
 from bridge.store import store_writable
 from bridge.store.pool import read_slots
 from bridge.workers import all_workers
+from bridge.workers.circuit import circuits_of
 
 
 def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The MCP tools: one method each on `BridgeTools` (its docstring is the tool's description, its
 annotated arguments the input schema), and `TOOLS`, what each does to the world as MCP's hints.
-Adding a tool is a method and one entry. bridge/mcp_server.py serves them.
+Adding a tool is a method and one entry. bridge/mcp/server.py serves them.
 
 Every blocking call (SQLite, git, Docker) runs in a worker thread, so no tool blocks the event
 loop; `worker_delegate(wait=true)` polls the store asynchronously while the task runs in a
@@ -20,7 +20,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from bridge.errors import BridgeError
-from bridge.mcp_job_tools import JobTools
+from bridge.mcp.job_tools import JobTools
 from bridge.models import SETTLED
 from bridge.service import WorkerBridge
 

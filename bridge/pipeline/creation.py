@@ -10,18 +10,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridge.circuit import admission
-from bridge.config import Config
-from bridge.errors import InvalidSpec
+from bridge.config.profiles import apply_profile
+from bridge.config.settings import Config
 from bridge.gateway.policy import check_network
 from bridge.models import Status, TaskSpec, parse_spec
-from bridge.profiles import apply_profile
 from bridge.records import TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
-from bridge.scope import RepositoryScope, check_image
+from bridge.scope import RepositoryScope
 from bridge.store import Store
-from bridge.workers import Worker, get_worker
+from bridge.workers import get_worker
+from bridge.workers.circuit import admission
 from bridge.workspace.git import Git, repository_root
 from bridge.workspace.worktree import check_disjoint
 
@@ -30,7 +29,7 @@ def new_task_row(
     config: Config, sandbox: Sandbox, scope: RepositoryScope, spec: dict[str, Any] | TaskSpec
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The row of a new task and its `task.created` event, or InvalidSpec. The spec's type
-    fills what it left unset first (bridge/profiles.py); the row records what it filled."""
+    fills what it left unset first (bridge/config/profiles.py); the row records what it filled."""
     if isinstance(spec, TaskSpec):
         spec = spec.model_dump(exclude_unset=True)  # a field left at its default is unset
     spec, profile = apply_profile(config, spec)
@@ -43,6 +42,8 @@ def new_task_row(
     scope.check_new(repo)
     require_repository(repo)  # in a container: at the same path as on the host?
     base_commit = Git(repo).resolve_commit(parsed.workspace.base_ref)
+    from bridge.environments.task import check_environment
+
     check_environment(config, sandbox, parsed, repo, base_commit, worker)
     limits = config.limits.model_dump()
     limits.update(parsed.limits.model_dump(exclude_none=True))
@@ -76,55 +77,6 @@ def record_task(
     return store.insert_task(row, event, admit=admission(store, config, row))
 
 
-def check_environment(
-    config: Config, sandbox: Sandbox, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
-) -> None:
-    """The images the spec names are allowed, the environment's definition (and
-    devcontainer.json) reads, its worker can run in one, and a named image is in the engine
-    (InvalidSpec naming what is not)."""
-    from bridge.environments.definition import resolve_definition
-
-    if spec.verification.image:
-        check_image(config, spec.verification.image, "verification.image")
-    definition = resolve_definition(config, spec, repo, base_commit)
-    if definition is None:
-        return
-    if definition.image and (spec.environment is not None or definition.devcontainer):
-        # Named by the caller (or by the devcontainer.json at the ref the caller chose); a
-        # configured default is the owner's own choice. Checked before the engine is asked, so
-        # a refusal says nothing of what the engine holds.
-        where = (
-            f"{definition.devcontainer}'s image" if definition.devcontainer else "environment.image"
-        )
-        check_image(config, definition.image, where)
-    if definition.build is not None:  # the Dockerfile is the repository's: the caller's choice
-        check_build_images(config, repo, base_commit, definition.build)
-    if worker.probe is None:
-        raise InvalidSpec(
-            f"The {worker.name} worker cannot run inside a project environment; drop "
-            "`environment` or choose a built-in worker."
-        )
-    if definition.image and not sandbox.image_present(definition.image):
-        raise InvalidSpec(
-            f"Environment image {definition.image} is not present in this engine; build "
-            "it, or `docker load` it from a saved file (worker-bridge never pulls images)."
-        )
-
-
-def check_build_images(config: Config, repo: Path, base_commit: str, build: Any) -> None:
-    """Every image a devcontainer's Dockerfile builds from is allowed (InvalidSpec naming the
-    first that is not)."""
-    from bridge.environments.definition import read_blob
-    from bridge.environments.dockerfile import dockerfile_images
-
-    text = read_blob(Git(repo), base_commit, build.dockerfile)
-    if text is None:
-        return  # resolve_definition refused it already
-    where = f"{build.dockerfile} (the devcontainer's build)"
-    for ref in dockerfile_images(text.decode("utf-8", "replace"), dict(build.args), where):
-        check_image(config, ref, f"{build.dockerfile}'s base image")
-
-
 def recheck_permissions(
     config: Config, sandbox: Sandbox, record: TaskRecord, *, worker_turn: bool
 ) -> None:
@@ -136,6 +88,8 @@ def recheck_permissions(
     worker = get_worker(config, record.worker)
     if worker_turn:
         worker.check_metadata(spec.metadata, config)
+    from bridge.environments.task import check_environment
+
     check_environment(
         config, sandbox, spec, Path(record.repository), record.base_commit or "HEAD", worker
     )

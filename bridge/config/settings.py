@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bridge.config_names import ENV_PREFIX, OTHER_VARIABLES, default_home, variables
-from bridge.config_sections import (
+from bridge.config.names import ENV_PREFIX, OTHER_VARIABLES, default_home, variables
+from bridge.config.sections import (
     CircuitConfig,
     GatewayConfig,
     HttpConfig,
@@ -147,7 +147,7 @@ class Config(BaseModel):
         default_factory=dict,
         description="Task types (`metadata.type`, `--type`) added to the built-in ones "
         "(chore, feature, hotfix, refactor), or fields of a built-in one overridden: what each "
-        "fills in when the caller left it unset (bridge/profiles.py).",
+        "fills in when the caller left it unset (bridge/config/profiles.py).",
     )
 
     @field_validator("profiles")

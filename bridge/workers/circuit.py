@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.config import CircuitConfig, Config
+from bridge.config.settings import CircuitConfig, Config
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, Status
 from bridge.records import RESUME_FAILED

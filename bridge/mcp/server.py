@@ -1,9 +1,9 @@
 """The MCP server (`worker-bridge-mcp`, also `worker-bridge mcp`): the contract's tools
-(bridge/mcp_tools.py) over the same WorkerBridge facade as the CLI, on stdio or (with --http,
-see bridge/mcp_http.py) over streamable HTTP. The `mcp` SDK is imported only by these three
-modules. stdout carries protocol messages only; logs go to stderr and a rotated file. Tasks
-whose runner died are handed to new runners at start and every 30 s
-(mcp_http.keep_recovering).
+(bridge/mcp/tools.py) over the same WorkerBridge facade as the CLI, on stdio or (with --http,
+see bridge/mcp/http.py) over streamable HTTP. The `mcp` SDK is imported only in this package.
+stdout carries protocol messages only; logs go to stderr and a rotated file. Tasks whose runner
+died are handed to new runners at start and every 30 s (bridge/listener/run.py:
+`keep_recovering`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import sys
 
 from mcp.server.mcpserver import MCPServer
 
-from bridge import mcp_flags, mcp_http
 from bridge.errors import BridgeError
-from bridge.heap import freeze_start_up_heap
-from bridge.mcp_tools import TOOLS, BridgeTools
+from bridge.host.heap import freeze_start_up_heap
+from bridge.listener import flags, options
+from bridge.listener.run import keep_recovering
+from bridge.mcp.tools import TOOLS, BridgeTools
 from bridge.service import WorkerBridge
 from bridge.version import __version__
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="worker-bridge-mcp",
         description="Serve worker-bridge's MCP tools on stdio, or streamable HTTP with --http.",
     )
-    mcp_flags.add_arguments(parser)
+    flags.add_arguments(parser)
     return run(parser.parse_args(argv))
 
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
     """Serve on stdio, or on HTTP when args.http is set (also `worker-bridge mcp`). Bad transport
     flags or a missing token are refused before anything starts."""
     try:
-        http = mcp_http.resolve_options(args)
+        http = options.resolve_options(args)
         bridge = bridge or WorkerBridge()
         bridge.check_state_root()  # in a container: shared with the host?
     except BridgeError as exc:
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
         return exc.exit_code
     _setup_logging(bridge)
     log.info("worker-bridge MCP server %s, state root %s", __version__, bridge.config.home)
-    mcp_http.keep_recovering(bridge.recover)
+    keep_recovering(bridge.recover)
     server = build_server(bridge)
     if http is not None:
         ui = None
@@ -101,7 +102,9 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
             from bridge.ui.app import build_app
 
             ui = build_app(bridge, token=http.token, host=http.host, port=http.port)
-        return mcp_http.serve(server, http, bridge.config.http, ui)
+        from bridge.mcp.http import serve
+
+        return serve(server, http, bridge.config.http, ui)
     freeze_start_up_heap()
     server.run("stdio")
     return 0

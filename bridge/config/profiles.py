@@ -1,14 +1,14 @@
-"""Task types and their profiles: `metadata.type` (the CLI's `--type`, MCP's `type`) names a
-profile whose fields fill what the caller left unset in the spec, never what it set. Filling
-happens in one place, task creation (bridge/creation.py), which every front end and every job
-reaches. The built-in types are below; config `profiles` adds types or overrides fields of a
-built-in one, so the known types are always the configuration's."""
+"""Task types and their profiles: `metadata.type` (the CLI's `--type`, MCP's `type`) names a profile
+whose fields fill what the caller left unset in the spec, never what it set. Filling happens in one
+place, task creation (bridge/pipeline/creation.py), which every front end and every job reaches. The
+built-in types are below; config `profiles` adds types or overrides fields of a built-in one, so the
+known types are always the configuration's."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bridge.config import Config, TaskProfile
+from bridge.config.settings import Config, TaskProfile
 from bridge.errors import InvalidSpec
 
 BUILTIN_PROFILES: dict[str, TaskProfile] = {
