@@ -133,7 +133,7 @@ def launch_browser():
 
 def screenshot(page, name: str) -> Path:
     """A full-page screenshot into the test artifacts (and, with WORKER_BRIDGE_UPDATE_DOCS=1,
-    into docs/ when NAME is one the README shows)."""
+    into docs/ when NAME is one the docs show: docs/ui.md)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
