@@ -41,7 +41,8 @@ class Tty(io.StringIO):
 
 def test_progress_shows_kind_and_tool_and_what_workers_wrote_cannot_drive_the_terminal():
     bridge, out = FakeBridge(), Tty()
-    with LiveView(bridge, "t1", stream=out):
+    with LiveView(bridge, "t1", stream=out) as view:
+        view.start()
         bridge.add("worker.started", {"worker": "codex", "turn": 0})
         bridge.add("worker.progress", {"kind": "tool", "text": "/workspace/a.py", "name": "Write"})
         bridge.add(
@@ -59,9 +60,19 @@ def test_progress_shows_kind_and_tool_and_what_workers_wrote_cannot_drive_the_te
 def test_into_a_pipe_only_plain_lines():
     bridge, out = FakeBridge(), io.StringIO()
     bridge.add("verification.command", {"command": "pytest -q", "exit_code": 1, "status": "failed"})
-    with LiveView(bridge, "t1", stream=out):
-        pass
+    with LiveView(bridge, "t1", stream=out) as view:
+        view.start()
     assert out.getvalue() == "  check `pytest -q`: failed\n"
+
+
+def test_a_view_this_process_never_started_shows_nothing():
+    """`start --wait` refused, or another process claimed the task first: that run's events
+    are not this command's to show."""
+    bridge, out = FakeBridge(), Tty()
+    bridge.add("worker.started", {"worker": "mock", "turn": 0})
+    with LiveView(bridge, "t1", stream=out):
+        bridge.add("worker.progress", {"kind": "message", "text": "theirs", "name": None})
+    assert out.getvalue() == ""
 
 
 def test_events_not_worth_showing_live_are_left_out():
@@ -94,8 +105,8 @@ def test_a_setup_shows_its_commands_and_output_and_cannot_drive_the_terminal():
     bridge.add("environment.setup", {"status": "command", "command": "npm ci", "exit_code": 0})
     bridge.add("environment.setup", {"status": "completed", "duration_s": 1.5})
     bridge.add("environment.cached", {"key": "k"})
-    with LiveView(bridge, "t1", stream=out):
-        pass
+    with LiveView(bridge, "t1", stream=out) as view:
+        view.start()
     assert out.getvalue().splitlines() == [
         "environment setup (no cache entry): 1 command(s)",
         "  added 1 package\\x1b[2J",
@@ -113,8 +124,8 @@ def test_a_request_is_shown_whole_so_a_long_name_cannot_hide_where_it_leads():
     bridge, out = FakeBridge(), io.StringIO()
     detail = {"host": host, "port": 443}
     bridge.add("task.request", {"request_id": "r1", "kind": "network", "detail": detail})
-    with LiveView(bridge, "t1", stream=out):
-        pass
+    with LiveView(bridge, "t1", stream=out) as view:
+        view.start()
     shown = out.getvalue()
     assert f"reach {host}:443" in shown and "tasks answer t1 r1" in shown
     assert shown.count("\n") == 1  # still one line

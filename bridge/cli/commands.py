@@ -9,7 +9,7 @@ import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.cli.render import (
     out_json,
@@ -21,6 +21,9 @@ from bridge.cli.render import (
 from bridge.errors import InvalidSpec
 from bridge.models import TERMINAL, Status
 from bridge.service import WorkerBridge
+
+if TYPE_CHECKING:
+    from bridge.cli.live import LiveView
 
 
 def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,14 +116,18 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
 def _run_in_foreground(bridge: WorkerBridge, task_id: str, args: argparse.Namespace) -> int:
     """Run to the end in this process; Ctrl-C cancels the task rather than stranding it."""
     try:
-        with _live(bridge, task_id, args):
-            result = bridge.run_task(task_id)
+        with _live(bridge, task_id, args) as view:
+            # The view follows the task once this process runs it: refused, or claimed by
+            # another process first, this command shows none of that run's events.
+            result = bridge.run_task(task_id, on_claimed=view.start if view else None)
     except KeyboardInterrupt:
         result = bridge.cancel_task(task_id)
     return _finish(result.document(), args)
 
 
-def _live(bridge: WorkerBridge, task_id: str, args: argparse.Namespace) -> AbstractContextManager:
+def _live(
+    bridge: WorkerBridge, task_id: str, args: argparse.Namespace
+) -> AbstractContextManager[LiveView | None]:
     """The live view of a task this command waits for (nothing with --json)."""
     if args.json:
         return nullcontext()

@@ -23,7 +23,8 @@ WHOLE = ("task.request",)
 
 
 class LiveView:
-    """Follows one task in a background thread until stopped."""
+    """Follows one task in a background thread, from `start` (once this process runs the
+    task) until the `with` ends."""
 
     def __init__(self, bridge: WorkerBridge, task_id: str, stream: TextIO | None = None) -> None:
         self.bridge = bridge
@@ -39,14 +40,17 @@ class LiveView:
         self._status_shown = False
 
     def __enter__(self) -> LiveView:
-        self._thread.start()
         return self
 
+    def start(self) -> None:
+        self._thread.start()
+
     def __exit__(self, *exc: object) -> None:
+        if not self._thread.is_alive():
+            return  # never started: another process ran the task, its events are not ours
         self._stop.set()
         self._thread.join(timeout=5)
-        if exc[0] is None:  # refused (another process runs it): its events are not this view's
-            self._poll()  # what happened after the last poll
+        self._poll()  # what happened after the last poll
         self._clear_status()
         self.stream.flush()
 

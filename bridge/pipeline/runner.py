@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -75,11 +76,14 @@ class TaskRunner:
 
     # -- the run ----------------------------------------------------------------------------
 
-    def run(self) -> TaskRecord:
-        """Run (or resume) to a terminal status; returns the stored record. A BaseException
-        (an interrupt) leaves the task as a crash would, for recovery or a cancel to resolve."""
+    def run(self, on_claimed: Callable[[], None] | None = None) -> TaskRecord:
+        """Run (or resume) to a terminal status; returns the stored record. ``on_claimed`` is
+        called once the claim is this runner's. A BaseException (an interrupt) leaves the task
+        as a crash would, for recovery or a cancel to resolve."""
         if not self.store.runners.claim(self.task_id, self.owner, LEASE_TTL):
             return self.store.load_task(self.task_id)  # another live runner has it
+        if on_claimed is not None:
+            on_claimed()
         self._start_heartbeat()
         try:
             handle = self._handle()

@@ -118,8 +118,16 @@ class WorkerBridge(JobVerbs):
         task_id, _ = record_task(self.store, self.config, row, event)
         return self.get_task(task_id)
 
-    def run_task(self, task_id: str, *, runner_id: str | None = None) -> TaskResult:
-        """Run a task in this thread to a terminal status (or resume one whose runner died)."""
+    def run_task(
+        self,
+        task_id: str,
+        *,
+        runner_id: str | None = None,
+        on_claimed: Callable[[], None] | None = None,
+    ) -> TaskResult:
+        """Run a task in this thread to a terminal status (or resume one whose runner died).
+        ``on_claimed`` is called once this thread holds the task's claim (never when another
+        runner has it: then the task's result is returned as it stands)."""
         from bridge.pipeline.runner import TaskRunner
         from bridge.sandbox.docker_images import resolved_once
         from bridge.store.owners import Owner
@@ -133,7 +141,7 @@ class WorkerBridge(JobVerbs):
             if runner_id is None:
                 self._still_allowed(record, worker_turn=True)
             owner = Owner(id=runner_id) if runner_id else Owner()
-            TaskRunner(self.context(), task_id, owner, hooks=self.hooks).run()
+            TaskRunner(self.context(), task_id, owner, hooks=self.hooks).run(on_claimed)
         return self.get_task(task_id)
 
     async def start_task(self, task_id: str) -> TaskResult:
