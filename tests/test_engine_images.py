@@ -11,7 +11,7 @@ import os
 import threading
 
 from bridge.sandbox import DockerSandbox
-from bridge.sandbox.docker_images import resolved_once
+from bridge.sandbox.docker import resolved_once
 
 
 def test_a_run_looks_an_image_up_once_and_again_after_this_process_changes_one(docker_images):

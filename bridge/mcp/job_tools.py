@@ -1,18 +1,16 @@
-"""The MCP tools on jobs (compete, review, status, accept, cancel), mixed into bridge/mcp/tools.py's
-BridgeTools, whose `call` runs each blocking bridge call in a thread and turns a BridgeError
-into a tool error (`isError`) with one sentence. Their hints are in bridge/mcp/tools.py (TOOLS)."""
+"""The MCP tools on jobs (compete, review, status, accept, cancel): one method each on `JobTools`,
+served beside the tools on tasks (tools.py, which also holds every tool's hints in TOOLS). Each
+blocking bridge call goes through calls.py: in a thread, a BridgeError a tool error."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import anyio
 from pydantic import Field
 
-from bridge.service import WorkerBridge
+from bridge.mcp.calls import BridgeCalls
 
-T = TypeVar("T")
 JOB_ENDED = {"succeeded", "unresolved", "failed", "cancelled", "accepted"}
 POLL_SECONDS = 0.5
 
@@ -27,11 +25,12 @@ def _typed(metadata: dict[str, Any] | None, kind: str | None) -> dict[str, Any]:
 
 
 class JobTools:
-    """worker_compete, worker_review, worker_job_status, worker_job_accept, worker_job_cancel."""
+    """worker_compete, worker_review, worker_job_status, worker_job_accept, worker_job_cancel,
+    bound to one WorkerBridge through ``call``."""
 
-    bridge: WorkerBridge
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
+    def __init__(self, call: BridgeCalls) -> None:
+        self.call = call
+        self.bridge = call.bridge
 
     async def _wait_job(self, job_id: str) -> dict[str, Any]:
         while True:

@@ -20,7 +20,9 @@ from bridge.errors import BridgeError
 from bridge.host.heap import freeze_start_up_heap
 from bridge.listener import flags, options
 from bridge.listener.run import keep_recovering
-from bridge.mcp.tools import TOOLS, BridgeTools
+from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.job_tools import JobTools
+from bridge.mcp.tools import TOOLS, TaskTools
 from bridge.service import WorkerBridge
 from bridge.version import __version__
 
@@ -43,10 +45,11 @@ answer it with worker_answer, and the worker carries on in its own session.
 
 
 def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
-    tools = BridgeTools(bridge or WorkerBridge())
+    call = BridgeCalls(bridge or WorkerBridge())
+    tools = (TaskTools(call), JobTools(call))
     server = MCPServer("worker-bridge", version=__version__, instructions=INSTRUCTIONS)
     for name, hints in TOOLS.items():
-        method = getattr(tools, name)
+        method = next(getattr(t, name) for t in tools if hasattr(t, name))
         server.add_tool(
             method, name=name, description=inspect.cleandoc(method.__doc__ or ""), annotations=hints
         )

@@ -1,31 +1,24 @@
-"""The MCP tools: one method each on `BridgeTools` (its docstring is the tool's description, its
-annotated arguments the input schema), and `TOOLS`, what each does to the world as MCP's hints.
-Adding a tool is a method and one entry. bridge/mcp/server.py serves them.
+"""The MCP tools on tasks and workers: one method each on `TaskTools` (its docstring is the tool's
+description, its annotated arguments the input schema; the tools on jobs are `JobTools`, in
+job_tools.py), and `TOOLS`, what every tool does to the world as MCP's hints. Adding a tool is a
+method and one entry. bridge/mcp/server.py serves them.
 
-Every blocking call (SQLite, git, Docker) runs in a worker thread, so no tool blocks the event
-loop; `worker_delegate(wait=true)` polls the store asynchronously while the task runs in a
-detached runner process. A failed call is a tool error (`isError`) with one sentence the model
-can act on. The tools that only read never start a process (recovery is the server's own).
+Every blocking call runs in a worker thread (calls.py), so no tool blocks the event loop;
+`worker_delegate(wait=true)` polls the store asynchronously while the task runs in a detached
+runner process. A failed call is a tool error (`isError`) with one sentence the model can act
+on. The tools that only read never start a process (recovery is the server's own).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import anyio
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from bridge.errors import BridgeError
-from bridge.mcp.job_tools import JobTools
+from bridge.mcp.calls import BridgeCalls
 from bridge.models import SETTLED
-from bridge.service import WorkerBridge
-
-log = logging.getLogger("worker_bridge.mcp")
-T = TypeVar("T")
 
 STATUS_LIST_LIMIT = 20
 POLL_SECONDS = 0.25
@@ -35,26 +28,12 @@ def _describe(text: str) -> Any:
     return Field(description=text)
 
 
-class BridgeTools(JobTools):
-    """The tools, bound to one WorkerBridge (one state root)."""
+class TaskTools:
+    """The tools on tasks and workers, bound to one WorkerBridge through ``call``."""
 
-    def __init__(self, bridge: WorkerBridge) -> None:
-        self.bridge = bridge
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking bridge call in a thread; BridgeError becomes a tool error."""
-        try:
-            return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
-        except BridgeError as exc:
-            raise ToolError(exc.message) from exc
-        except ToolError:
-            raise
-        except Exception as exc:
-            log.exception("tool call failed")
-            raise ToolError(
-                f"worker-bridge hit an internal error ({exc.__class__.__name__}); "
-                "see the server log under the state root's logs/ folder."
-            ) from exc
+    def __init__(self, call: BridgeCalls) -> None:
+        self.call = call
+        self.bridge = call.bridge
 
     async def wait_for_end(self, task_id: str) -> dict[str, Any]:
         while True:

@@ -19,8 +19,7 @@ def run_reserved(
 ) -> TaskRecord:
     """The body of a detached runner: run the task under its reservation, with the task's own
     configuration and the Docker engine."""
-    from bridge.sandbox.docker import DockerSandbox
-    from bridge.sandbox.docker_images import resolved_once
+    from bridge.sandbox.docker import DockerSandbox, resolved_once
 
     store = Store(store_path)
     try:

@@ -1,6 +1,6 @@
 """Containers: the `Sandbox` protocol the pipeline uses, what a container is (`ContainerSpec`),
-and its implementations, `DockerSandbox` (docker.py, docker_images.py and engine.py, the only
-modules importing docker-py) and `FakeSandbox` (no engine, for tests). Both load on first use,
+and its implementations, `DockerSandbox` (docker.py and engine.py, the only modules
+importing docker-py) and `FakeSandbox` (no engine, for tests). Both load on first use,
 so commands that never start a container stay quick to load."""
 
 from typing import Any

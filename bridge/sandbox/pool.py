@@ -34,10 +34,6 @@ from bridge.errors import BridgeError
 from bridge.host.mountinfo import mount_points
 from bridge.sandbox import mounts, pool_shape
 from bridge.sandbox.pool_shape import CONTROL, FIFO, POOLED_ROLES, TOKEN, Plan
-from bridge.sandbox.pool_shape import quiet_listdir as _listdir
-from bridge.sandbox.pool_shape import quiet_read as _read
-from bridge.sandbox.pool_shape import quiet_rmdir as _rmdir
-from bridge.sandbox.pool_shape import quiet_unlink as _unlink
 from bridge.sandbox.spec import LABEL, ContainerInfo, ContainerSpec, ExitInfo, home_id
 from bridge.store.owners import Owner, new_runner_id
 from bridge.store.pool import StoreError
@@ -418,3 +414,33 @@ def _attach(source: Path, root: Path, rel: str, kind: str, mount: Any) -> None:
         mounts.attach(source, point, read_only=mount.read_only)
     finally:
         os.close(point)
+
+
+# Slot folders' entries, read and removed without raising: a folder another process is clearing
+# at the same time, or one left half-made, is not an error of this one.
+def _listdir(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass

@@ -207,35 +207,6 @@ def release_script(plan: Plan, spec: ContainerSpec, token: str) -> str:
     return f"wb_release() {{\n{body}}}\nwb_release\n"
 
 
-# Slot folders' entries, read and removed by the pool without raising (bridge/sandbox/pool.py).
-def quiet_listdir(folder: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(folder))
-    except OSError:
-        return []
-
-
-def quiet_read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def quiet_unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
-def quiet_rmdir(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-
-
 def sentinel_shown(root: Path, plan: Plan, token: str) -> str | None:
     """The first point of ``plan`` that still shows the slot's sentinel under ``root`` (a
     container's root seen from the host, /proc/PID/root), or None: none does, or one cannot

@@ -129,7 +129,7 @@ class WorkerBridge(JobVerbs):
         ``on_claimed`` is called once this thread holds the task's claim (never when another
         runner has it: then the task's result is returned as it stands)."""
         from bridge.pipeline.runner import TaskRunner
-        from bridge.sandbox.docker_images import resolved_once
+        from bridge.sandbox.docker import resolved_once
         from bridge.store.owners import Owner
 
         record = self._task(task_id)
