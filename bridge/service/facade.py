@@ -10,11 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bridge.config.profiles import without_filled
 from bridge.config.settings import Config, load_config
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.models import Status, TaskSpec
 from bridge.pipeline.results import redactor_for, task_result
-from bridge.records import AcceptResult, EventPage, TaskRecord, TaskResult, WorkerInfo
+from bridge.records import (
+    AcceptResult,
+    EventPage,
+    JobResult,
+    TaskRecord,
+    TaskResult,
+    WorkerInfo,
+)
 from bridge.scope import RepositoryScope
 from bridge.service.jobs import JobVerbs
 from bridge.store import Store
@@ -29,7 +37,7 @@ if TYPE_CHECKING:
     from bridge.workers.circuit import Reset
 
 
-class WorkerBridge(JobVerbs):
+class WorkerBridge:
     """Create, run, inspect and accept delegated tasks.
 
     >>> bridge = WorkerBridge()                      # config from env + config.yaml
@@ -54,6 +62,7 @@ class WorkerBridge(JobVerbs):
         self._store: Store | None = None
         self._opening = threading.Lock()
         self.hooks = hooks
+        self._jobs = JobVerbs(self)
 
     @property
     def store(self) -> Store:
@@ -204,6 +213,25 @@ class WorkerBridge(JobVerbs):
         ):
             self.store.add_event(task_id, "task.rejected", {"reason": redacted})
         return self.get_task(task_id)
+
+    def retry_task(self, task_id: str) -> TaskResult:
+        """A new task from the same spec (a fresh worktree from the same base), linked to the
+        first (`metadata.retry_of`); returns it `created`, for `start_detached` or `run_task`."""
+        record = self._task(task_id)
+        if record.status not in (
+            Status.SUCCEEDED,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.TIMED_OUT,
+            Status.REJECTED,
+        ):
+            raise InvalidSpec(f"Task {task_id} is {record.status}; retry a task once it has ended.")
+        spec = without_filled(record.spec_doc, record.profile)  # filled again, as it is now
+        spec["idempotency_key"] = None
+        spec["metadata"] = {**(spec.get("metadata") or {}), "retry_of": task_id}
+        retried = self.create_task(spec)
+        self.store.add_event(task_id, "task.retried", {"task_id": retried.task_id})
+        return retried
 
     def recover(self) -> list[str]:
         """Hand tasks whose runner died to new runners, and jobs whose coordinator died to new
@@ -426,3 +454,62 @@ class WorkerBridge(JobVerbs):
         worker = LinkedWorker(command=command, image=image, routes=list(routes))
         save_linked_worker(self.config, name, worker)
         self.config = load_config(**{**self._overrides, "home": self.config.home})
+
+    # -- jobs: several tasks together (bridge/service/jobs.py) -----------------------------
+
+    def compete(
+        self,
+        task: dict[str, Any] | TaskSpec,
+        workers: list[str],
+        *,
+        attempts: int = 1,
+        judge: str | None = None,
+    ) -> JobResult:
+        """One objective on several candidates (each worker ``attempts`` times), each its own
+        task from the same base, run by a detached coordinator; returns the job at once. Its
+        result ranks the candidates by our verification, then the tie-breaks, then the judge."""
+        return self._jobs.compete(task, workers, attempts=attempts, judge=judge)
+
+    def review(
+        self,
+        task: dict[str, Any] | TaskSpec,
+        worker: str,
+        reviewer: str,
+        *,
+        rounds: int = 3,
+    ) -> JobResult:
+        """An implementer task by ``worker``, then ``reviewer`` reviewing its verified snapshot
+        read-only; requested changes become follow-up turns in the implementer's own session,
+        up to ``rounds`` reviews. Returns the job at once (a detached coordinator runs it)."""
+        return self._jobs.review(task, worker, reviewer, rounds=rounds)
+
+    def fanout(self, task: dict[str, Any] | TaskSpec, objectives: list[str]) -> JobResult:
+        """Several objectives on one base, one task each, run in parallel within the limits;
+        returns the job at once. Integrate the ones you want with `integrate`."""
+        return self._jobs.fanout(task, objectives)
+
+    def integrate(self, job_id: str, task_ids: list[str]) -> JobResult:
+        """Apply the chosen verified tasks of a job one after another onto the common base,
+        verifying after each; stops at the first conflict or failure, naming it. The last
+        verified step is a task the caller accepts (`accept_job` on the new job)."""
+        return self._jobs.integrate(job_id, task_ids)
+
+    def job_status(self, job_id: str) -> JobResult:
+        """The job's result: its status, its tasks with their roles, and once ranked the
+        candidates (JobNotFound for an unknown id and one outside the scope alike)."""
+        return self._jobs.job_status(job_id)
+
+    def list_jobs(self, limit: int | None = None) -> list[JobResult]:
+        """The jobs in scope, newest first."""
+        return self._jobs.list_jobs(limit)
+
+    def cancel_job(self, job_id: str) -> JobResult:
+        """Cancel the job and every task of it (its coordinator cancels any it makes after)."""
+        return self._jobs.cancel_job(job_id)
+
+    def accept_job(
+        self, job_id: str, task_id: str | None = None, *, reverify: bool = True
+    ) -> AcceptResult:
+        """Accept the job's best candidate (or the one named) through the usual accept, then
+        mark the other candidates `rejected`. One sentence when there is nothing to accept."""
+        return self._jobs.accept_job(job_id, task_id, reverify=reverify)
