@@ -235,7 +235,10 @@ def _reverify(ctx: Context, record: TaskRecord, tree: str, head: str) -> Verific
     any task container, under a fresh deadline of the task's timeout."""
     run_ctx = ctx.with_config(record.config)
     store = ctx.store
-    wanted = lambda: store.status(record.task_id) == Status.SUCCEEDED  # noqa: E731
+
+    def wanted() -> bool:  # accept's checks are wanted while the task is still `succeeded`
+        return store.status(record.task_id) == Status.SUCCEEDED
+
     handle = PhaseHandle(
         task_id=record.task_id,
         record=record,

@@ -172,12 +172,11 @@ class TaskRunner:
     def _start_fresh(self, handle: PhaseHandle) -> Outcome:
         queued_at = time.time()
         self._preflight()
-        wanted = lambda: self.store.status(self.task_id) == Status.QUEUED  # noqa: E731
         if not wait_for_leases(
             self.store,
             self.record,
             self.owner,
-            still_wanted=wanted,
+            still_wanted=self._still_queued,
             on_idle=lambda: recover_stranded(self.ctx),
         ):
             raise Superseded("no longer queued")
@@ -197,16 +196,21 @@ class TaskRunner:
     def _resume(self, handle: PhaseHandle) -> Outcome:
         self._resumed = True
         handle.emit("task.resumed", {"phase": self.record.phase, "runner": self.owner.id})
-        wanted = lambda: self.store.status(self.task_id) in ACTIVE  # noqa: E731
         if not wait_for_leases(
             self.store,
             self.record,
             self.owner,
-            still_wanted=wanted,
+            still_wanted=self._still_active,
             ahead_of_queue=True,
         ):
             raise Superseded("no longer active")
         return self._turns(handle, resume_phase=self.record.phase or "allocating")
+
+    def _still_queued(self) -> bool:
+        return self.store.status(self.task_id) == Status.QUEUED
+
+    def _still_active(self) -> bool:
+        return self.store.status(self.task_id) in ACTIVE
 
     def _preflight(self) -> None:
         """Fail fast, before anything is allocated: engine reachable (its first call), images."""
@@ -218,7 +222,8 @@ class TaskRunner:
                 raise SandboxError(why)
         require_image(sandbox, self.worker.image(self.ctx.config), self.worker.build_target)
         if self.record.spec.verification.commands and self.env.definition is None:
-            ours = (image := self._verify_image()) == self.ctx.config.verify_image_ref
+            image = self._verify_image()
+            ours = image == self.ctx.config.verify_image_ref
             require_image(sandbox, image, "verify" if ours else None)
 
     def _start_heartbeat(self) -> None:
@@ -390,14 +395,17 @@ class TaskRunner:
 
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
-        budget = (metadata := self.record.spec.metadata).get("auto_repair")
-        budget = self.ctx.config.auto_repair if budget is None else budget
+        metadata = self.record.spec.metadata
+        budget = metadata.get("auto_repair")
+        if budget is None:
+            budget = self.ctx.config.auto_repair
         return self.repairs < int(budget) and self.worker.can_repair(metadata)
 
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
         """Record a repair turn (the worker is told what failed) and return it."""
         self.repairs += 1
-        follow_ups = [*self.follow_ups, message := repair_message(bad)]
+        message = repair_message(bad)
+        follow_ups = [*self.follow_ups, message]
         handle.emit(
             "verification.auto_repair",
             {"turn": len(follow_ups), "repair": self.repairs, "command": bad.command},
