@@ -750,8 +750,8 @@ def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(h
     with pytest.raises(BridgeError, match="could not be read for the workers' circuit") as seen:
         circuits_of(config, ["mock"])
     assert len(seen.value.message.splitlines()) == 1
-    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
-    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
+    checks = {c.check: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"].ok is False and "could not be read" in checks["circuits"].detail
     assert checks["pool"]["ok"] is False and "could not be read" in checks["pool"]["detail"]
 
 
@@ -799,8 +799,8 @@ def test_a_circuit_row_that_does_not_read_is_said_and_doctor_goes_on(home, reaso
         )
     with pytest.raises(BridgeError, match="could not be read for the workers' circuit"):
         circuits_of(config, ["mock"])
-    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
-    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
+    checks = {c.check: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"].ok is False and "could not be read" in checks["circuits"].detail
     store = Store(config.store_path)
     try:  # the operator's way out: reset writes the row anew
         reset(store, config, "mock")

@@ -240,3 +240,21 @@ async def test_a_spec_names_only_allowed_images_and_a_refusal_tells_nothing_of_t
         assert allowing.create_task(spec).status == "created", "the owner may allow it"
     finally:
         allowing.close()
+
+
+def test_the_event_feed_shows_a_jobs_events_only_inside_the_scope(workdir, home):
+    """`events_since` (the web view's feed) is bounded like every verb: a job's events show when
+    its repository is inside `repositories`, and never when it is outside."""
+    inside, elsewhere = workdir / "inside", workdir / "elsewhere"
+    inside.mkdir()
+    elsewhere.mkdir()
+    bridge = WorkerBridge(home=home, repositories=[str(inside)])
+    try:
+        for job_id, repository in (("job-in", inside), ("job-out", elsewhere)):
+            row = {"job_id": job_id, "kind": "fanout", "status": "created"}
+            row |= {"repository": str(repository), "spec": {}, "config": {}, "result": {}}
+            bridge.store.jobs.insert(row, {"kind": "fanout"})
+        shown = {e.task_id for e in bridge.events_since(0).events}
+    finally:
+        bridge.close()
+    assert shown == {"job-in"}

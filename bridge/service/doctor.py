@@ -1,11 +1,11 @@
-"""`worker-bridge doctor`'s checks: can tasks run here? One actionable line per problem, each
-`{check, ok, detail, severity}`. Nothing is written (the store's write lock is taken and let
-go); `WorkerBridge.doctor` runs them and the CLI prints them."""
+"""`worker-bridge doctor`'s checks: can tasks run here? One actionable line per problem, each a
+`Check` (`{check, ok, detail, severity}` as JSON). Nothing is written (the store's write lock is
+taken and let go); `WorkerBridge.doctor` runs them and the CLI prints them."""
 
 from __future__ import annotations
 
 import shutil
-from typing import Any
+from dataclasses import dataclass
 
 from bridge.config.settings import Config
 from bridge.errors import BridgeError
@@ -18,95 +18,120 @@ from bridge.workers import all_workers
 from bridge.workers.circuit import circuits_of
 
 
-def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
-    checks: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class Check:
+    check: str
+    ok: bool
+    detail: str
+    severity: str  # "ok" when it passed, else "error" (tasks cannot run) or "warning"
 
-    def add(name: str, ok: bool, detail: str, severity: str = "error") -> None:
-        checks.append(
-            {"check": name, "ok": ok, "detail": detail, "severity": "ok" if ok else severity}
-        )
 
+def _check(name: str, ok: bool, detail: str, severity: str = "error") -> Check:
+    return Check(name, ok, detail, "ok" if ok else severity)
+
+
+def health_checks(config: Config, sandbox: Sandbox) -> list[Check]:
+    engine = _engine(sandbox)
+    checks = [engine, _store(config)]
+    if engine.ok:
+        checks += _images(config, sandbox)
+        checks += _runtime(config, sandbox)
+        checks += [_check(*found) for found in deployment_checks(config.home)]  # in a container
+    checks += _workers(config)
+    checks += _pool(config)
+    checks.append(_disk(config))
+    return checks
+
+
+def _engine(sandbox: Sandbox) -> Check:
     try:
-        version = sandbox.ping()
-        add("engine", True, f"Docker engine {version} reachable")
-        engine = True
+        return _check("engine", True, f"Docker engine {sandbox.ping()} reachable")
     except BridgeError as exc:
-        add("engine", False, exc.message)
-        engine = False
-    # Checked without writing: doctor leaves the store (and a state root without one) as it is.
+        return _check("engine", False, exc.message)
+
+
+def _store(config: Config) -> Check:
+    """Checked without writing: doctor leaves the store (and a state root without one) as it
+    is."""
     problem = store_writable(config.store_path)
     if problem is None:
-        add("store", True, f"store {config.store_path} writable")
-    else:
-        add(
-            "store",
-            False,
-            f"store {config.store_path} is not writable ({problem}); fix its "
-            "permissions or set WORKER_BRIDGE_STORE.",
+        return _check("store", True, f"store {config.store_path} writable")
+    return _check(
+        "store",
+        False,
+        f"store {config.store_path} is not writable ({problem}); fix its permissions or set "
+        "WORKER_BRIDGE_STORE.",
+    )
+
+
+def _images(config: Config, sandbox: Sandbox) -> list[Check]:
+    checks = []
+    for name, ref in (("mock", config.image_for("mock")), ("verify", config.verify_image_ref)):
+        if sandbox.image_present(ref):
+            checks.append(_check(f"image:{name}", True, f"{ref} present"))
+        else:
+            build = f"run `worker-bridge images build {name}`"
+            checks.append(_check(f"image:{name}", False, f"{ref} is missing; {build}."))
+    return checks
+
+
+def _runtime(config: Config, sandbox: Sandbox) -> list[Check]:
+    registered = sandbox.runtimes()
+    if config.runtime:
+        return [_check("runtime", *runtime_check(config.runtime, registered))]
+    if "runsc" not in registered:
+        return []
+    usable, why = runtime_check("runsc", registered)  # not in use: whether it could be
+    if usable:
+        why = (
+            "gVisor (runsc) is registered and usable; `runtime: runsc` in config.yaml runs "
+            "tasks in it"
         )
-    if engine:
-        for name, ref in (("mock", config.image_for("mock")), ("verify", config.verify_image_ref)):
-            present = sandbox.image_present(ref)
-            add(
-                f"image:{name}",
-                present,
-                f"{ref} present"
-                if present
-                else f"{ref} is missing; run `worker-bridge images build {name}`.",
-            )
-        registered = sandbox.runtimes()
-        if config.runtime:
-            add("runtime", *runtime_check(config.runtime, registered))
-        elif "runsc" in registered:  # not in use: say whether it could be
-            usable, why = runtime_check("runsc", registered)
-            add(
-                "runtime",
-                usable,
-                "gVisor (runsc) is registered and usable; `runtime: runsc` in config.yaml "
-                "runs tasks in it"
-                if usable
-                else why,
-                "warning",
-            )
-        for name, ok, detail in deployment_checks(config.home):  # only in a container
-            add(name, ok, detail)
-    # A worker that cannot reach its model (a route's key missing) is a warning: the others run.
+    return [_check("runtime", usable, why, "warning")]
+
+
+def _workers(config: Config) -> list[Check]:
+    """A worker that cannot reach its model (a route's key missing) is a warning: the others
+    run. So is one whose circuit breaker refuses new tasks (read; written only to settle a
+    probe)."""
     workers = all_workers(config)
+    checks = []
     for name, worker in sorted(workers.items()):
         problem = worker.health(config)
         if problem is not None:
-            add(f"worker:{name}", False, problem, "warning")
-    # So is one whose circuit breaker refuses new tasks (read; written only to settle a probe).
+            checks.append(_check(f"worker:{name}", False, problem, "warning"))
     try:
         circuits = circuits_of(config, workers)
     except BridgeError as exc:  # a store that cannot be read: said, and the other checks go on
-        circuits = {}
-        add("circuits", False, exc.message)
+        return [*checks, _check("circuits", False, exc.message)]
     for name, circuit in sorted(circuits.items()):
         if not circuit.admits:
-            add(f"circuit:{name}", False, circuit.refusal(), "warning")
+            checks.append(_check(f"circuit:{name}", False, circuit.refusal(), "warning"))
+    return checks
+
+
+def _pool(config: Config) -> list[Check]:
     try:
         slots = read_slots(config.store_path)
     except BridgeError as exc:  # said once, as for the circuits
-        slots = None
-        add("pool", False, exc.message)
-    if slots is not None and (slots or config.pool.size):
-        states = {s: sum(1 for r in slots if r.state == s) for s in ("idle", "running")}
-        other = len(slots) - sum(states.values())
-        add(
-            "pool",
-            other == 0,
-            f"container pool (size {config.pool.size}): {states['idle']} idle, "
-            f"{states['running']} serving a task"
-            + (
-                f", {other} being made or removed (`workspaces prune` clears what a killed "
-                "process left)"
-                if other
-                else ""
-            ),
-            "warning",
+        return [_check("pool", False, exc.message)]
+    if not slots and not config.pool.size:
+        return []
+    idle = sum(1 for r in slots if r.state == "idle")
+    running = sum(1 for r in slots if r.state == "running")
+    other = len(slots) - idle - running
+    detail = f"container pool (size {config.pool.size}): {idle} idle, {running} serving a task"
+    if other:
+        detail += (
+            f", {other} being made or removed (`workspaces prune` clears what a killed "
+            "process left)"
         )
+    return [_check("pool", other == 0, detail, "warning")]
+
+
+def _disk(config: Config) -> Check:
     existing = next(p for p in (config.home, *config.home.parents) if p.exists())
     free = shutil.disk_usage(existing).free
-    add("disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning")
-    return checks
+    return _check(
+        "disk", free > 2 * 2**30, f"{free / 2**30:.1f} GiB free under {config.home}", "warning"
+    )

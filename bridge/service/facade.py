@@ -335,7 +335,7 @@ class WorkerBridge:
             self._task(owner_id)
         except TaskNotFound:
             try:
-                self._job(owner_id)
+                self._jobs.job_record(owner_id)
             except BridgeError:
                 return False
         return True
@@ -422,10 +422,13 @@ class WorkerBridge:
         return build_images(self.config, self.sandbox, targets or None, base_image, on_line)
 
     def doctor(self) -> list[dict[str, Any]]:
-        """Whether tasks can run here: one check each (bridge/service/doctor.py). Writes nothing."""
+        """Whether tasks can run here: one check each (bridge/service/doctor.py), as
+        `{check, ok, detail, severity}`. Writes nothing."""
+        from dataclasses import asdict
+
         from bridge.service.doctor import health_checks
 
-        return health_checks(self.config, self.sandbox)
+        return [asdict(check) for check in health_checks(self.config, self.sandbox)]
 
     def check_state_root(self) -> None:
         """In a container: the state root is shared with the host at the same path (ConfigError

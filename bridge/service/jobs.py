@@ -4,17 +4,47 @@ absent for every verb, as a task is."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.errors import JobNotFound
 from bridge.jobs.results import job_result
 from bridge.models import JOB_TERMINAL, JobStatus, TaskSpec
-from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord
+from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord, TaskResult
 
 # What makes, launches, cancels or accepts a job is imported in the verb that does it: reading
 # a job (`jobs show`, `jobs list`) loads none of it.
 if TYPE_CHECKING:
-    from bridge.service.facade import WorkerBridge
+    from bridge.config.settings import Config
+    from bridge.phase.context import Context
+    from bridge.sandbox import Sandbox
+    from bridge.scope import RepositoryScope
+    from bridge.store import Store
+
+
+class Tasks(Protocol):
+    """What the job verbs use of the facade (WorkerBridge): its configuration, store, sandbox
+    and scope, and its task verbs, so a job's tasks get every check a task gets."""
+
+    config: Config
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def sandbox(self) -> Sandbox: ...
+
+    @property
+    def scope(self) -> RepositoryScope: ...
+
+    def context(self) -> Context: ...
+
+    def _task(self, task_id: str) -> TaskRecord: ...
+
+    def accept_task(
+        self, task_id: str, *, allow_unverified: bool = False, reverify: bool = True
+    ) -> AcceptResult: ...
+
+    def reject_task(self, task_id: str, reason: str = "") -> TaskResult: ...
 
 
 class JobVerbs:
@@ -23,10 +53,10 @@ class JobVerbs:
     made, accepted and rejected through the facade's own task verbs, so each gets every check
     a task gets."""
 
-    def __init__(self, bridge: WorkerBridge) -> None:
+    def __init__(self, bridge: Tasks) -> None:
         self.bridge = bridge
 
-    def _job(self, job_id: str) -> JobRecord:
+    def job_record(self, job_id: str) -> JobRecord:
         """The job's record; JobNotFound for an unknown id and one outside the scope alike."""
         job = JobRecord.model_validate(self.bridge.store.jobs.load(job_id))
         if not self.bridge.scope.allows(job.repository):
@@ -74,7 +104,7 @@ class JobVerbs:
         return self._launch(row, event)
 
     def integrate(self, job_id: str, task_ids: list[str]) -> JobResult:
-        self._job(job_id)
+        self.job_record(job_id)
         tasks = [self.bridge._task(t) for t in task_ids]
         from bridge.jobs.creation import new_integrate_row
 
@@ -89,7 +119,7 @@ class JobVerbs:
         return self.job_status(row["job_id"])
 
     def job_status(self, job_id: str) -> JobResult:
-        return job_result(self._job(job_id), self._tasks_of(job_id))
+        return job_result(self.job_record(job_id), self._tasks_of(job_id))
 
     def _tasks_of(self, job_id: str) -> list[TaskRecord]:
         store = self.bridge.store
@@ -103,7 +133,7 @@ class JobVerbs:
         ]
 
     def cancel_job(self, job_id: str) -> JobResult:
-        job = self._job(job_id)
+        job = self.job_record(job_id)
         if job.status not in JOB_TERMINAL and self.bridge.store.jobs.transition(
             job_id,
             JobStatus.CANCELLED,
@@ -123,9 +153,9 @@ class JobVerbs:
         from bridge.jobs.results import chosen_candidate, still_as_ended
         from bridge.workspace.locks import job_lock
 
-        self._job(job_id)  # absent (outside the scope) before any lock file is made
+        self.job_record(job_id)  # absent (outside the scope) before any lock file is made
         with job_lock(self.bridge.config.home, job_id):  # two accepts of one job: one at a time
-            job = self._job(job_id)
+            job = self.job_record(job_id)
             chosen = chosen_candidate(job, task_id)
             tasks = self._tasks_of(job_id)
             record = next((t for t in tasks if t.task_id == chosen), None)
