@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from bridge.smoke.apis import anthropic, chat, responses
+from bridge.smoke.script import Conversation, Final, Write
 
 
 class Api(Protocol):
@@ -18,10 +19,10 @@ class Api(Protocol):
 
     def refuse(self) -> web.Response: ...  # the provider's own 401
 
-    def conversation(self, body: dict[str, Any]): ...  # -> model_server.Conversation
+    def conversation(self, body: dict[str, Any]) -> Conversation: ...
 
     async def respond(
-        self, request: web.Request, body: dict[str, Any], action
+        self, request: web.Request, body: dict[str, Any], action: Write | Final
     ) -> web.StreamResponse: ...
 
 

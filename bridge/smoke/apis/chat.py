@@ -10,7 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bridge.smoke.model_server import Conversation, Final, Write, open_sse, sse
+from bridge.smoke.script import Conversation, Final, Write
+from bridge.smoke.sse import open_sse, sse
 
 WORKSPACE = "/workspace"
 
