@@ -25,6 +25,7 @@ OWNERS = {
     "h11": ("gateway/", "listener/limits.py"),
     "uvicorn": "listener/",
     "starlette": "ui/",  # the web view (its listener is the MCP one's stack)
+    "anyio": "mcp/",  # the MCP tools' threads and waits
 }
 
 
