@@ -41,7 +41,8 @@ def test_an_unknown_key_is_rejected_by_name(doc, named):
         ({**SPEC, "objective": "   "}, "objective"),
         ({**SPEC, "permission": "root"}, "permission"),
         ({**SPEC, "limits": {"timeout_seconds": 0}}, "limits.timeout_seconds"),
-        # which types exist is config's (test_profiles.py); a type is a name all the same
+        # which types exist is config's (tests/config/test_profiles.py); a type is a name all
+        # the same
         ({**SPEC, "metadata": {"type": 7}}, "metadata"),
         ({**SPEC, "metadata": {"auto_repair": -1}}, "metadata"),
         ({**SPEC, "metadata": {"auto_repair": "2"}}, "metadata"),

@@ -8,7 +8,7 @@ Loading is pydantic-settings' job: every key can come from the environment as
 When no variable sets a nested or structured key, there is nothing for its environment parsing
 to do (a plain key's value is the string itself), and the sources are merged here, the same way,
 without importing it: pydantic-settings (and the asyncio it loads) is a quarter of a CLI
-command's start-up otherwise (tests/test_config.py checks both ways give the same config).
+command's start-up otherwise (tests/config/test_settings.py checks both ways give the same config).
 """
 
 from __future__ import annotations

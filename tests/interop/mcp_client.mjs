@@ -1,5 +1,5 @@
 // Interoperability check: drive worker-bridge-mcp with the TypeScript MCP SDK, a client written
-// by nobody on this project. Run by tests/test_mcp_interop.py:
+// by nobody on this project. Run by tests/mcp/test_interop.py:
 //
 //   node tests/interop/mcp_client.mjs --command /path/to/worker-bridge-mcp \
 //        --home /path/to/state-root --repo /path/to/git/repo [--deadline-s 60]

@@ -8,7 +8,7 @@ What a run of each needs (no .npmrc or pip.conf is committed):
 - pip: `--index-url <server.url>/simple` (or `PIP_INDEX_URL`), and `--trusted-host localhost`
   is harmless (the index is plain http).
 Both go through a proxy when `HTTP_PROXY` is set and `localhost` is not in `NO_PROXY` (see
-tests/test_registries.py).
+tests/environments/test_registries.py).
 """
 
 from __future__ import annotations

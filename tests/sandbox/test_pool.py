@@ -24,7 +24,7 @@ from bridge.sandbox.pool_shape import CONTROL
 from bridge.store import Store
 from bridge.store.owners import Owner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLOT = f"{LABEL}.slot"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="pool mounts need root")
 
@@ -200,7 +200,7 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from tests.test_pool import _pool, _spec, _workspace
+from tests.sandbox.test_pool import _pool, _spec, _workspace
 from bridge.sandbox.pool import wait_for_fillers
 home, work, image = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 sandbox, store = _pool(home, size=3)
@@ -518,7 +518,7 @@ _ELSEWHERE = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from tests.test_pool import _pool, _spec
+from tests.sandbox.test_pool import _pool, _spec
 home, workspace, image = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 sandbox, store = _pool(home)
 sandbox.refill = lambda plan: None

@@ -15,7 +15,7 @@ from bridge.config.settings import load_config
 from bridge.errors import BridgeError
 from bridge.sandbox.images import DEFAULT_TARGETS, build_images, explain_build_failure
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_plan(target: str, newer: str) -> str:

@@ -13,7 +13,7 @@ import yaml
 from bridge.cli import build_parser
 from bridge.sandbox.images import available_targets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACTIONS = {"actions/checkout@v4", "actions/setup-python@v5"}
 
 

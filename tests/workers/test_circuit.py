@@ -2,7 +2,7 @@
 SQLite, the real mock worker as a local process): which failures count, the refusal's one
 sentence, the half-open probe (exactly one task, whoever asks), its outcome closing or
 reopening the circuit, reset, and what it leaves alone. The real engine and two processes:
-test_circuit_real.py."""
+test_circuit_across_processes.py."""
 
 from __future__ import annotations
 
@@ -696,7 +696,7 @@ def _expired(bridge: WorkerBridge, task) -> bool:
 
 def _resume_failures() -> dict[str, str]:
     """Each built-in CLI's failure sentence when it could not resume its session, from the
-    lines the CLIs print (as tests/test_worker_lines.py has them)."""
+    lines the CLIs print (as tests/workers/test_command_lines.py has them)."""
     import json
 
     from bridge.workers.claude_code import ClaudeCodeWorker

@@ -7,7 +7,7 @@ What every CLI must do is one test run once per CLI; what a CLI does its own way
 writes with, what its session id looks like, how it refuses a write and tells the model, what a
 refused key costs) is written once, in its profile below. What only one CLI has (zcode-glm and
 the subscription route of Claude Code) are tests of their own. How each CLI's output lines are
-read, without the engine: tests/test_worker_lines.py."""
+read, without the engine: tests/workers/test_command_lines.py."""
 
 from __future__ import annotations
 

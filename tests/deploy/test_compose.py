@@ -22,7 +22,7 @@ from support.mcp_http_server import free_port, http_client
 from support.mcp_session import call, delegate, wait_status
 from support.waiting import poll
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose" / "compose.yaml"
 PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE = shutil.which("docker-compose")

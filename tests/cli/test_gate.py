@@ -16,7 +16,7 @@ from pathlib import Path
 from bridge.cli import main
 from bridge.cli.gate import wait_for_turn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _HOLDER = (
     "import sys, time\n"
     "from pathlib import Path\n"

@@ -1,6 +1,6 @@
 """The gateway on its own (no engine): a test upstream on loopback, and clients on the gateway's
 Unix sockets playing the sandbox. Through the engine (relay, no interface but lo, the key nowhere
-inside): tests/test_network.py."""
+inside): tests/gateway/test_network.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The built-in CLIs without the engine: the command line and environment each turn launches
 (permissions, sessions, models, routes), and the one sentence each terminal failure the CLI
 printed becomes in the task's error. The lines are what the real CLIs printed against the
-scripted provider; the CLIs themselves run in tests/test_real_workers.py."""
+scripted provider; the CLIs themselves run in tests/real/test_workers.py."""
 
 from __future__ import annotations
 

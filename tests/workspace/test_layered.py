@@ -235,7 +235,7 @@ def test_mounts_a_killed_process_left_are_reclaimed_and_the_next_task_works(
 ):
     base = Git(tricky_repo).resolve_commit("HEAD")
     script = _KILLED.format(
-        root=str(Path(__file__).resolve().parents[1]),
+        root=str(Path(__file__).resolve().parents[2]),
         home=str(home),
         repo=str(tricky_repo),
         base=base,
@@ -390,7 +390,7 @@ def test_prune_leaves_a_base_while_another_process_holds_the_lock_base_tree_take
     _idle(folder)
     planned = [a for a in plan_prune(bridge.context()) if a.target == str(folder)]
     assert planned
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     script = _HOLD_BASES_LOCK.format(root=root, home=str(home))
     holder = subprocess.Popen(
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -487,7 +487,7 @@ def test_a_worktree_whose_base_or_mount_fails_is_a_full_checkout_saying_why(
     holder = None
     if failure == "base lock held":  # another process making a base takes too long
         script = _HOLD_BASES_LOCK.format(
-            root=str(Path(__file__).resolve().parents[1]), home=str(home)
+            root=str(Path(__file__).resolve().parents[2]), home=str(home)
         )
         holder = subprocess.Popen(
             [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE

@@ -33,7 +33,7 @@ from support.tasks import (
 )
 from support.waiting import poll, process_gone
 
-PAUSED_RUNNER = Path(__file__).parent / "support" / "paused_runner.py"
+PAUSED_RUNNER = Path(__file__).parents[1] / "support" / "paused_runner.py"
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.mcp_session import MCP_TOOLS
 
-INTEROP = Path(__file__).parent / "interop"
+INTEROP = Path(__file__).parents[1] / "interop"
 CLIENT = INTEROP / "mcp_client.mjs"
 SDK = INTEROP / "node_modules" / "@modelcontextprotocol" / "sdk"
 SERVER = Path(sys.executable).parent / "worker-bridge-mcp"

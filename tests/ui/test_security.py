@@ -3,7 +3,7 @@ the session cookie alone (what a page on another loopback port can get), or with
 a request for another Host (DNS rebinding) or from another Origin, a token in a URL's query, a
 session cookie that is the token, malformed input meant to raise; and it shows nothing of a
 task outside `repositories` (list, page, stream, actions). Through `worker-bridge ui` as a
-subprocess and plain HTTP; the browser tests are in test_ui_browser.py."""
+subprocess and plain HTTP; the browser tests are in test_browser.py."""
 
 from __future__ import annotations
 

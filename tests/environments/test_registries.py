@@ -1,6 +1,7 @@
 """The tests' own package indexes (tests/support/registries.py) and project generators
 (tests/support/projects.py), with the real npm directly and through a forwarding HTTP proxy that
-models the gateway (pip and the real gateway are exercised by tests/test_environments.py).
+models the gateway (pip and the real gateway are exercised by
+tests/environments/test_end_to_end.py).
 
 What was seen of the clients when this was written (npm 11.19 on node 20.20, pip 23.2), and why
 a setup container gets no NO_PROXY (bridge/environments/setup.py): both honour HTTP_PROXY for

@@ -18,7 +18,7 @@ from bridge.sandbox import host_paths
 from bridge.sandbox.host_paths import container_id, deployment_checks, mount_problem
 from bridge.version import __version__
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_IMAGE = f"worker-bridge/bridge:{__version__}"
 TEST_LABEL = "io.worker-bridge.test"
 SOCKET = "/var/run/docker.sock"

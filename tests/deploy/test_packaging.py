@@ -26,7 +26,7 @@ import pytest
 from support.scratch import TEST_ROOT
 from support.tasks import task_flags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WRITE_A = {"mock": {"write": {"a.txt": "x"}}}  # the installed wheel's mock task
 NOT_COPIED = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "node_modules", ".*_cache"
