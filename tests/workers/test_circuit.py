@@ -752,7 +752,7 @@ def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(h
     assert len(seen.value.message.splitlines()) == 1
     checks = {c.check: c for c in health_checks(config, FakeSandbox())}
     assert checks["circuits"].ok is False and "could not be read" in checks["circuits"].detail
-    assert checks["pool"]["ok"] is False and "could not be read" in checks["pool"]["detail"]
+    assert checks["pool"].ok is False and "could not be read" in checks["pool"].detail
 
 
 def test_a_cli_s_own_words_quoting_the_resume_phrase_still_count_as_its_failure():
