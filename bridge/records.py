@@ -42,14 +42,23 @@ class CommandResult(_Doc):
         return self.exit_code == 0 and self.status in (None, "passed")
 
 
+class EnvironmentDoc(_Doc):
+    """The project environment verification ran in: where it comes from, its image, its cache
+    key, what its setup did and the dependency files the worker changed (setup then ran again
+    for the snapshot)."""
+
+    source: str  # `image NAME` or `devcontainer PATH`
+    image: str
+    key: str | None = None
+    setup: str  # none | cached | ran | ran_for_snapshot | failed_for_snapshot
+    changed_files: list[str] = Field(default_factory=list)
+
+
 class VerificationDoc(_Doc):
     ok: bool | None = None
     image: str | None = None
     commands: list[CommandResult] = Field(default_factory=list)
-    # The project environment verification ran in (None: the generic image): its source, image,
-    # cache key, `setup` (none | cached | ran | ran_for_snapshot) and the dependency files the
-    # worker changed (setup then ran again for the snapshot).
-    environment: dict[str, Any] | None = None
+    environment: EnvironmentDoc | None = None  # None: the generic image
 
 
 class ChangedFile(_Doc):

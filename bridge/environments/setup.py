@@ -51,6 +51,7 @@ from bridge.environments.run import SetupTimedOut, run_setup
 from bridge.environments.sealed import SealBroken
 from bridge.errors import BridgeError, EnvironmentFailed, InvalidSpec
 from bridge.phase.handle import PhaseHandle
+from bridge.records import EnvironmentDoc
 from bridge.workers import Worker
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
@@ -129,7 +130,7 @@ def for_snapshot(
     try:
         return _set_up(handle, template, snapshot, files, mode="snapshot", reason=reason), shown
     except EnvironmentFailed as exc:
-        document = {**base.document(), "setup": "failed_for_snapshot", "changed_files": shown}
+        document = base.document(shown).model_copy(update={"setup": "failed_for_snapshot"})
         raise SnapshotSetupFailed(exc.message, kind=exc.kind, document=document) from exc
 
 
@@ -137,9 +138,9 @@ class SnapshotSetupFailed(EnvironmentFailed):
     """The setup of the worker's snapshot failed: its verification failed (``document``: the
     result's `verification.environment`)."""
 
-    @property
-    def document(self) -> dict:
-        return dict(self.fields["document"])  # type: ignore[arg-type]
+    def __init__(self, message: str, *, kind: str | None, document: EnvironmentDoc) -> None:
+        super().__init__(message, kind=kind)
+        self.document = document
 
 
 # -- setup and the cache --------------------------------------------------------------------

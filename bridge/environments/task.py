@@ -41,6 +41,7 @@ from bridge.environments.setup import (
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.models import TaskSpec
 from bridge.phase.handle import PhaseHandle
+from bridge.records import EnvironmentDoc
 from bridge.sandbox import Sandbox
 from bridge.scope import check_image
 from bridge.workers import Worker
@@ -102,12 +103,12 @@ class TaskEnvironment:
         worktree before the worker starts (what the worktree already holds wins)."""
         self.handle.enter_phase("environment")
         ready = self.ready()
-        if ready is not None and ready.outputs is not None:
+        if ready is not None and (outputs := ready.outputs) is not None:
             owner = self.handle.ctx.sandbox_identity()[1]
             home = self.handle.ctx.home
             if ws.upper is not None:  # layered: the files linked once, put under in one step
                 try:
-                    view: Path | None = view_tree(home, ready.outputs, owner, ready.sealed)
+                    view: Path | None = view_tree(home, outputs, owner, ready.sealed)
                 except OSError:  # a sealed view gone or unmountable since it was picked
                     view = None
                 if view is not None and layer_under(ws, view, owner):
@@ -116,7 +117,7 @@ class TaskEnvironment:
                     return
             if ready.sealed is not None:  # not layered after all: the entry's files, checked
                 ready = self._ready = unsealed(ready)
-            add_cached_files(self.handle, ready.outputs, None, ws.worktree)
+            add_cached_files(self.handle, outputs, None, ws.worktree)
 
     def for_verification(
         self,
@@ -125,7 +126,7 @@ class TaskEnvironment:
         trusted: str | None = None,
         *,
         full: int,
-    ) -> tuple[Ready | None, dict | None]:
+    ) -> tuple[Ready | None, EnvironmentDoc | None]:
         """The environment to verify ``snapshot`` in, and what the result says of it
         (``changes``: base -> snapshot, None when not known; ``trusted``: a commit of the
         user's whose dependency files may be set up as theirs; ``full``: how many full
@@ -152,9 +153,9 @@ class TaskEnvironment:
                     )
         ready, changed = for_snapshot(self.handle, ready, snapshot, trusted, changes)
         ready = confirmed(self.handle, ready)
-        document = {**ready.document(), "changed_files": changed}
+        document = ready.document(changed)
         if changed:
-            document["setup"] = "ran_for_snapshot"
+            document.setup = "ran_for_snapshot"
         return ready, document
 
     def discard(self) -> None:

@@ -113,6 +113,7 @@ def ask_judge(
         co.start(task_id)
     answers = []
     for record in co.wait_all(askings):
+        reasons: dict[str, str]
         if record.status != Status.SUCCEEDED:
             why = record.error.message if record.error else f"it ended {record.status}"
             ranking, reasons, problem = None, {}, f"the judge's task did not succeed: {why}"

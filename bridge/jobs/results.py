@@ -3,6 +3,8 @@ choice of which candidate `accept_job` takes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bridge.errors import InvalidSpec, TaskStateError
 from bridge.models import JobStatus, Status
 from bridge.records import JobRecord, JobResult, JobTask, TaskRecord
@@ -103,7 +105,7 @@ READ_ONLY_ROLES = ("judge", "reviewer")  # their tasks change nothing, accepted 
 
 
 def still_as_ended(
-    job: JobRecord, chosen: TaskRecord, others: list[TaskRecord], sources: list[TaskRecord] = ()
+    job: JobRecord, chosen: TaskRecord, others: list[TaskRecord], sources: Sequence[TaskRecord] = ()
 ) -> None:
     """Refuse (one sentence) to accept ``chosen`` through ``job`` when a task of the job (or
     one of the ``sources`` an integration merged) was already accepted outside it (a second

@@ -132,12 +132,13 @@ def plan_prune(
     actions += _pool_slots(ctx)
     try:
         for item in orphan_containers(ctx):
-            task_id = item.labels.get("io.worker-bridge.task")
-            if task_id in tasks and not scope.allows(tasks[task_id].repository):
+            owner = item.labels.get("io.worker-bridge.task")
+            known = tasks.get(owner) if owner is not None else None
+            if known is not None and not scope.allows(known.repository):
                 continue
             actions.append(
                 PruneAction(
-                    "container", item.id[:12], task_id, "container of a finished or unknown task"
+                    "container", item.id[:12], owner, "container of a finished or unknown task"
                 )
             )
     except BridgeError:

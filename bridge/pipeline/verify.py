@@ -24,7 +24,7 @@ from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.pipeline.checkout import VerifyCheckout
-from bridge.records import CommandResult, VerificationDoc
+from bridge.records import CommandResult, EnvironmentDoc, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace.diff import Change, export_snapshot
@@ -66,7 +66,7 @@ class VerificationOutcome:
     image: str
     commands: list[CommandResult] = field(default_factory=list)
     timed_out: bool = False
-    environment: dict | None = None
+    environment: EnvironmentDoc | None = None
 
     def document(self) -> VerificationDoc:
         return VerificationDoc(

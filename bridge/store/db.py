@@ -159,11 +159,11 @@ class Store:
             return  # up to date: sqlite-utils is not even imported
         with self.transaction():
             db = self.db
-            old = db["migrations"]
+            old = db.table("migrations")
             if old.exists():
                 migrations().ensure_migrations_table(db)
                 for row in old.rows:
-                    db["_sqlite_migrations"].insert(
+                    db.table("_sqlite_migrations").insert(
                         {
                             "migration_set": MIGRATION_SET,
                             "name": row["name"],

@@ -4,6 +4,7 @@ found) and its status, written as a compare-and-set like a task's, each change w
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -93,7 +94,7 @@ class Jobs:
             self._event(conn, job_id, "job.status", {"from": before[0], "to": str(target)})
         return True
 
-    def task_ids(self, job_id: str) -> list[str]:
+    def task_ids(self, job_id: str) -> builtins.list[str]:
         """The job's tasks, in the order they were made."""
         rows = self.store.query(
             "SELECT task_id FROM tasks WHERE job_id = ? ORDER BY created_at, rowid", (job_id,)

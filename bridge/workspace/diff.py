@@ -51,6 +51,13 @@ class Change(NamedTuple):
         return entry
 
     @property
+    def written(self) -> tuple[str, str, str] | None:
+        """(mode, blob, path) of what the snapshot holds at the path; None for a deletion."""
+        if self.mode is None or self.sha is None:
+            return None
+        return self.mode, self.sha, self.path
+
+    @property
     def paths(self) -> list[str]:
         return [self.path] + ([self.old_path] if self.old_path else [])
 
@@ -236,6 +243,6 @@ def update_checkout(
             fs.remove_tree(dest / path)
             emptied.add(path.rpartition("/")[0])
     fs.remove_empty_folders(dest, emptied)
-    kept = [(c.mode, c.sha, c.path) for c in changes if c.change != "deleted"]
+    kept = [entry for c in changes if (entry := c.written) is not None]
     raw_write(home, repo, kept, dest, scratch / f"checkout-{dest.name}.index")
     return [path for _, _, path in kept]

@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import IO, Any
 
 from bridge.errors import GitError, InvalidRepository, InvalidSpec
 
@@ -105,7 +106,7 @@ class Git:
         self,
         *args: str,
         stdout: bool = False,
-        stderr: object = None,
+        stderr: int | IO[Any] | None = None,
         env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A streaming git process (stdin a pipe; stdout a pipe when asked, else discarded)
@@ -120,7 +121,7 @@ class Git:
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
-            stderr=stderr,  # type: ignore[arg-type]
+            stderr=stderr,
         )
 
     def out(self, *args: str, **kwargs) -> str:
