@@ -11,8 +11,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from bridge.documents import RequestRecord
     from bridge.models import TaskSpec
-    from bridge.records import RequestRecord
     from bridge.redact import Redactor
 
 INFO_STRING = "worker-bridge-request"

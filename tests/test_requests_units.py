@@ -133,7 +133,7 @@ def test_network_attempts_answers_and_expiry_are_one_truth_in_the_store(tmp_path
 
 
 def test_the_resume_message_says_what_each_answer_was():
-    from bridge.records import RequestRecord
+    from bridge.documents import RequestRecord
 
     def req(kind, detail, status, answer=None):
         return RequestRecord(

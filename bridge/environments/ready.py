@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge.documents import EnvironmentDoc
 from bridge.environments.bundle import image_path
 from bridge.environments.definition import EnvDefinition
-from bridge.records import EnvironmentDoc
 
 if TYPE_CHECKING:
     from bridge.environments.digest import FilesCheck

@@ -22,6 +22,7 @@ from pathlib import Path
 from subprocess import SubprocessError
 from typing import TYPE_CHECKING
 
+from bridge.documents import EnvironmentDoc
 from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
     Entry,
@@ -51,7 +52,6 @@ from bridge.environments.run import SetupTimedOut, run_setup
 from bridge.environments.sealed import SealBroken
 from bridge.errors import BridgeError, EnvironmentFailed, InvalidSpec
 from bridge.phase.handle import PhaseHandle
-from bridge.records import EnvironmentDoc
 from bridge.workers import Worker
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git

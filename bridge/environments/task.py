@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config.settings import Config
+from bridge.documents import EnvironmentDoc
 from bridge.environments.bundle import BUNDLE
 from bridge.environments.cache import (
     Entry,
@@ -41,7 +42,6 @@ from bridge.environments.setup import (
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.models import TaskSpec
 from bridge.phase.handle import PhaseHandle
-from bridge.records import EnvironmentDoc
 from bridge.sandbox import Sandbox
 from bridge.scope import check_image
 from bridge.workers import Worker

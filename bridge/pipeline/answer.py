@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.asking import resume_message
+from bridge.documents import RequestRecord
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
@@ -20,7 +21,6 @@ from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.follow_up import queue_turn
 from bridge.pipeline.outcomes import Outcome
 from bridge.pipeline.results import redactor_for
-from bridge.records import RequestRecord
 from bridge.store.db import now_iso
 from bridge.workers.circuit import record_task_outcome
 from bridge.workspace.baseline import tree_entries

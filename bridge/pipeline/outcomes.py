@@ -9,8 +9,9 @@ from typing import Any
 
 from bridge.asking import approved_paths as paths_approved
 from bridge.config.settings import LimitDefaults
+from bridge.documents import WorkerExit
 from bridge.models import Status, TaskSpec
-from bridge.records import CommandResult, ErrorInfo, WorkerExit
+from bridge.records import CommandResult, ErrorInfo
 from bridge.store import Store
 from bridge.workspace.diff import Change, protected_violations
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge.documents import EnvironmentDoc
 from bridge.environments.task import add_cached_files
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
 from bridge.pipeline.checkout import VerifyCheckout
-from bridge.records import CommandResult, EnvironmentDoc, VerificationDoc
+from bridge.records import CommandResult, VerificationDoc
 from bridge.sandbox import ExitInfo, Mount
 from bridge.sandbox.output import Tail
 from bridge.workspace.diff import Change, export_snapshot

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from bridge.records import RequestRecord
+from bridge.documents import RequestRecord
 from bridge.store.rows import decode_request, requests_of
 from bridge.store.sql import marks
 

@@ -33,9 +33,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bridge.config.settings import CircuitConfig, Config
+from bridge.documents import RESUME_FAILED
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, Status
-from bridge.records import RESUME_FAILED
 from bridge.store import Store
 from bridge.store import circuits as table
 from bridge.store.circuits import CircuitRow

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 
 from bridge.config.settings import Config
+from bridge.documents import RESUME_FAILED
 from bridge.models import JsonObject, json_object
-from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 

@@ -19,8 +19,8 @@ import re
 import shlex
 
 from bridge.config.settings import Config
+from bridge.documents import RESUME_FAILED
 from bridge.models import JsonObject
-from bridge.records import RESUME_FAILED
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 

@@ -18,8 +18,8 @@ import re
 from typing import Any
 
 from bridge.config.settings import Config
+from bridge.documents import RESUME_FAILED
 from bridge.models import JsonObject, json_object
-from bridge.records import RESUME_FAILED
 from bridge.workers.base import (
     INPUTS_DIR,
     ParsedLine,
