@@ -30,15 +30,6 @@ class StoredDoc(BaseModel):
 
 
 @with_config(_KEEP)
-class AppliedProfile(TypedDict):
-    """The task type's profile as creation applied it: its type and the spec fields it filled
-    (bridge/config/profiles.py)."""
-
-    type: str
-    filled: list[str]
-
-
-@with_config(_KEEP)
 class TokenCounts(TypedDict):
     input: int
     output: int

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, model_serializer, model_validator
 
+from bridge.config.profiles import AppliedProfile
 from bridge.config.settings import Config, LimitDefaults
 from bridge.documents import (
-    AppliedProfile,
     CircuitDoc,
     EnvironmentDoc,
     HeldOutcome,

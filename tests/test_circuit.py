@@ -275,10 +275,10 @@ def test_a_job_s_task_never_takes_the_half_open_slot(home, repo):
     bridge = breaker(home, failures=1, cooldown_s=0.1)
     trip(bridge, repo, 1)
     wait_half_open(bridge)
-    row, event = new_task_row(bridge.config, bridge.sandbox, bridge.scope, mock_task(repo, OK))
-    row["job_id"] = "job-0123456789"
+    task, event = new_task_row(bridge.config, bridge.sandbox, bridge.scope, mock_task(repo, OK))
+    task = task.model_copy(update={"job_id": "job-0123456789"})
     with pytest.raises(CircuitOpen, match="never a job's"):
-        record_task(bridge.store, bridge.config, row, event)
+        record_task(bridge.store, bridge.config, task, event)
     assert state(bridge)["probe_task"] is None
     bridge.close()
 

@@ -135,7 +135,7 @@ def test_no_package_imports_a_package_that_imports_it_back():
 LAYERS = [
     {"bridge.version", "bridge.errors", "bridge.models", "bridge.host"},
     {"bridge.config"},  # settings, sections, the variables' names, profiles
-    {"bridge.redact", "bridge.records", "bridge.documents", "bridge.display"},
+    {"bridge.redact", "bridge.records", "bridge.documents", "bridge.events", "bridge.display"},
     {
         "bridge.store",
         "bridge.sandbox",

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from support.tasks import new_task
 
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL, TRANSITIONS, Status
@@ -15,18 +16,7 @@ from bridge.store import Store
 from bridge.store.migrations import MIGRATION_SET, STEPS
 from bridge.store.owners import Owner
 
-
-def _row(task_id: str, **extra) -> dict:
-    return {
-        "task_id": task_id,
-        "status": "created",
-        "worker": "mock",
-        "objective": "o",
-        "repository": "/r",
-        "spec": {"objective": "o", "workspace": {"repository": "/r"}},
-        "config": {"home": "/h"},
-        **extra,
-    }
+_row = new_task
 
 
 @pytest.fixture

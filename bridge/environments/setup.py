@@ -77,7 +77,7 @@ def definition_for(handle: PhaseHandle) -> EnvDefinition | None:
     record = handle.record
     try:
         return resolve_definition(
-            handle.ctx.config, record.spec, Path(record.repository), record.base_commit or ""
+            handle.ctx.config, record.spec, Git(record.repository), record.base_commit or ""
         )
     except InvalidSpec as exc:
         raise EnvironmentFailed(exc.message) from exc

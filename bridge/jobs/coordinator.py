@@ -102,14 +102,15 @@ class JobCoordinator:
         job = self.job()
         config = job.config
         scope = RepositoryScope.of(config.repositories)
-        row, event = new_task_row(config, self.ctx.sandbox, scope, spec)
-        row.update(job_id=self.job_id, job_role=role, job_label=label)
-        task_id, created = record_task(self.store, config, row, {**event, "job_id": self.job_id})
+        made, event = new_task_row(config, self.ctx.sandbox, scope, spec)
+        made = made.model_copy(update={"job_id": self.job_id, "job_role": role, "job_label": label})
+        event["job_id"] = self.job_id
+        task_id, created = record_task(self.store, config, made, event)
         found = self.store.load_task(task_id)
         if (found.job_id, found.job_label) != (self.job_id, label):
             raise SlotTaken(
                 f"Task {task_id}, made outside job {self.job_id}, holds the idempotency key "
-                f"{row['idempotency_key']} of the job's slot {label}; the job stopped rather "
+                f"{made.spec.idempotency_key} of the job's slot {label}; the job stopped rather "
                 "than take it as its own."
             )
         if created:

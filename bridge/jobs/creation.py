@@ -21,7 +21,7 @@ from bridge.jobs.slots import (
 )
 from bridge.models import JobKind, JobStatus, Status, TaskSpec
 from bridge.pipeline.creation import new_task_row
-from bridge.records import TaskRecord
+from bridge.records import NewTask, TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
 from bridge.workers.circuit import Circuit, circuits_of
@@ -101,6 +101,12 @@ def _skip_refused(
     return [slots[n] for n in kept], judge, skipped
 
 
+def pinned_workspace(first: NewTask) -> dict[str, str]:
+    """The workspace every task of a job starts from: the first task's, its base pinned to the
+    commit the first task's ref resolved to."""
+    return {**first.spec.workspace.model_dump(mode="json"), "base_ref": first.base_commit}
+
+
 def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]:
     """The worker of each candidate: every named worker ``attempts`` times."""
     if attempts < 1:
@@ -146,7 +152,10 @@ def new_compete_row(
     spec: dict[str, Any] = {"task": task, "workers": slots, "judge": judge, "skipped": skipped}
     # Every candidate's spec is checked as a task's would be, and the base pinned to one commit.
     first, _ = new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, 0))
-    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    task["workspace"] = {
+        **first.spec.workspace.model_dump(mode="json"),
+        "base_ref": first.base_commit,
+    }
     spec["task"] = task
     for n in range(1, len(slots)):
         new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, n))
@@ -157,7 +166,7 @@ def new_compete_row(
         "job_id": job_id,
         "kind": str(JobKind.COMPETE),
         "status": str(JobStatus.CREATED),
-        "repository": first["repository"],
+        "repository": first.repository,
         "spec": spec,
         "config": effective,
         "result": {},
@@ -166,8 +175,8 @@ def new_compete_row(
         "kind": "compete",
         "workers": slots,
         "judge": judge,
-        "repository": first["repository"],
-        "base_commit": first["base_commit"],
+        "repository": first.repository,
+        "base_commit": first.base_commit,
         "skipped": skipped,
     }
     return row, event
@@ -196,19 +205,22 @@ def new_review_row(
     job_id = "job-" + os.urandom(5).hex()
     spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
     first, _ = new_task_row(config, sandbox, scope, implementer_spec(spec, job_id))
-    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
-    _check_reviewers(config, sandbox, scope, spec, job_id, first["base_commit"])
+    task["workspace"] = {
+        **first.spec.workspace.model_dump(mode="json"),
+        "base_ref": first.base_commit,
+    }
+    _check_reviewers(config, sandbox, scope, spec, job_id, first.base_commit)
     row = {
         "job_id": job_id,
         "kind": str(JobKind.REVIEW),
         "status": str(JobStatus.CREATED),
-        "repository": first["repository"],
+        "repository": first.repository,
         "spec": spec,
         "config": config.model_dump(mode="json"),
         "result": {},
     }
     event = {"kind": "review", "worker": worker, "reviewer": reviewer, "rounds": rounds}
-    return row, {**event, "repository": first["repository"], "base_commit": first["base_commit"]}
+    return row, {**event, "repository": first.repository, "base_commit": first.base_commit}
 
 
 def _check_reviewers(
@@ -276,11 +288,14 @@ def new_fanout_row(
             f"metadata.candidates has {len(overrides)} entries for {len(objectives)} objectives."
         )
     first, _ = new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, 0))
-    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    task["workspace"] = {
+        **first.spec.workspace.model_dump(mode="json"),
+        "base_ref": first.base_commit,
+    }
     for n in range(1, len(objectives)):  # each part's own input, checked now, not mid-job
         new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, n))
-    row = _row(job_id, JobKind.FANOUT, first["repository"], spec, config)
-    event = {"kind": "fanout", "objectives": len(objectives), "base_commit": first["base_commit"]}
+    row = _row(job_id, JobKind.FANOUT, first.repository, spec, config)
+    event = {"kind": "fanout", "objectives": len(objectives), "base_commit": first.base_commit}
     return row, event
 
 

@@ -5,7 +5,6 @@ found) and its status, written as a compare-and-set like a task's, each change w
 from __future__ import annotations
 
 import builtins
-import json
 import sqlite3
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -13,6 +12,7 @@ from typing import Any, Protocol
 
 from bridge.errors import JobNotFound
 from bridge.models import JOB_TERMINAL, JobStatus
+from bridge.store.encode import encode
 from bridge.store.rows import decode_columns
 from bridge.store.sql import insert, marks
 
@@ -31,10 +31,6 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
     return decode_columns(row, JOB_JSON)
 
 
-def _encode(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: json.dumps(v) if k in JOB_JSON and v is not None else v for k, v in fields.items()}
-
-
 class Jobs:
     """Rows of the jobs table as dicts (bridge/records.py's JobRecord types them)."""
 
@@ -47,7 +43,7 @@ class Jobs:
         """A new job with its `job.created` event."""
         row = {**row, "created_at": self._now(), "updated_at": self._now()}
         with self.store.transaction() as conn:
-            insert(conn, "jobs", _encode(row))
+            insert(conn, "jobs", encode(row, JOB_JSON))
             self._event(conn, row["job_id"], "job.created", created)
 
     def load(self, job_id: str) -> dict[str, Any]:
@@ -66,7 +62,7 @@ class Jobs:
 
     def update(self, job_id: str, **fields: Any) -> None:
         """Write non-status fields (the result so far)."""
-        encoded = _encode({**fields, "updated_at": self._now()})
+        encoded = encode({**fields, "updated_at": self._now()}, JOB_JSON)
         sets = ", ".join(f"{key} = ?" for key in encoded)
         with self.store.transaction() as conn:
             conn.execute(f"UPDATE jobs SET {sets} WHERE job_id = ?", (*encoded.values(), job_id))
@@ -79,7 +75,7 @@ class Jobs:
         sources = [str(s) for s in expect]
         if target in JOB_TERMINAL:
             fields.setdefault("finished_at", self._now())
-        encoded = _encode({**fields, "status": str(target), "updated_at": self._now()})
+        encoded = encode({**fields, "status": str(target), "updated_at": self._now()}, JOB_JSON)
         sets = ", ".join(f"{key} = ?" for key in encoded)
         with self.store.transaction() as conn:
             before = conn.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)).fetchone()

@@ -4,7 +4,7 @@ connection for the readers that must write nothing (doctor, `workers list`)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ def marks(items: Collection[Any]) -> str:
     return ", ".join("?" for _ in items)
 
 
-def insert(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
+def insert(conn: sqlite3.Connection, table: str, row: Mapping[str, object]) -> None:
     """INSERT one row (column -> value, already encoded) into ``table``."""
     sql = f"INSERT INTO {table} ({', '.join(row)}) VALUES ({marks(row)})"
     conn.execute(sql, tuple(row.values()))

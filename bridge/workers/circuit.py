@@ -36,6 +36,7 @@ from bridge.config.settings import CircuitConfig, Config
 from bridge.documents import RESUME_FAILED
 from bridge.errors import CircuitOpen
 from bridge.models import TERMINAL, Status
+from bridge.records import NewTask
 from bridge.store import Store
 from bridge.store import circuits as table
 from bridge.store.circuits import CircuitRow
@@ -230,28 +231,26 @@ def probe_due(
 # -- changes: each inside one store transaction --------------------------------------------
 
 
-def admission(
-    store: Store, config: Config, row: dict[str, Any]
-) -> Callable[[Any], Exception | None]:
-    """The check `Store.insert_task` runs in its transaction before it writes the task
-    ``row``: a refusal (CircuitOpen, the sentence) while the worker's breaker is open, or
-    half-open with its one task taken; in half-open, make this task that one. A job's task
-    never probes. What it settled on the way (an ended probe's outcome) is committed even
-    when it refuses: a refusal must not undo it, or a probe that failed unrecorded would move
-    the retry forward on every attempt."""
+def admission(store: Store, config: Config, task: NewTask) -> Callable[[Any], Exception | None]:
+    """The check `Store.insert_task` runs in its transaction before it writes ``task``: a
+    refusal (CircuitOpen, the sentence) while the worker's breaker is open, or half-open with
+    its one task taken; in half-open, make this task that one. A job's task never probes. What
+    it settled on the way (an ended probe's outcome) is committed even when it refuses: a
+    refusal must not undo it, or a probe that failed unrecorded would move the retry forward
+    on every attempt."""
     settings = config.circuit
 
     def admit(conn: Any) -> Exception | None:
         if settings.failures == 0:
             return None
         now = time.time()
-        worker, task_id = row["worker"], row["task_id"]
+        worker, task_id = task.spec.worker, task.task_id
         current = _settled(store, conn, settings, table.load(conn, worker), now)
         circuit = view(current, {}, settings, now)
         if circuit.admits:
             return None
-        if circuit.state == "open" or current.probe_task or row.get("job_id"):
-            return CircuitOpen(circuit.refusal(for_job=bool(row.get("job_id"))), worker=worker)
+        if circuit.state == "open" or current.probe_task or task.job_id:
+            return CircuitOpen(circuit.refusal(for_job=bool(task.job_id)), worker=worker)
         table.save(conn, replace(current, probe_task=task_id, probe_at=now))
         store.event_in(
             conn, task_id, "circuit.probe", {**circuit.document(), "probe_task": task_id}

@@ -1,0 +1,29 @@
+"""The payloads of the events the store keeps (a task's log, a job's), typed where they are built:
+a TypedDict per kind for the ones built in steps or in more than one place. They stay plain
+dicts, stored as JSON and read back as `Event.data` (bridge/records.py), whose shape is the
+contract of `tasks logs` and `worker_logs`. The store takes any payload as a read-only mapping
+(`EventData`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NotRequired
+
+from typing_extensions import TypedDict
+
+from bridge.config.profiles import AppliedProfile
+
+# What the store accepts as an event's payload: a mapping it only reads, to store it as JSON
+# (a TypedDict below, or a dict built on the spot).
+EventData = Mapping[str, object]
+
+
+class TaskCreated(TypedDict):
+    """`task.created`: where the task runs, its base commit, the profile its type applied and
+    the job it belongs to."""
+
+    worker: str
+    repository: str
+    base_commit: str
+    profile: NotRequired[AppliedProfile]
+    job_id: NotRequired[str]
