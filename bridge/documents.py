@@ -130,6 +130,15 @@ class CircuitDoc(TypedDict):
     probe_task: NotRequired[str | None]
 
 
+@with_config(_KEEP)
+class ResetDoc(TypedDict):
+    """What `workers reset` did: the worker's breaker is closed; ``before``, how it was."""
+
+    worker: str
+    state: str
+    before: CircuitDoc
+
+
 # What a built-in worker's failure sentence says when its CLI could not resume the session of
 # the earlier turns (its files gone, say): the circuit breaker does not count that as a broken
 # worker (bridge/workers/circuit.py), on a follow-up turn.

@@ -27,3 +27,11 @@ class TaskCreated(TypedDict):
     base_commit: str
     profile: NotRequired[AppliedProfile]
     job_id: NotRequired[str]
+
+
+class ProbeReleased(TypedDict):
+    """`circuit.probe_released` on a probe that no longer holds its breaker's one try: why,
+    and its status then."""
+
+    why: str
+    status: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -17,8 +18,10 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
+from bridge.documents import WorkerExit
 from bridge.errors import CircuitOpen, UnknownWorker
 from bridge.sandbox.fake import FakeSandbox
+from bridge.store.circuits import TaskOutcome
 from bridge.workers.circuit import circuits_of, classify, reset
 
 FAIL = {"exit_code": 3}
@@ -61,16 +64,10 @@ def wait_half_open(bridge: WorkerBridge) -> dict:
 # -- what counts -------------------------------------------------------------------------------
 
 
-def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict:
-    worker_exit = {"turn": turn, "exit_code": 0, **ran} if ran or status != "failed" else None
-    return {
-        "task_id": "t",
-        "worker": "mock",
-        "status": status,
-        "turn": turn,
-        "error": {"kind": kind, "message": "m"} if kind else None,
-        "worker_exit": worker_exit,
-    }
+def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> TaskOutcome:
+    recorded = ran or status != "failed"
+    worker_exit = WorkerExit(**{"turn": turn, "exit_code": 0, **ran}) if recorded else None
+    return TaskOutcome("t", "mock", "/r", status, turn, kind, worker_exit)
 
 
 @pytest.mark.parametrize(
@@ -80,27 +77,30 @@ def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict
         (_outcome("timed_out", "timeout", timed_out=True, exit_code=None), ("failure", "timeout")),
         # the caller's own deadline, below circuit.min_timeout_s (300 s): not a hanging worker
         (
-            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 299},
+            replace(_outcome("timed_out", "timeout", timed_out=True), timeout_seconds=299),
             ("neutral", None),
         ),
         (
-            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 300},
+            replace(_outcome("timed_out", "timeout", timed_out=True), timeout_seconds=300),
             ("failure", "timeout"),
         ),
         # the deadline passed in verification: the worker's turn had ended cleanly
         (_outcome("timed_out", "timeout", exit_code=0), ("worked", None)),
         # ...or in the environment's setup, before the worker ran
-        (_outcome("timed_out", "timeout") | {"worker_exit": None}, ("neutral", None)),
+        (replace(_outcome("timed_out", "timeout"), worker_exit=None), ("neutral", None)),
         (_outcome("succeeded", turn=1), ("worked", None)),
         # the worker ran and exited 0; its change failed our checks: not a broken worker
         (_outcome("failed", "verification_failed", exit_code=0), ("worked", None)),
         (_outcome("failed", "protected_path", exit_code=0), ("worked", None)),
         # an exit recorded for an earlier turn says nothing of this one
-        (_outcome("failed", "sandbox", turn=2, exit_code=0) | {"turn": 3}, ("neutral", None)),
+        (replace(_outcome("failed", "sandbox", turn=2, exit_code=0), turn=3), ("neutral", None)),
         (_outcome("cancelled", "cancelled", exit_code=0), ("neutral", None)),
         # the bridge refused the follow-up (no session to resume) before the worker ran: the
         # exit recorded is the earlier turn's
-        (_outcome("failed", "worker_exit", turn=1, exit_code=1) | {"turn": 2}, ("neutral", None)),
+        (
+            replace(_outcome("failed", "worker_exit", turn=1, exit_code=1), turn=2),
+            ("neutral", None),
+        ),
         (_outcome("failed", "sandbox"), ("neutral", None)),
         (_outcome("failed", "environment"), ("neutral", None)),
         (_outcome("failed", "out_of_memory", exit_code=137, oom_killed=True), ("neutral", None)),
@@ -719,7 +719,8 @@ def test_a_cli_that_cannot_resume_its_session_on_a_follow_up_is_not_counted(work
     lost = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
     assert classify(lost) == ("neutral", None), failure
     # on a first turn there is no session to resume: whatever it says, it failed
-    assert classify(lost | {"turn": 0, "worker_exit": {**lost["worker_exit"], "turn": 0}}) == (
+    first_turn = lost.worker_exit.model_copy(update={"turn": 0})
+    assert classify(replace(lost, turn=0, worker_exit=first_turn)) == (
         "failure",
         "worker_exit",
     )

@@ -8,6 +8,11 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+# The connection a transaction of the store hands out (sqlite3's), named here for the modules
+# outside the store that pass one along inside a transaction (bridge/workers/circuit.py): only
+# the store imports sqlite3.
+Connection = sqlite3.Connection
+
 
 def marks(items: Collection[Any]) -> str:
     """`?, ?, ?`: one placeholder per item."""
