@@ -12,6 +12,7 @@ from typing import NotRequired
 from typing_extensions import TypedDict
 
 from bridge.config.profiles import AppliedProfile
+from bridge.documents import Skipped
 
 # What the store accepts as an event's payload: a mapping it only reads, to store it as JSON
 # (a TypedDict below, or a dict built on the spot).
@@ -35,3 +36,22 @@ class ProbeReleased(TypedDict):
 
     why: str
     status: str
+
+
+class JobCreated(TypedDict, total=False):
+    """`job.created`: the kind and its arguments: compete (workers, judge, skipped), review
+    (worker, reviewer, rounds), fanout (how many objectives), integrate (the source job and
+    its tasks), with the repository and the base commit its tasks start from."""
+
+    kind: str
+    workers: list[str]
+    judge: str | None
+    skipped: list[Skipped]
+    worker: str
+    reviewer: str
+    rounds: int
+    objectives: int
+    source_job: str
+    tasks: list[str]
+    repository: str
+    base_commit: str

@@ -373,7 +373,9 @@ class JobResult(BaseModel):
         None,
         description="Why a review ended: approved, no new findings, round limit, or a failure.",
     )
-    summary: SkipValidation[JobSummary] = Field(default_factory=lambda: JobSummary())
+    summary: SkipValidation[JobSummary] = Field(
+        default_factory=lambda: JobSummary(candidates=0, eligible=0, judge=None)
+    )
     skipped: SkipValidation[list[Skipped]] = Field(
         default_factory=list,
         description="Workers the job did not use because their circuit breaker refused them: "

@@ -187,15 +187,13 @@ def _job_scratch(ctx: Context, scope: RepositoryScope) -> list[PruneAction]:
     root = ctx.home / "jobs"
     if not root.is_dir():
         return []
-    jobs = {row["job_id"]: row for row in ctx.store.jobs.list()}
+    jobs = {job.job_id: job for job in ctx.store.jobs.records()}
     found = []
     for entry in sorted(root.iterdir()):
-        row = jobs.get(entry.name)
-        if row is not None and (
-            row["status"] not in JOB_TERMINAL or not scope.allows(row["repository"])
-        ):
+        job = jobs.get(entry.name)
+        if job is not None and (job.status not in JOB_TERMINAL or not scope.allows(job.repository)):
             continue
-        why = f"{row['status']} job: its merges' objects" if row else "no such job in the store"
+        why = f"{job.status} job: its merges' objects" if job else "no such job in the store"
         found.append(PruneAction("job_scratch", str(entry), None, why))
     return found
 

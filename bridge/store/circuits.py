@@ -10,8 +10,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-
-from typing_extensions import TypedDict
+from typing import TypedDict
 
 from bridge.documents import WorkerExit
 from bridge.errors import BridgeError

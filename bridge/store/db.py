@@ -284,7 +284,7 @@ class Store:
         *,
         explicit: bool = False,
         expect: set[Status] | None = None,
-        event: dict[str, Any] | None = None,
+        event: EventData | None = None,
         **fields: Any,
     ) -> bool:
         """Compare-and-set the status. Returns False (writing nothing) when the task is no longer
@@ -318,7 +318,7 @@ class Store:
 
     # -- events -----------------------------------------------------------------------------
 
-    def add_event(self, task_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
+    def add_event(self, task_id: str, kind: str, data: EventData | None = None) -> int:
         """Store one event. Callers redact ``data`` first (see bridge.redact)."""
         with self.transaction() as conn:
             return self.event_in(conn, task_id, kind, data or {})

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from bridge.documents import RequestRecord
+from bridge.events import EventData
 from bridge.store.rows import decode_request, requests_of
 from bridge.store.sql import marks
 
@@ -48,7 +49,7 @@ class Requests:
         self,
         store: Store,
         now: Callable[[], str],
-        event: Callable[[sqlite3.Connection, str, str, dict[str, Any]], int],
+        event: Callable[[sqlite3.Connection, str, str, EventData], int],
     ) -> None:
         self.store = store
         self._now = now

@@ -13,6 +13,7 @@ from support.waiting import poll
 from bridge.config.settings import Config
 from bridge.models import TaskSpec, Workspace
 from bridge.records import NewTask
+from bridge.store.jobs import NewJob
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 
@@ -41,6 +42,13 @@ def new_task(
         config=config,
         limits=config.limits,
     )
+
+
+def new_job(job_id: str, *, repository: str = "/r", config: Config | None = None) -> NewJob:
+    """A compete job as its maker hands it to the jobs table, without the checks: for tests
+    of the table and of what reads it (a bare configuration unless given)."""
+    config = config or Config.from_record({"home": "/h"})
+    return NewJob(job_id=job_id, kind="compete", repository=repository, spec={}, config=config)
 
 
 def write_spec(path: Path, spec: dict) -> Path:
