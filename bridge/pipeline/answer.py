@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.asking import resume_message
-from bridge.documents import RequestRecord
+from bridge.documents import RequestAnswer, RequestRecord
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
@@ -199,7 +199,7 @@ def answer_request(
 
 def _check_answer(
     request: RequestRecord, decision: str | None, text: str | None
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, RequestAnswer]:
     """The request's new status and the answer to record, or InvalidSpec saying why not."""
     if (decision is None) == (text is None):
         raise InvalidSpec("Answer with exactly one of a decision (approve or deny) or a text.")
@@ -211,7 +211,7 @@ def _check_answer(
                 f"Request {request.request_id} is a question: answer it with a text (or deny "
                 "it to let the task finish without an answer)."
             )
-        return ("approved" if decision == "approve" else "denied"), {"decision": decision}
+        return ("approved" if decision == "approve" else "denied"), RequestAnswer(decision=decision)
     assert text is not None
     if request.kind != "question":
         raise InvalidSpec(
@@ -220,7 +220,7 @@ def _check_answer(
         )
     if not text.strip() or len(text) > MAX_ANSWER:
         raise InvalidSpec(f"The answer's text must be 1 to {MAX_ANSWER} characters.")
-    return "answered", {"text": text}
+    return "answered", RequestAnswer(text=text)
 
 
 def expire_due(ctx: Context, now: float | None = None) -> list[str]:

@@ -29,9 +29,9 @@ from bridge.store.requests import Requests
 from bridge.store.rows import (
     JSON_COLUMNS,
     applied_migrations,
-    decode_task,
     rows_of,
     sqlite_uri,
+    task_record,
     tasks_query,
 )
 from bridge.store.rows import artifacts_of as artifact_rows
@@ -212,7 +212,7 @@ class Store:
             raise refusal
         return task.task_id, True
 
-    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
         """Run a read under the connection lock (threads share the connection)."""
         with self._lock:
             return rows_of(self.conn, sql, params)
@@ -222,7 +222,7 @@ class Store:
         rows = self.query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         if not rows:
             raise TaskNotFound.of(task_id)
-        return TaskRecord.model_validate(decode_task(rows[0]))
+        return task_record(rows[0])
 
     def list_tasks(
         self,
@@ -233,7 +233,7 @@ class Store:
         """Tasks newest first; ``under``: only those whose repository is one of these folders
         or inside one."""
         sql, params = tasks_query(status, limit, under)
-        return [TaskRecord.model_validate(decode_task(row)) for row in self.query(sql, params)]
+        return [task_record(row) for row in self.query(sql, params)]
 
     def status(self, task_id: str) -> str:
         """Just the status: what polling loops need, without decoding the whole row."""

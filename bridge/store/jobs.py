@@ -30,7 +30,7 @@ class Store(Protocol):
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
-    def query(self, sql: str, params: tuple | list = ()) -> builtins.list[dict[str, Any]]: ...
+    def query(self, sql: str, params: tuple | list = ()) -> builtins.list[sqlite3.Row]: ...
 
 
 class NewJob(TypedDict):
@@ -66,7 +66,7 @@ class JobRow(TypedDict):
     runner_expires_at: NotRequired[float | None]
 
 
-def _decode(row: dict[str, Any]) -> JobRow:
+def _decode(row: sqlite3.Row) -> JobRow:
     # The row as this table stores it (insert, update and transition write these columns).
     return cast(JobRow, decode_columns(row, JOB_JSON))
 
