@@ -55,3 +55,37 @@ class JobCreated(TypedDict, total=False):
     tasks: list[str]
     repository: str
     base_commit: str
+
+
+class Destination(TypedDict, total=False):
+    """Where a request through a task's gateway went: a model route, or a host and port
+    through its proxy."""
+
+    route: str
+    host: str
+    port: int
+
+
+class NetworkRequest(Destination, total=False):
+    """`network.request`: one request through the gateway, its answer and what it carried,
+    with the tokens its model route reported (or a note once the task's events are capped)."""
+
+    method: str
+    status: int
+    bytes_up: int
+    bytes_down: int
+    duration_s: float
+    model: str
+    input_tokens: int
+    output_tokens: int
+    error: str
+    note: str
+
+
+class ProgressEvent(TypedDict):
+    """`worker.progress`: one step of the worker's output, the same shape for every worker (a
+    message, a tool or command it ran, a file it edited, an error it reported)."""
+
+    kind: str
+    text: str
+    name: str | None

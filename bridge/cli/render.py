@@ -95,7 +95,7 @@ def print_result(result: dict[str, Any]) -> None:
     for request in result.get("requests") or []:
         print(
             f"  request {request['request_id']} ({request['kind']}, {request['status']}): "
-            f"{f(describe_request(request))}"
+            f"{f(describe_request(request, request.get('attempts', 1)))}"
         )
     pending = [r for r in result.get("requests") or [] if r["status"] == "pending"]
     if pending:

@@ -17,7 +17,7 @@ SHOWN_WIDTH = 2000  # characters of one event line on the page
 def requests_of(result: TaskResult) -> list[dict[str, Any]]:
     """The task's permission requests and questions, each with a few words of what it asks
     (the words `tasks show` prints)."""
-    return [{**r, "what": describe_request(r)} for r in result.requests]
+    return [{**r, "what": describe_request(r, r.get("attempts", 1))} for r in result.requests]
 
 
 def task_row(result: TaskResult) -> dict[str, Any]:

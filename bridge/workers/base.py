@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from bridge.asking import ASKING
 from bridge.config.settings import Config
+from bridge.events import ProgressEvent
 from bridge.models import JsonObject
 
 # Inside every task container: the read-only inputs folder (prompt and worker files).
@@ -68,7 +69,7 @@ class Progress:
     text: str
     name: str | None = None  # the tool or command
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> ProgressEvent:
         return {"kind": self.kind, "text": self.text, "name": self.name}
 
 
