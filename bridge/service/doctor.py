@@ -5,7 +5,7 @@ go); `WorkerBridge.doctor` runs them and the CLI prints them."""
 from __future__ import annotations
 
 import shutil
-from typing import Any
+from typing import TypedDict
 
 from bridge.config.settings import Config
 from bridge.errors import BridgeError
@@ -18,13 +18,21 @@ from bridge.workers import all_workers
 from bridge.workers.circuit import circuits_of
 
 
-def health_checks(config: Config, sandbox: Sandbox) -> list[dict[str, Any]]:
-    checks: list[dict[str, Any]] = []
+class Check(TypedDict):
+    """One of doctor's checks: what it checked, whether it passed, one actionable line, and
+    how much a failure matters (ok, warning or error)."""
+
+    check: str
+    ok: bool
+    detail: str
+    severity: str
+
+
+def health_checks(config: Config, sandbox: Sandbox) -> list[Check]:
+    checks: list[Check] = []
 
     def add(name: str, ok: bool, detail: str, severity: str = "error") -> None:
-        checks.append(
-            {"check": name, "ok": ok, "detail": detail, "severity": "ok" if ok else severity}
-        )
+        checks.append(Check(check=name, ok=ok, detail=detail, severity="ok" if ok else severity))
 
     try:
         version = sandbox.ping()

@@ -8,7 +8,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, NotRequired, TypedDict
 
 from bridge.workspace import fs
 from bridge.workspace.fs import display
@@ -25,6 +25,24 @@ _KINDS = {
 }
 
 
+# A changed path as the task result lists it (`from`: a rename's source) and as the manifest
+# does, with the modes, size and blob. (`from` is a keyword, hence the functional form.)
+ChangedEntry = TypedDict("ChangedEntry", {"path": str, "change": str, "from": NotRequired[str]})
+ManifestEntry = TypedDict(
+    "ManifestEntry",
+    {
+        "path": str,
+        "change": str,
+        "from": NotRequired[str],
+        "mode": str | None,
+        "old_mode": str | None,
+        "size": int | None,
+        "sha": str | None,
+        "symlink": bool,
+    },
+)
+
+
 class Change(NamedTuple):
     """One changed path, from `git diff --raw` (a tuple: a large change makes 100,000 of
     them, and a frozen dataclass takes twice as long to make)."""
@@ -37,18 +55,22 @@ class Change(NamedTuple):
     sha: str | None = None
     size: int | None = None
 
-    def result_entry(self) -> dict[str, Any]:
+    def result_entry(self) -> ChangedEntry:
         """For the result and the manifest: names that are not UTF-8 shown with \\x escapes."""
-        entry: dict[str, Any] = {"path": display(self.path), "change": self.change}
+        entry: ChangedEntry = {"path": display(self.path), "change": self.change}
         if self.change == "renamed" and self.old_path is not None:
             entry["from"] = display(self.old_path)
         return entry
 
-    def manifest_entry(self) -> dict[str, Any]:
-        entry = self.result_entry()
-        entry.update(mode=self.mode, old_mode=self.old_mode, size=self.size, sha=self.sha)
-        entry["symlink"] = self.mode == "120000"
-        return entry
+    def manifest_entry(self) -> ManifestEntry:
+        return {
+            **self.result_entry(),
+            "mode": self.mode,
+            "old_mode": self.old_mode,
+            "size": self.size,
+            "sha": self.sha,
+            "symlink": self.mode == "120000",
+        }
 
     @property
     def written(self) -> tuple[str, str, str] | None:
