@@ -178,6 +178,33 @@ class RequestRecord(StoredDoc):
     delivered_turn: int | None = None
 
 
+# -- reclaiming disk ---------------------------------------------------------------------------
+
+
+@with_config(_KEEP)
+class Removal(TypedDict):
+    """What a prune removes (or would): a task's workspace or artifacts, a leftover folder, a
+    container, a cache entry, an image, a worker bundle... with why, and what it could not
+    remove once applied."""
+
+    kind: str
+    target: str
+    reason: str
+    task_id: NotRequired[str | None]  # workspaces prune: the task it belonged to
+    failed: NotRequired[list[str] | None]
+    image: NotRequired[str | None]  # environments prune: the entry's image
+    bytes: NotRequired[int]
+
+
+@with_config(_KEEP)
+class PruneReport(TypedDict):
+    """`workspaces prune` and `environments prune`: whether it was applied, and each removal."""
+
+    applied: bool
+    actions: list[Removal]
+    root: NotRequired[str]  # environments prune: the cache's folder
+
+
 # -- a job's ---------------------------------------------------------------------------------
 
 

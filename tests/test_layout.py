@@ -178,6 +178,7 @@ def test_the_front_ends_call_only_the_facade():
     allowed = (
         "bridge.service",
         "bridge.records",
+        "bridge.documents",
         "bridge.errors",
         "bridge.models",
         "bridge.config",

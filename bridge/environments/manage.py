@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
+from bridge.documents import PruneReport, Removal
 from bridge.environments.cache import Entry, cache_root, entries, remove_entry, sweep_partials
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL
@@ -43,22 +44,6 @@ class Listed(TypedDict, total=False):
     bytes: int | None
     created_at: str | None
     last_used: str
-
-
-class Removal(TypedDict):
-    """What prune removes (or would): a cache entry's folder, an image or a worker bundle."""
-
-    kind: str  # entry | image | bundle
-    target: str
-    image: str | None
-    bytes: int
-    reason: str
-
-
-class PruneReport(TypedDict):
-    applied: bool
-    actions: list[Removal]
-    root: str
 
 
 def _mine(item: Entry | Path, scope: RepositoryScope) -> bool:

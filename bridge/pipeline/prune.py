@@ -13,10 +13,11 @@ bytes, and `git gc` reclaims them once they are unreachable and past `gc.pruneEx
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from bridge.documents import PruneReport, Removal
 from bridge.errors import BridgeError
 from bridge.models import JOB_TERMINAL, Status
 from bridge.phase.context import Context
@@ -43,6 +44,15 @@ class PruneAction:
     task_id: str | None
     reason: str
     failed: list[str] | None = None  # what could not be removed, when applied
+
+    def document(self) -> Removal:
+        return Removal(
+            kind=self.kind,
+            target=self.target,
+            task_id=self.task_id,
+            reason=self.reason,
+            failed=self.failed,
+        )
 
 
 def _branch_exists(repo: Path, branch: str) -> bool:
@@ -348,8 +358,8 @@ def prune(
     apply: bool = False,
     include_unaccepted: bool = False,
     scope: RepositoryScope | None = None,
-) -> dict:
+) -> PruneReport:
     actions = plan_prune(ctx, include_unaccepted, scope)
     if apply:
         actions = apply_prune(ctx, actions)
-    return {"applied": apply, "actions": [asdict(a) for a in actions]}
+    return PruneReport(applied=apply, actions=[a.document() for a in actions])
