@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     streams = sys.stdout, sys.stderr
     if args.group != "mcp":  # the MCP server's stdout carries the protocol, not text for people
-        sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)  # type: ignore
+        sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     bridge = None
     try:
         with turn():  # one command per CPU starts at a time (bridge/cli/gate.py)
