@@ -62,6 +62,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/mypy bridge
 
 format: install
 	$(BIN)/ruff format $(LINT_PATHS)

@@ -11,8 +11,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bridge.models import TaskSpec
-    from bridge.records import RequestRecord
+    from bridge.documents import AskedRequest, RequestDetail, RequestDoc, RequestRecord
+    from bridge.models import JsonObject, TaskSpec
     from bridge.redact import Redactor
 
 INFO_STRING = "worker-bridge-request"
@@ -47,7 +47,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _UNSHOWN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def parse_request_block(message: str | None) -> dict[str, Any] | None:
+def parse_request_block(message: str | None) -> AskedRequest | None:
     """The request in a final message: exactly one `worker-bridge-request` block holding one
     JSON object of an allowed shape; None for anything else (no block, several, malformed,
     unknown keys, wrong types, too large)."""
@@ -92,13 +92,13 @@ def _text(value: Any, limit: int) -> str | None:
     return _UNSHOWN.sub("\ufffd", value.strip())
 
 
-def _question(data: dict[str, Any]) -> dict[str, Any] | None:
+def _question(data: JsonObject) -> AskedRequest | None:
     if set(data) - {"kind", "text", "choices"}:
         return None
     text = _text(data.get("text"), MAX_TEXT)
     if text is None:
         return None
-    detail: dict[str, Any] = {"text": text}
+    detail: RequestDetail = {"text": text}
     if "choices" in data:
         choices = data["choices"]
         if not isinstance(choices, list) or not 0 < len(choices) <= MAX_CHOICES:
@@ -107,7 +107,7 @@ def _question(data: dict[str, Any]) -> dict[str, Any] | None:
         clean = [_text(c, MAX_CHOICE) if not _CONTROL.search(str(c)) else None for c in choices]
         if any(c is None for c in clean):
             return None
-        detail["choices"] = clean
+        detail["choices"] = [c for c in clean if c is not None]
     return {"kind": "question", "detail": detail}
 
 
@@ -125,7 +125,7 @@ def check_glob(glob: Any) -> str | None:
     return glob
 
 
-def _paths(data: dict[str, Any]) -> dict[str, Any] | None:
+def _paths(data: JsonObject) -> AskedRequest | None:
     if set(data) != {"kind", "paths", "reason"}:
         return None
     paths, reason = data["paths"], _text(data["reason"], MAX_TEXT)
@@ -134,7 +134,8 @@ def _paths(data: dict[str, Any]) -> dict[str, Any] | None:
     clean = [check_glob(p) for p in paths]
     if any(p is None for p in clean):
         return None
-    return {"kind": "paths", "detail": {"paths": list(dict.fromkeys(clean)), "reason": reason}}
+    globs = [p for p in dict.fromkeys(clean) if p is not None]
+    return {"kind": "paths", "detail": {"paths": globs, "reason": reason}}
 
 
 def resume_message(answered: list[RequestRecord]) -> str:
@@ -168,9 +169,9 @@ def resume_message(answered: list[RequestRecord]) -> str:
     return "\n".join(lines)
 
 
-def request_document(request: RequestRecord, redactor: Redactor) -> dict[str, Any]:
+def request_document(request: RequestRecord, redactor: Redactor) -> RequestDoc:
     """One request as the task result shows it (the contract's shape, and a few facts more)."""
-    doc: dict[str, Any] = {
+    doc: RequestDoc = {
         "request_id": request.request_id,
         "kind": request.kind,
         "detail": redactor.redact_data(request.detail),

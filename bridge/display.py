@@ -5,9 +5,10 @@ view and `tasks show`, the web view's event stream): text made safe for a termin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pydantic there
+    from bridge.documents import AskedRequest, RequestDetail
     from bridge.records import Event
 
 # What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts
@@ -34,11 +35,11 @@ def one_line(text: object) -> str:
     return str(text).replace("\r", "\\r").replace("\n", "\\n")
 
 
-def describe_request(request: dict[str, Any]) -> str:
-    """What a request asks for, in a few words (tasks show, the live view, the web view)."""
+def describe_request(request: AskedRequest, attempts: int = 1) -> str:
+    """What a request asks for, in a few words (tasks show, the live view, the web view);
+    ``attempts``: of a network request, the refused attempts counted."""
     detail = request.get("detail") or {}
     if request["kind"] == "network":
-        attempts = request.get("attempts", 1)
         return f"reach {detail.get('host')}:{detail.get('port')} ({attempts} attempt(s))"
     if request["kind"] == "paths":
         covered = detail.get("covers") or {}
@@ -87,7 +88,9 @@ def describe(event: Event) -> str | None:
     if kind == "environment.build":
         return f"building the environment image from {data.get('dockerfile', '')}"
     if kind == "task.request":
-        request = {"kind": data.get("kind", ""), "detail": data.get("detail") or {}}
+        given = data.get("detail")
+        detail: RequestDetail = given if given else {}
+        request: AskedRequest = {"kind": data.get("kind", ""), "detail": detail}
         return (
             f"request {data.get('request_id', '')} ({request['kind']}): "
             f"{describe_request(request)}; answer with `worker-bridge tasks answer "

@@ -13,6 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bridge.errors import InvalidSpec
 
+# A JSON object that comes from outside and whose keys are not ours to define: a task's
+# `metadata`, a worker CLI's stream line, a devcontainer.json, an upstream's response. Data
+# whose keys are ours gets a record (bridge/records.py) or a TypedDict instead.
+JsonObject = dict[str, Any]
+
+
+def json_object(value: object) -> JsonObject:
+    """``value`` when it is a JSON object, else an empty one: for reading a nested key of
+    outside JSON that may hold anything."""
+    return value if isinstance(value, dict) else {}
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -105,7 +116,7 @@ class TaskSpec(_Strict):
     )
     priority: int = Field(50, ge=0, le=100)
     idempotency_key: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
     @field_validator("objective")
     @classmethod
@@ -116,7 +127,7 @@ class TaskSpec(_Strict):
 
     @field_validator("metadata")
     @classmethod
-    def _metadata_type(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _metadata_type(cls, value: JsonObject) -> JsonObject:
         # Which types exist is the configuration's (bridge/config/profiles.py checks it at
         # creation); here only the shapes the runner relies on.
         kind = value.get("type")

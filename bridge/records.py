@@ -1,31 +1,44 @@
-"""Typed records: a task as the store keeps it (`TaskRecord`), the documents stored inside it
-(error, verification, changed files, the worker's exit), the task result the facade returns
-(`TaskResult`), and a job as stored and returned (`JobRecord`, `JobResult`). Dicts appear only
-at the CLI, MCP and JSON edges (`TaskResult.document()`)."""
+"""Typed records: a new task as creation hands it to the store (`NewTask`), a task as the store
+keeps it (`TaskRecord`) with its error, verification and changed files, the task result the
+facade returns (`TaskResult`), and a job as stored and returned (`JobRecord`, `JobResult`). The
+other documents stored inside them are bridge/documents.py's. Dicts appear only at the CLI, MCP
+and JSON edges (`TaskResult.document()`)."""
 
 from __future__ import annotations
 
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, model_serializer, model_validator
 
+from bridge.config.profiles import AppliedProfile
 from bridge.config.settings import Config, LimitDefaults
+from bridge.documents import (
+    CircuitDoc,
+    EnvironmentDoc,
+    HeldOutcome,
+    IntegrationStep,
+    JobFindings,
+    JobSpec,
+    JobSummary,
+    Ordering,
+    RankedCandidate,
+    RequestDoc,
+    ReviewRound,
+    Skipped,
+    StoredDoc,
+    UsageDoc,
+    WorkerExit,
+)
 from bridge.models import Status, TaskSpec
 
 
-class _Doc(BaseModel):
-    """A stored document: extra keys written by another version are kept, not refused."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-
-class ErrorInfo(_Doc):
+class ErrorInfo(StoredDoc):
     kind: str
     message: str
 
 
-class CommandResult(_Doc):
+class CommandResult(StoredDoc):
     """One verification command as it really ran (exit status and duration from the engine)."""
 
     command: str
@@ -42,17 +55,14 @@ class CommandResult(_Doc):
         return self.exit_code == 0 and self.status in (None, "passed")
 
 
-class VerificationDoc(_Doc):
+class VerificationDoc(StoredDoc):
     ok: bool | None = None
     image: str | None = None
     commands: list[CommandResult] = Field(default_factory=list)
-    # The project environment verification ran in (None: the generic image): its source, image,
-    # cache key, `setup` (none | cached | ran | ran_for_snapshot) and the dependency files the
-    # worker changed (setup then ran again for the snapshot).
-    environment: dict[str, Any] | None = None
+    environment: EnvironmentDoc | None = None  # None: the generic image
 
 
-class ChangedFile(_Doc):
+class ChangedFile(StoredDoc):
     path: str
     change: str
     from_: str | None = Field(None, alias="from")
@@ -68,43 +78,25 @@ class ChangedFile(_Doc):
         return data
 
 
-# What a built-in worker's failure sentence says when its CLI could not resume the session of
-# the earlier turns (its files gone, say): the circuit breaker does not count that as a broken
-# worker (bridge/workers/circuit.py), on a follow-up turn.
-RESUME_FAILED = "could not resume its session"
+class NewTask(BaseModel):
+    """A task creation has checked, as `Store.insert_task` writes it (status `created`, turn 0):
+    the spec exactly as it will run (its type's profile applied), the repository's top level,
+    the base commit the ref resolved to, and the configuration its runner will use: ``config``,
+    the ``limits`` that apply (config's under the spec's) and the ``profile`` applied. A job's
+    task also names its job, role and slot."""
 
+    model_config = ConfigDict(frozen=True)
 
-class WorkerExit(_Doc):
-    """How a worker turn ended; persisted on the task before its container is removed."""
-
-    turn: int
-    exit_code: int | None
-    oom_killed: bool = False
-    timed_out: bool = False
-    summary: str = ""
-    last_progress: str = ""
-    over_limit: str | None = None  # why the bridge stopped it (the disk limit), one sentence
-    failure: str | None = None  # the CLI's own account of why it failed, one sentence
-    # The worker-bridge-request block of the final message, parsed from the whole message
-    # (the summary above is cut for display), redacted; None: it holds none in the exact shape.
-    request: dict[str, Any] | None = None
-
-
-class RequestRecord(_Doc):
-    """One request of a task (a row of the requests table): a network name the gateway
-    refused, or the protected paths or question of the worker's final message."""
-
-    request_id: str
     task_id: str
-    kind: str  # network | paths | question
-    detail: dict[str, Any] = Field(default_factory=dict)
-    status: str  # pending | approved | denied | answered | expired
-    at: str
-    attempts: int = 1
-    turn: int = 0
-    expires_at: float | None = None
-    answer: dict[str, Any] | None = None  # as given (never shown unredacted)
-    delivered_turn: int | None = None
+    spec: TaskSpec
+    repository: str
+    base_commit: str
+    config: Config
+    limits: LimitDefaults
+    profile: AppliedProfile | None = None
+    job_id: str | None = None
+    job_role: str | None = None
+    job_label: str | None = None
 
 
 class _StoredRow(BaseModel):
@@ -159,12 +151,12 @@ class TaskRecord(_StoredRow):
     pruned_at: str | None = None
     follow_ups: list[str] = Field(default_factory=list)
     dropped: list[dict[str, str]] = Field(default_factory=list)
-    usage: dict[str, Any] | None = None
+    usage: SkipValidation[UsageDoc | None] = None
     session_id: str | None = None
     job_id: str | None = None
     job_role: str | None = None
     job_label: str | None = None
-    held_outcome: dict[str, Any] | None = None
+    held_outcome: SkipValidation[HeldOutcome | None] = None
 
     @cached_property
     def spec(self) -> TaskSpec:
@@ -185,7 +177,7 @@ class TaskRecord(_StoredRow):
         return LimitDefaults.model_validate(recorded) if recorded else self.config.limits
 
     @property
-    def profile(self) -> dict[str, Any] | None:
+    def profile(self) -> AppliedProfile | None:
         """The task type's profile as applied at creation: its type and the spec fields it
         filled (bridge/config/profiles.py); None for a task without a type."""
         return self.config_doc.get("task_profile")
@@ -216,7 +208,7 @@ class TaskResult(BaseModel):
     error: ErrorInfo | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     session_id: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: SkipValidation[UsageDoc | None] = None
     repository: str
     base_commit: str | None = None
     branch: str | None = None
@@ -225,12 +217,12 @@ class TaskResult(BaseModel):
     finished_at: str | None = None
     job_id: str | None = Field(None, description="The job this task is part of, if any.")
     job_role: str | None = Field(None, description="Its role there: candidate, judge...")
-    profile: dict[str, Any] | None = Field(
+    profile: SkipValidation[AppliedProfile | None] = Field(
         None,
         description="The task type's profile: {type, filled: the spec fields it filled, "
         "because the caller left them unset}; null without a type.",
     )
-    requests: list[dict[str, Any]] = Field(
+    requests: SkipValidation[list[RequestDoc]] = Field(
         default_factory=list,
         description="What the worker asked for: request_id, kind (network, paths, question), "
         "detail, status (pending, approved, denied, answered, expired), at; answer with "
@@ -283,8 +275,8 @@ class WorkerInfo(BaseModel):
     capabilities: list[str] = Field(default_factory=list)
     cli_version: str | None = Field(None, description="The CLI's version, from its image.")
     reason: str | None = None
-    circuit: dict[str, Any] = Field(
-        default_factory=lambda: {"state": "closed"},
+    circuit: SkipValidation[CircuitDoc] = Field(
+        default_factory=lambda: CircuitDoc(state="closed"),
         description="Its circuit breaker (bridge/workers/circuit.py): state (closed, open, "
         "half_open, disabled), failures and their kinds, retry_at (when an open one is tried "
         "again) and probe_task (the one task trying it).",
@@ -336,9 +328,9 @@ class JobRecord(_StoredRow):
     kind: str
     status: str
     repository: str
-    spec: dict[str, Any]
+    spec: SkipValidation[JobSpec]
     config_doc: dict[str, Any] = Field(default_factory=dict, alias="config")
-    result: dict[str, Any] = Field(default_factory=dict)
+    result: SkipValidation[JobFindings] = Field(default_factory=lambda: JobFindings())
     error: ErrorInfo | None = None
     created_at: str
     updated_at: str | None = None
@@ -373,16 +365,18 @@ class JobResult(BaseModel):
     repository: str
     objective: str
     tasks: list[JobTask] = Field(default_factory=list)
-    candidates: list[dict[str, Any]] = Field(default_factory=list)
-    ordering: dict[str, Any] = Field(default_factory=dict)
+    candidates: SkipValidation[list[RankedCandidate]] = Field(default_factory=list)
+    ordering: SkipValidation[Ordering] = Field(default_factory=lambda: Ordering())
     winner: str | None = None
-    rounds: list[dict[str, Any]] = Field(default_factory=list)
+    rounds: SkipValidation[list[ReviewRound] | list[IntegrationStep]] = Field(default_factory=list)
     stopped: str | None = Field(
         None,
         description="Why a review ended: approved, no new findings, round limit, or a failure.",
     )
-    summary: dict[str, Any] = Field(default_factory=dict)
-    skipped: list[dict[str, Any]] = Field(
+    summary: SkipValidation[JobSummary] = Field(
+        default_factory=lambda: JobSummary(candidates=0, eligible=0, judge=None)
+    )
+    skipped: SkipValidation[list[Skipped]] = Field(
         default_factory=list,
         description="Workers the job did not use because their circuit breaker refused them: "
         "{worker, role, reason} (and the slot's label when it was refused mid-job).",

@@ -74,9 +74,13 @@ def own_images(config: Config) -> list[str]:
     ]
 
 
+def image_patterns(config: Config) -> list[str]:
+    """The patterns an image a spec names must match: our own images, then `allowed_images`."""
+    return [*own_images(config), *config.allowed_images]
+
+
 def image_allowed(config: Config, ref: str) -> bool:
-    patterns = [*own_images(config), *config.allowed_images]
-    return any(fnmatch.fnmatchcase(ref, pattern) for pattern in patterns)
+    return any(fnmatch.fnmatchcase(ref, pattern) for pattern in image_patterns(config))
 
 
 def check_image(config: Config, ref: str, where: str) -> None:

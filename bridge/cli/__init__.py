@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from bridge.cli.gate import turn
 from bridge.cli.render import SafeStream
@@ -25,7 +25,7 @@ __all__ = ["COMMANDS", "build_parser", "finish", "main", "run"]
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"worker-bridge: {message} (see `{self.prog} --help`)\n")
 
 
@@ -37,7 +37,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     only = None if argv is None else (argv[0] if argv else "")
     parser = _Parser(prog="worker-bridge", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="group", required=True, parser_class=_Parser)
-    groups: dict[str, Any] = {}
+    groups: dict[str, argparse._SubParsersAction[_Parser] | None] = {}
     for command in COMMANDS:
         detailed = only is None or command.group == only
         if command.name is None:
@@ -50,9 +50,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     if detailed
                     else None
                 )
-            if not detailed:
+            subcommands = groups[command.group]
+            if subcommands is None:  # a group other than the one argv names
                 continue
-            p = groups[command.group].add_parser(command.name, help=command.help)
+            p = subcommands.add_parser(command.name, help=command.help)
         if not detailed:
             continue
         for argument in command.args:
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     streams = sys.stdout, sys.stderr
     if args.group != "mcp":  # the MCP server's stdout carries the protocol, not text for people
-        sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)  # type: ignore
+        sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     bridge = None
     try:
         with turn():  # one command per CPU starts at a time (bridge/cli/gate.py)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from bridge.cli.render import one_line, out_json
+from bridge.documents import PruneReport, Removal
 from bridge.errors import InvalidSpec
 from bridge.service import WorkerBridge
 
@@ -18,7 +18,7 @@ def cmd_workspaces_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     return _show_prune(report, args)
 
 
-def _show_prune(report: dict[str, Any], args: argparse.Namespace) -> int:
+def _show_prune(report: PruneReport, args: argparse.Namespace) -> int:
     if args.json:
         out_json(report)
     else:
@@ -26,7 +26,7 @@ def _show_prune(report: dict[str, Any], args: argparse.Namespace) -> int:
     return 0
 
 
-def print_prune(actions: list[dict[str, Any]], applied: bool) -> None:
+def print_prune(actions: list[Removal], applied: bool) -> None:
     """What a prune removed (or would remove), one line each, and what to do next."""
     verb = "removed" if applied else "would remove"
     for action in actions:
@@ -58,7 +58,8 @@ def cmd_environments_list(bridge: WorkerBridge, args: argparse.Namespace) -> int
 
 
 def cmd_environments_prune(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    return _show_prune(bridge.prune_environments(apply=args.apply, everything=args.all), args)
+    report = bridge.prune_environments(apply=args.apply, everything=args.all)
+    return _show_prune(report, args)
 
 
 def cmd_workers_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:

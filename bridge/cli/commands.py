@@ -9,7 +9,7 @@ import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bridge.cli.render import (
     out_json,
@@ -19,15 +19,17 @@ from bridge.cli.render import (
     print_tasks,
 )
 from bridge.errors import InvalidSpec
-from bridge.models import TERMINAL, Status
+from bridge.models import TERMINAL, JsonObject, Status
+from bridge.records import Event, TaskResult
 from bridge.service import WorkerBridge
 
 if TYPE_CHECKING:
     from bridge.cli.live import LiveView
 
 
-def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
+def _spec_from_args(args: argparse.Namespace) -> JsonObject:
+    """The task spec document of the flags and the --spec file (validated by creation)."""
+    spec: JsonObject = {}
     if args.spec:
         try:
             spec = json.loads(Path(args.spec).read_text())
@@ -86,27 +88,25 @@ def cmd_tasks_create(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     return 0
 
 
-def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
+def _finish(result: TaskResult, args: argparse.Namespace) -> int:
     if args.json:
-        out_json(result)
+        out_json(result.document())
     else:
         print_result(result)
-    if result["status"] == Status.WAITING_INPUT:
-        pending = [
-            r["request_id"] for r in result.get("requests") or [] if r["status"] == "pending"
-        ]
+    if result.status == Status.WAITING_INPUT:
+        pending = [r["request_id"] for r in result.requests if r["status"] == "pending"]
         print(
-            f"worker-bridge: task {result['task_id']} is waiting for input; answer "
+            f"worker-bridge: task {result.task_id} is waiting for input; answer "
             + ", ".join(pending)
-            + f" with `worker-bridge tasks answer {result['task_id']} REQUEST_ID "
+            + f" with `worker-bridge tasks answer {result.task_id} REQUEST_ID "
             "(--approve | --deny | --text TEXT)`",
             file=sys.stderr,
         )
         return 1
-    if result["status"] != "succeeded":
-        reason = (result.get("error") or {}).get("message") or f"status {result['status']}"
+    if result.status != "succeeded":
+        reason = (result.error.message if result.error else None) or f"status {result.status}"
         print(
-            f"worker-bridge: task {result['task_id']} {result['status']}: {reason}",
+            f"worker-bridge: task {result.task_id} {result.status}: {reason}",
             file=sys.stderr,
         )
         return 1
@@ -122,7 +122,7 @@ def _run_in_foreground(bridge: WorkerBridge, task_id: str, args: argparse.Namesp
             result = bridge.run_task(task_id, on_claimed=view.start if view else None)
     except KeyboardInterrupt:
         result = bridge.cancel_task(task_id)
-    return _finish(result.document(), args)
+    return _finish(result, args)
 
 
 def _live(
@@ -156,13 +156,12 @@ def cmd_tasks_start(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_show(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    print_shown(bridge.get_task(args.task_id).document(), args.json)
+    print_shown(bridge.get_task(args.task_id), args.json)
     return 0
 
 
 def cmd_tasks_list(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    tasks = [t.document() for t in bridge.list_tasks(status=args.status, limit=args.limit)]
-    print_tasks(tasks, args.json)
+    print_tasks(bridge.list_tasks(status=args.status, limit=args.limit), args.json)
     return 0
 
 
@@ -181,14 +180,14 @@ def cmd_tasks_answer(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     after = args.after
-    collected: list[dict[str, Any]] = []
+    collected: list[Event] = []
     while True:
         page = bridge.task_logs(args.task_id, after=after, limit=500)
         for event in page.events:
             if args.json:
-                collected.append(event.document())
+                collected.append(event)
             else:
-                print_event(event.document())
+                print_event(event)
         after = page.next_after
         if page.events:
             if args.follow and not args.json:
@@ -201,7 +200,7 @@ def cmd_tasks_logs(bridge: WorkerBridge, args: argparse.Namespace) -> int:
             break
         time.sleep(0.25)
     if args.json:
-        out_json({"events": collected, "next_after": after})
+        out_json({"events": [e.document() for e in collected], "next_after": after})
     return 0
 
 
@@ -240,7 +239,7 @@ def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
                 result = bridge.follow_up(args.task_id, args.message, wait=True)
         except KeyboardInterrupt:
             result = bridge.cancel_task(args.task_id)
-        return _finish(result.document(), args)
+        return _finish(result, args)
     result = bridge.follow_up(args.task_id, args.message)
     if args.json:
         out_json(result.document())
@@ -250,27 +249,27 @@ def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_reject(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    result = bridge.reject_task(args.task_id, args.reason).document()
-    refused = f"is {result['status']}; only a succeeded task can be rejected."
+    result = bridge.reject_task(args.task_id, args.reason)
+    refused = f"is {result.status}; only a succeeded task can be rejected."
     return _ended(result, args, "rejected", refused, f"task {args.task_id}: rejected")
 
 
 def cmd_tasks_cancel(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     before = bridge.task_status(args.task_id)
-    result = bridge.cancel_task(args.task_id).document()
+    result = bridge.cancel_task(args.task_id)
     note = " (it was already cancelled)" if before == "cancelled" else ""
-    refused = f"already ended {result['status']}; nothing to cancel."
+    refused = f"already ended {result.status}; nothing to cancel."
     return _ended(result, args, "cancelled", refused, f"task {args.task_id}: cancelled{note}")
 
 
 def _ended(
-    result: dict[str, Any], args: argparse.Namespace, wanted: str, refused: str, done: str
+    result: TaskResult, args: argparse.Namespace, wanted: str, refused: str, done: str
 ) -> int:
     """A verb that ends a task: its result, then 0 when it reached ``wanted``, else 1 with
     the one line saying why not."""
     if args.json:
-        out_json(result)
-    if result["status"] != wanted:
+        out_json(result.document())
+    if result.status != wanted:
         print(f"worker-bridge: task {args.task_id} {refused}", file=sys.stderr)
         return 1
     if not args.json:

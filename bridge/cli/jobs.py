@@ -9,9 +9,13 @@ import sys
 import time
 from typing import Any
 
+from typing_extensions import TypeIs
+
 from bridge.cli.commands import _spec_from_args
 from bridge.cli.render import one_line, out_json
+from bridge.documents import IntegrationStep, ReviewRound
 from bridge.errors import InvalidSpec
+from bridge.records import JobResult
 from bridge.service import WorkerBridge
 
 JOB_ENDED = {"succeeded", "unresolved", "failed", "cancelled", "accepted"}
@@ -28,17 +32,17 @@ def _workers(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def print_job(job: dict[str, Any]) -> None:
+def print_job(job: JobResult) -> None:
     """The job for a person: status, each candidate best first with its figures and reasons."""
-    print(f"job {job['job_id']} ({job['kind']}): {job['status']}")
-    print(f"  objective: {one_line(job['objective'])[:100]}")
-    if job.get("error"):
-        print(f"  {one_line(job['error']['message'])}")
-    for skip in job.get("skipped", []):
+    print(f"job {job.job_id} ({job.kind}): {job.status}")
+    print(f"  objective: {one_line(job.objective)[:100]}")
+    if job.error:
+        print(f"  {one_line(job.error.message)}")
+    for skip in job.skipped:
         print(f"  skipped {skip['role']} {skip['worker']}: {one_line(skip['reason'])}")
-    for c in job["candidates"]:
+    for c in job.candidates:
         place = f"#{c['rank']}" if c["eligible"] else "--"
-        win = "  <- winner" if c["task_id"] == job.get("winner") else ""
+        win = "  <- winner" if c["task_id"] == job.winner else ""
         checks = " ".join(("ok" if k["passed"] else "FAIL") for k in c.get("checks", []))
         print(
             f"  {place:<3} {c['label']:<4} {c['task_id']}  {c['worker']:<12} {c['status']:<10}"
@@ -47,34 +51,46 @@ def print_job(job: dict[str, Any]) -> None:
         )
         for reason in c["reasons"]:
             print(f"        {one_line(reason)}")
-    if not job["candidates"]:
-        for t in job["tasks"]:
-            print(f"  {t['label'] or '':<8} {t['task_id']}  {t['worker']:<12} {t['status']}")
-    for r in job.get("rounds", []):
-        if "step" in r:  # an integration step
-            state = r.get("status") or "not run"
-            print(f"  step {r['step']}: task {r['task_id']}: {state}")
-            if r.get("problem"):
-                print(f"        {one_line(r['problem'])}")
-            continue
-        print(
-            f"  round {r['round']}: turn {r['implementer_turn']}, verification "
-            f"{'passed' if r['verification_ok'] else 'failed'}, review {r['verdict']} "
-            f"({len(r['findings'])} finding(s), {r['new_findings']} new)"
-        )
-        for f in r["findings"]:
-            where = f"{f['path'] or '-'}:{f['line'] or '-'}"
-            print(f"        {where} [{f['severity']}] {one_line(f['text'])}")
-        if r.get("problem"):
-            print(f"        {one_line(r['problem'])}")
-    if job.get("stopped"):
-        print(f"  stopped: {job['stopped']}")
-    judge = job["summary"].get("judge")
+    if not job.candidates:
+        for t in job.tasks:
+            print(f"  {t.label or '':<8} {t.task_id}  {t.worker:<12} {t.status}")
+    for r in job.rounds:
+        if _is_step(r):
+            _print_step(r)
+        else:
+            _print_round(r)
+    if job.stopped:
+        print(f"  stopped: {job.stopped}")
+    judge = job.summary.get("judge")
     if judge:
         print(f"  judge: {one_line(judge)}")
 
 
-def _wait(bridge: WorkerBridge, job_id: str, quiet: bool) -> dict[str, Any]:
+def _is_step(entry: ReviewRound | IntegrationStep) -> TypeIs[IntegrationStep]:
+    """An integrate job's rounds are its steps; a review's, its rounds."""
+    return "step" in entry
+
+
+def _print_step(step: IntegrationStep) -> None:
+    print(f"  step {step['step']}: task {step['task_id']}: {step.get('status') or 'not run'}")
+    if step.get("problem"):
+        print(f"        {one_line(step['problem'])}")
+
+
+def _print_round(r: ReviewRound) -> None:
+    print(
+        f"  round {r['round']}: turn {r['implementer_turn']}, verification "
+        f"{'passed' if r['verification_ok'] else 'failed'}, review {r['verdict']} "
+        f"({len(r['findings'])} finding(s), {r['new_findings']} new)"
+    )
+    for f in r["findings"]:
+        where = f"{f['path'] or '-'}:{f['line'] or '-'}"
+        print(f"        {where} [{f['severity']}] {one_line(f['text'])}")
+    if r.get("problem"):
+        print(f"        {one_line(r['problem'])}")
+
+
+def _wait(bridge: WorkerBridge, job_id: str, quiet: bool) -> JobResult:
     """Poll the job until it ends, printing on stderr each change of its tasks' status or phase
     and their progress (as `tasks run` shows one task's), each line under the task's label;
     Ctrl-C cancels the job rather than leaving it running unseen."""
@@ -87,10 +103,10 @@ def _wait(bridge: WorkerBridge, job_id: str, quiet: bool) -> dict[str, Any]:
                 if not quiet:
                     _progress(bridge, t, seen, cursors)
             if job.status in JOB_ENDED:
-                return job.document()
+                return job
             time.sleep(POLL_S)
     except KeyboardInterrupt:
-        return bridge.cancel_job(job_id).document()
+        return bridge.cancel_job(job_id)
 
 
 def _progress(
@@ -114,9 +130,9 @@ def _progress(
             print(f"  {t.label}: {shown}", file=sys.stderr)
 
 
-def _show(job: dict[str, Any], args: argparse.Namespace) -> None:
+def _show(job: JobResult, args: argparse.Namespace) -> None:
     if args.json:
-        out_json(job)
+        out_json(job.document())
     else:
         print_job(job)
 
@@ -125,7 +141,7 @@ def cmd_jobs_compete(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     job = bridge.compete(
         _spec_from_args(args), _workers(args), attempts=args.attempts, judge=args.judge
     )
-    return _started(bridge, job.document(), args)
+    return _started(bridge, job, args)
 
 
 def cmd_jobs_review(bridge: WorkerBridge, args: argparse.Namespace) -> int:
@@ -133,36 +149,37 @@ def cmd_jobs_review(bridge: WorkerBridge, args: argparse.Namespace) -> int:
         raise InvalidSpec("--worker is required: the worker that implements the change.")
     spec = _spec_from_args(args)
     job = bridge.review(spec, args.worker, args.reviewer, rounds=args.rounds)
-    return _started(bridge, job.document(), args)
+    return _started(bridge, job, args)
 
 
 def cmd_jobs_fanout(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     objectives = list(args.objective or [])
     args.objective = objectives[0] if objectives else None
     job = bridge.fanout(_spec_from_args(args), objectives)
-    return _started(bridge, job.document(), args)
+    return _started(bridge, job, args)
 
 
 def cmd_jobs_integrate(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     job = bridge.integrate(args.job_id, tasks)
-    return _started(bridge, job.document(), args)
+    return _started(bridge, job, args)
 
 
-def _started(bridge: WorkerBridge, job: dict[str, Any], args: argparse.Namespace) -> int:
+def _started(bridge: WorkerBridge, job: JobResult, args: argparse.Namespace) -> int:
     """A new job: its id (--json: the job), or with --wait the job run to its end."""
     if not args.wait:
         if args.json:
-            out_json(job)
+            out_json(job.document())
         else:
-            print(job["job_id"])
+            print(job.job_id)
         return 0
-    ended = _wait(bridge, job["job_id"], quiet=args.json)
+    ended = _wait(bridge, job.job_id, quiet=args.json)
     _show(ended, args)
-    if ended["status"] != "succeeded":
-        why = (ended.get("error") or {}).get("message") or ended["summary"].get("judge") or ""
+    if ended.status != "succeeded":
+        said = ended.error.message if ended.error else None
+        why = said or ended.summary.get("judge") or ""
         print(
-            f"worker-bridge: job {job['job_id']} {ended['status']}: {why}".rstrip(),
+            f"worker-bridge: job {job.job_id} {ended.status}: {why}".rstrip(),
             file=sys.stderr,
         )
         return 1
@@ -170,7 +187,7 @@ def _started(bridge: WorkerBridge, job: dict[str, Any], args: argparse.Namespace
 
 
 def cmd_jobs_show(bridge: WorkerBridge, args: argparse.Namespace) -> int:
-    _show(bridge.job_status(args.job_id).document(), args)
+    _show(bridge.job_status(args.job_id), args)
     return 0
 
 

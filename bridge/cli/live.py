@@ -31,7 +31,7 @@ class LiveView:
         self.task_id = task_id
         # The raw stream under the CLI's SafeStream: the view's own cursor codes must reach the
         # terminal; what the worker wrote is made safe line by line in _print.
-        self.stream = stream or getattr(sys.stderr, "stream", sys.stderr)
+        self.stream: TextIO = stream or getattr(sys.stderr, "stream", None) or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.cursor = 0
         self._stop = threading.Event()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.display import describe_request, one_line, terminal_safe
+
+if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pydantic there
+    from bridge.records import CommandResult, Event, TaskResult
 
 
 class SafeStream:
@@ -29,56 +32,55 @@ def out_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=True) + "\n")
 
 
-def print_shown(result: dict[str, Any], as_json: bool) -> None:
+def print_shown(result: TaskResult, as_json: bool) -> None:
     """`tasks show`: the task result as JSON or for people."""
     if as_json:
-        out_json(result)
+        out_json(result.document())
     else:
         print_result(result)
 
 
-def print_tasks(tasks: list[dict[str, Any]], as_json: bool) -> None:
+def print_tasks(tasks: list[TaskResult], as_json: bool) -> None:
     """`tasks list`: the task results as one JSON document, or a line each."""
     if as_json:
-        out_json({"tasks": tasks})
+        out_json({"tasks": [task.document() for task in tasks]})
         return
     for task in tasks:
-        pending = sum(1 for r in task.get("requests") or [] if r["status"] == "pending")
+        pending = sum(1 for r in task.requests if r["status"] == "pending")
         asks = f"{pending} ask" if pending else "-"
         print(
-            f"{task['task_id']}  {task['status']:<13} {task['worker']:<10} {asks:<6} "
-            f"{task['created_at']}  {one_line(task['objective'].strip()[:60])}"
+            f"{task.task_id}  {task.status:<13} {task.worker:<10} {asks:<6} "
+            f"{task.created_at}  {one_line(task.objective.strip()[:60])}"
         )
 
 
-def print_result(result: dict[str, Any]) -> None:
+def print_result(result: TaskResult) -> None:
     f = one_line
-    print(f"task {result['task_id']}: {result['status']}")
-    print(f"  worker: {f(result['worker'])}   objective: {f(result['objective'].strip()[:200])}")
-    profile = result.get("profile")
+    print(f"task {result.task_id}: {result.status}")
+    print(f"  worker: {f(result.worker)}   objective: {f(result.objective.strip()[:200])}")
+    profile = result.profile
     if profile:
         filled = ", ".join(profile["filled"]) or "nothing (every field was given)"
         print(f"  type: {f(profile['type'])}   its profile filled: {f(filled)}")
-    if result.get("summary"):
-        print(f"  summary: {f(result['summary'].strip()[:500])}")
-    if result.get("error"):
-        print(f"  error ({result['error']['kind']}): {f(result['error']['message'])}")
-    if result["changed_files"]:
+    if result.summary:
+        print(f"  summary: {f(result.summary.strip()[:500])}")
+    if result.error:
+        print(f"  error ({result.error.kind}): {f(result.error.message)}")
+    if result.changed_files:
         print("  changed files:")
-        for entry in result["changed_files"]:
-            extra = f" (from {f(entry['from'])})" if entry.get("from") else ""
-            print(f"    {entry['change']:<12} {f(entry['path'])}{extra}")
-    for entry in result.get("dropped") or []:
-        print(f"  left out: {f(entry['path'])} ({f(entry['reason'])})")
-    verification = result.get("verification")
+        for entry in result.changed_files:
+            extra = f" (from {f(entry.from_)})" if entry.from_ else ""
+            print(f"    {entry.change:<12} {f(entry.path)}{extra}")
+    for dropped in result.dropped:
+        print(f"  left out: {f(dropped['path'])} ({f(dropped['reason'])})")
+    verification = result.verification
     if verification is not None:
-        ok = verification.get("ok")
+        ok = verification.ok
         label = {True: "ok", False: "FAILED", None: "none (no verify commands)"}[ok]
         print(f"  verification: {label}")
-        for cmd in verification.get("commands", []):
-            mark = _mark(cmd)
-            print(f"    [{mark}] {f(cmd['command'])} ({cmd['duration_s']} s)")
-    usage = result.get("usage")
+        for cmd in verification.commands:
+            print(f"    [{_mark(cmd)}] {f(cmd.command)} ({cmd.duration_s} s)")
+    usage = result.usage
     if usage:
         tokens = ", ".join(
             f"{f(model)} {t['input']} in / {t['output']} out"
@@ -88,39 +90,39 @@ def print_result(result: dict[str, Any]) -> None:
             f"  network: {usage['requests']} request(s), {usage['bytes_up']} B up, "
             f"{usage['bytes_down']} B down" + (f"; tokens: {tokens}" if tokens else "")
         )
-    if result.get("allowlist"):
-        print(f"  allowlist: {f(', '.join(result['allowlist']))}")
-    if result.get("approved_paths"):
-        print(f"  approved protected paths: {f(', '.join(result['approved_paths']))}")
-    for request in result.get("requests") or []:
+    if result.allowlist:
+        print(f"  allowlist: {f(', '.join(result.allowlist))}")
+    if result.approved_paths:
+        print(f"  approved protected paths: {f(', '.join(result.approved_paths))}")
+    for request in result.requests:
         print(
             f"  request {request['request_id']} ({request['kind']}, {request['status']}): "
-            f"{f(describe_request(request))}"
+            f"{f(describe_request(request, request.get('attempts', 1)))}"
         )
-    pending = [r for r in result.get("requests") or [] if r["status"] == "pending"]
+    pending = [r for r in result.requests if r["status"] == "pending"]
     if pending:
         print(
-            f"  answer: worker-bridge tasks answer {result['task_id']} "
+            f"  answer: worker-bridge tasks answer {result.task_id} "
             f"{pending[0]['request_id']} (--approve | --deny | --text TEXT)"
         )
-    for name, path in result.get("artifacts", {}).items():
+    for name, path in result.artifacts.items():
         print(f"  {name}: {path}")
 
 
-def _mark(cmd: dict[str, Any]) -> str:
-    status = cmd.get("status") or ("passed" if cmd["exit_code"] == 0 else "failed")
+def _mark(cmd: CommandResult) -> str:
+    status = cmd.status or ("passed" if cmd.exit_code == 0 else "failed")
     if status == "passed":
         return "pass"
     if status == "failed":
-        return f"exit {cmd['exit_code']}"
+        return f"exit {cmd.exit_code}"
     return status.replace("_", " ")  # timed out, not run, out of memory, over limit
 
 
-def print_event(event: dict[str, Any]) -> None:
-    data = event["data"]
-    if event["kind"] == "worker.progress":
+def print_event(event: Event) -> None:
+    data = event.data
+    if event.kind == "worker.progress":
         head = data.get("kind", "message") + (f" {data['name']}" if data.get("name") else "")
         text = one_line(f"[{head}] {data.get('text', data.get('line', ''))}")
     else:
         text = json.dumps(data, ensure_ascii=False)
-    print(f"{event['event_id']:>6} {event['at']} {event['kind']:<22} {text}")
+    print(f"{event.event_id:>6} {event.at} {event.kind:<22} {text}")

@@ -38,7 +38,7 @@ from bridge.config.sections import (
     WorkerSettings,
 )
 from bridge.errors import ConfigError
-from bridge.models import Environment, describe_validation_error
+from bridge.models import Environment, JsonObject, describe_validation_error
 from bridge.version import __version__
 
 __all__ = [
@@ -248,7 +248,7 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
         raise _config_error(exc, env, path, overrides) from exc
 
 
-def _load_by_settings(env: Mapping[str, str], path: Path, init: dict[str, Any]) -> Config:
+def _load_by_settings(env: Mapping[str, str], path: Path, init: JsonObject) -> Config:
     """The config through pydantic-settings' sources: ``init``, then ``env``, then ``path``."""
     token = _LOADING.set((env, path))
     try:
@@ -284,7 +284,7 @@ def _is_plain(annotation: Any) -> bool:
 _PLAIN_KEYS = frozenset(k for k, f in Config.model_fields.items() if _is_plain(f.annotation))
 
 
-def _deep_update(base: dict[str, Any], *updates: Mapping[str, Any]) -> dict[str, Any]:
+def _deep_update(base: JsonObject, *updates: Mapping[str, Any]) -> JsonObject:
     """pydantic-settings' merge of its sources: later ones win, mappings merged key by key."""
     merged = dict(base)
     for update in updates:
@@ -315,7 +315,7 @@ def _check_variables(env: Mapping[str, str]) -> None:
         )
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> JsonObject:
     """The config file's mapping ({} when there is none); one that is not a YAML mapping is
     named as such, before pydantic sees it."""
     if not path.exists():
@@ -332,7 +332,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _config_error(
-    exc: ValidationError, env: Mapping[str, str], path: Path, overrides: dict[str, Any]
+    exc: ValidationError, env: Mapping[str, str], path: Path, overrides: Mapping[str, object]
 ) -> ConfigError:
     """One sentence naming the environment variable or the config file's key that is wrong."""
     first = exc.errors()[0]
@@ -354,7 +354,7 @@ def save_linked_worker(config: Config, name: str, worker: LinkedWorker) -> None:
     import yaml
 
     path = config.config_file
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     if path.exists():
         data = yaml.safe_load(path.read_text()) or {}
     data.setdefault("workers", {})[name] = worker.model_dump(exclude_none=True)

@@ -75,10 +75,11 @@ def spec_environment(config: Config, spec: TaskSpec, repository: Path) -> Enviro
 
 
 def resolve_definition(
-    config: Config, spec: TaskSpec, repository: Path, base_commit: str
+    config: Config, spec: TaskSpec, git: Git, base_commit: str
 ) -> EnvDefinition | None:
-    """The task's environment, or None; InvalidSpec naming what is wrong."""
-    env = spec_environment(config, spec, repository)
+    """The task's environment (its repository ``git``'s), or None; InvalidSpec naming what is
+    wrong."""
+    env = spec_environment(config, spec, git.cwd)
     if env is None:
         return None
     if spec.verification.image:
@@ -86,7 +87,6 @@ def resolve_definition(
             "The spec sets both `environment` and `verification.image`; verification runs in "
             "the environment, so drop one of them."
         )
-    git = Git(repository)
     image, build, path, container_env, setup = env.image, None, None, {}, list(env.setup)
     if env.devcontainer:
         if env.image:

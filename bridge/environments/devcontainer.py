@@ -17,6 +17,7 @@ from typing import Any
 import json5
 
 from bridge.errors import InvalidSpec
+from bridge.models import JsonObject
 
 DEVCONTAINER_PATHS = (".devcontainer/devcontainer.json", ".devcontainer.json")
 
@@ -193,7 +194,7 @@ def parse_devcontainer(text: bytes | str, path: str) -> Devcontainer:
     )
 
 
-def _load(text: bytes | str, path: str) -> dict[str, Any]:
+def _load(text: bytes | str, path: str) -> JsonObject:
     if len(text) > MAX_BYTES:
         raise InvalidSpec(
             f"{path} is larger than {MAX_BYTES // 1024} KiB; keep the devcontainer.json small."
@@ -225,7 +226,7 @@ def _syntax_error(exc: ValueError) -> str:
     return "".join(c if c.isprintable() else "?" for c in message)[:200]
 
 
-def _image(doc: dict[str, Any], path: str) -> str | None:
+def _image(doc: JsonObject, path: str) -> str | None:
     if "image" not in doc:
         return None
     image = _literal(doc["image"], "image", path).strip()
@@ -234,7 +235,7 @@ def _image(doc: dict[str, Any], path: str) -> str | None:
     return image
 
 
-def _build(doc: dict[str, Any], folder: str, path: str) -> DevcontainerBuild | None:
+def _build(doc: JsonObject, folder: str, path: str) -> DevcontainerBuild | None:
     if "build" in doc:
         if "dockerFile" in doc or "context" in doc:
             legacy = "dockerFile" if "dockerFile" in doc else "context"
@@ -289,7 +290,7 @@ def _args(value: Any, path: str) -> dict[str, str]:
     return {name: _literal(arg, f"build.args.{name}", path) for name, arg in value.items()}
 
 
-def _target(build: dict[str, Any], path: str) -> str | None:
+def _target(build: JsonObject, path: str) -> str | None:
     if "target" not in build:
         return None
     target = _literal(build["target"], "build.target", path).strip()
@@ -326,7 +327,7 @@ def _repo_path(value: Any, key: str, folder: str, path: str) -> str:
     return "/".join(parts) or "."
 
 
-def _environment(doc: dict[str, Any], path: str) -> dict[str, str]:
+def _environment(doc: JsonObject, path: str) -> dict[str, str]:
     env: dict[str, str] = {}
     for key in ("containerEnv", "remoteEnv"):
         table = doc.get(key, {})
@@ -342,7 +343,7 @@ def _environment(doc: dict[str, Any], path: str) -> dict[str, str]:
     return env
 
 
-def _setup(doc: dict[str, Any], path: str) -> list[str]:
+def _setup(doc: JsonObject, path: str) -> list[str]:
     commands: list[str] = []
     for key in LIFECYCLE_COMMANDS:
         if key not in doc:
@@ -371,7 +372,7 @@ def _command(value: Any, key: str, path: str) -> list[str]:
     return [shell] if shell.strip() else []
 
 
-def _user(doc: dict[str, Any], path: str) -> str | None:
+def _user(doc: JsonObject, path: str) -> str | None:
     for key in ("containerUser", "remoteUser"):
         if key in doc:
             user = _literal(doc[key], key, path).strip()

@@ -13,8 +13,9 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from bridge.documents import PruneReport, Removal
 from bridge.environments.cache import Entry, cache_root, entries, remove_entry, sweep_partials
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL
@@ -27,6 +28,24 @@ from bridge.workspace.fs import remove_tree
 DAY = 86400.0
 
 
+class Listed(TypedDict, total=False):
+    """One cache entry as `environments list` shows it (an unreadable one: its key, state and
+    folder only)."""
+
+    key: str
+    state: str  # ready | unreadable
+    folder: str
+    image: str
+    repository: str | None
+    source: str | None
+    setup: list[str] | None
+    key_files: dict[str, str] | None
+    files: int | None
+    bytes: int | None
+    created_at: str | None
+    last_used: str
+
+
 def _mine(item: Entry | Path, scope: RepositoryScope) -> bool:
     if not scope.bounded:
         return True
@@ -34,44 +53,44 @@ def _mine(item: Entry | Path, scope: RepositoryScope) -> bool:
     return bool(repository) and scope.allows(str(repository))
 
 
-def list_environments(ctx: Context, scope: RepositoryScope) -> list[dict[str, Any]]:
+def list_environments(ctx: Context, scope: RepositoryScope) -> list[Listed]:
     """One document per cache entry in scope, most recently used first (unreadable ones
     included when the scope is not bounded)."""
-    found = []
+    found: list[Listed] = []
     for item in entries(ctx.home):
         if not _mine(item, scope):
             continue
         if isinstance(item, Path):
-            found.append({"key": item.name, "state": "unreadable", "folder": str(item)})
+            found.append(Listed(key=item.name, state="unreadable", folder=str(item)))
             continue
         found.append(_document(item))
     found.sort(key=lambda d: d.get("last_used") or "", reverse=True)
     return found
 
 
-def _document(entry: Entry) -> dict[str, Any]:
+def _document(entry: Entry) -> Listed:
     record = entry.record
-    return {
-        "key": entry.key,
-        "state": "ready",
-        "image": entry.image,
-        "repository": record.get("repository"),
-        "source": record.get("source"),
-        "setup": record.get("setup"),
-        "key_files": record.get("key_files"),
-        "files": record.get("files"),
-        "bytes": record.get("bytes"),
-        "created_at": record.get("created_at"),
-        "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.last_used)),
-        "folder": str(entry.folder),
-    }
+    return Listed(
+        key=entry.key,
+        state="ready",
+        image=entry.image,
+        repository=record.get("repository"),
+        source=record.get("source"),
+        setup=record.get("setup"),
+        key_files=record.get("key_files"),
+        files=record.get("files"),
+        bytes=record.get("bytes"),
+        created_at=record.get("created_at"),
+        last_used=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.last_used)),
+        folder=str(entry.folder),
+    )
 
 
 def prune_environments(
     ctx: Context, scope: RepositoryScope, *, apply: bool = False, everything: bool = False
-) -> dict:
+) -> PruneReport:
     """What prune removes (and removes it when ``apply``), with the reason for each."""
-    actions: list[dict[str, Any]] = []
+    actions: list[Removal] = []
     now = time.time()
     keep_s = ctx.config.retention_days * DAY
     live: list[Entry] = []
@@ -105,14 +124,9 @@ def prune_environments(
         if any(t in named for t in tags) or (built and not everything) or _in_use(ctx, tags):
             continue
         why = "--all" if built else "no cache entry names it"
+        target = tags[0] if tags else image.id
         actions.append(
-            {
-                "kind": "image",
-                "target": tags[0] if tags else image.id,
-                "image": None,
-                "bytes": image.size,
-                "reason": why,
-            }
+            Removal(kind="image", target=target, image=None, bytes=image.size, reason=why)
         )
     if not scope.bounded:
         actions += _stale_bundles(ctx)
@@ -125,17 +139,17 @@ def prune_environments(
             else:
                 ctx.sandbox.remove_image(action["target"])
         sweep_partials(ctx.home)
-    return {"applied": apply, "actions": actions, "root": str(cache_root(ctx.home))}
+    return PruneReport(applied=apply, actions=actions, root=str(cache_root(ctx.home)))
 
 
-def _action(kind: str, folder: Path, entry: Entry | None, reason: str) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "target": str(folder),
-        "image": entry.image if entry else None,
-        "bytes": int(entry.record.get("bytes") or 0) if entry else 0,
-        "reason": reason,
-    }
+def _action(kind: str, folder: Path, entry: Entry | None, reason: str) -> Removal:
+    return Removal(
+        kind=kind,
+        target=str(folder),
+        image=entry.image if entry else None,
+        bytes=int(entry.record.get("bytes") or 0) if entry else 0,
+        reason=reason,
+    )
 
 
 def _in_use(ctx: Context, tags: list[str]) -> bool:
@@ -152,24 +166,16 @@ def _in_use(ctx: Context, tags: list[str]) -> bool:
     return False
 
 
-def _stale_bundles(ctx: Context) -> list[dict[str, Any]]:
+def _stale_bundles(ctx: Context) -> list[Removal]:
     """Worker bundles copied out of images that are no longer in the engine."""
     root = ctx.home / "bundles"
     if not root.is_dir():
         return []
-    stale = []
+    stale: list[Removal] = []
     for folder in sorted(root.iterdir()):
         if folder.name.startswith(".") or not folder.is_dir():
             continue
         if ctx.sandbox.inspect_image(f"sha256:{folder.name}") is None:
             reason = "its worker image is no longer in the engine"
-            stale.append(
-                {
-                    "kind": "bundle",
-                    "target": str(folder),
-                    "image": None,
-                    "bytes": 0,
-                    "reason": reason,
-                }
-            )
+            stale.append(_action("bundle", folder, None, reason))
     return stale

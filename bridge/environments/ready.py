@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge.documents import EnvironmentDoc
 from bridge.environments.bundle import image_path
 from bridge.environments.definition import EnvDefinition
 
@@ -59,10 +60,13 @@ class Ready:
         """Variables of a verification container (the image's own PATH: no CLI on it)."""
         return dict(self.definition.container_env)
 
-    def document(self) -> dict:
-        return {
-            "source": self.definition.source,
-            "image": self.image,
-            "key": self.key,
-            "setup": self.setup,
-        }
+    def document(self, changed_files: list[str]) -> EnvironmentDoc:
+        """What a verification's result says of this environment (``changed_files``: the
+        dependency files the worker changed)."""
+        return EnvironmentDoc(
+            source=self.definition.source,
+            image=self.image,
+            key=self.key,
+            setup=self.setup,
+            changed_files=changed_files,
+        )

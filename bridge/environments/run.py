@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from bridge.environments.bundle import BUNDLE
 from bridge.environments.cache import Entry
@@ -32,7 +34,7 @@ from bridge.phase.network import open_gateway, with_gateway
 from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
-from bridge.sandbox import LABEL, ContainerSpec, Mount, home_id
+from bridge.sandbox import LABEL, ContainerSpec, ExitInfo, Mount, home_id
 from bridge.sandbox.output import Tail
 from bridge.workspace.diff import export_snapshot
 from bridge.workspace.fs import remove_tree
@@ -74,13 +76,14 @@ def run_setup(handle: PhaseHandle, ready: Ready, plan: SetupPlan) -> Entry:
     try:
         checkout = scratch / "checkout"
         export_snapshot(ctx.home, Path(handle.record.repository), plan.commit, checkout, scratch)
-        if plan.worker_files and ctx.sandbox_identity()[1] is not None:
-            chown_tree(checkout, *ctx.sandbox_identity()[1])  # the sandbox user writes it
+        sandbox_owner = ctx.sandbox_identity()[1]
+        if plan.worker_files and sandbox_owner is not None:
+            chown_tree(checkout, *sandbox_owner)  # the sandbox user writes it
         allowlist = list(plan.network) or None
         name = f"{handle.task_id}-setup"
         # The sockets belong to the setup's user: root or the bridge's own (owner None), or
         # the sandbox identity for the worker's files.
-        owner = True if plan.worker_files else None
+        owner: Literal[True] | None = True if plan.worker_files else None
         gateway_cm = (
             open_gateway(handle, [], allowlist, name, owner=owner, setup=True)
             if allowlist
@@ -139,7 +142,15 @@ def _commands(
         started: list[str] = []
         written: list[int | None] = []
 
-        def on_exit(info, started=started, written=written):  # noqa: ANN001, ANN202
+        def consume(chunks: Iterator[bytes], tail: Tail = tail) -> None:
+            output.consume(chunks, tail)
+
+        def on_start(cid: str, _adopted: bool, started: list[str] = started) -> None:
+            started.append(cid)
+
+        def on_exit(
+            info: ExitInfo, started: list[str] = started, written: list[int | None] = written
+        ) -> None:
             if not started:
                 return
             written.append(ctx.sandbox.written_bytes(started[0]))
@@ -151,8 +162,8 @@ def _commands(
         run = run_container(
             handle,
             spec,
-            readers=[Reader(lambda chunks, tail=tail: output.consume(chunks, tail))],
-            on_start=lambda cid, _adopted, started=started: started.append(cid),
+            readers=[Reader(consume)],
+            on_start=on_start,
             on_exit=on_exit,
             watchdog=watch,
             timeout=left,

@@ -22,6 +22,7 @@ from pathlib import Path
 from subprocess import SubprocessError
 from typing import TYPE_CHECKING
 
+from bridge.documents import EnvironmentDoc
 from bridge.environments.bundle import check_worker_runs, worker_bundle
 from bridge.environments.cache import (
     Entry,
@@ -76,7 +77,7 @@ def definition_for(handle: PhaseHandle) -> EnvDefinition | None:
     record = handle.record
     try:
         return resolve_definition(
-            handle.ctx.config, record.spec, Path(record.repository), record.base_commit or ""
+            handle.ctx.config, record.spec, Git(record.repository), record.base_commit or ""
         )
     except InvalidSpec as exc:
         raise EnvironmentFailed(exc.message) from exc
@@ -129,7 +130,7 @@ def for_snapshot(
     try:
         return _set_up(handle, template, snapshot, files, mode="snapshot", reason=reason), shown
     except EnvironmentFailed as exc:
-        document = {**base.document(), "setup": "failed_for_snapshot", "changed_files": shown}
+        document = base.document(shown).model_copy(update={"setup": "failed_for_snapshot"})
         raise SnapshotSetupFailed(exc.message, kind=exc.kind, document=document) from exc
 
 
@@ -137,9 +138,9 @@ class SnapshotSetupFailed(EnvironmentFailed):
     """The setup of the worker's snapshot failed: its verification failed (``document``: the
     result's `verification.environment`)."""
 
-    @property
-    def document(self) -> dict:
-        return dict(self.fields["document"])  # type: ignore[arg-type]
+    def __init__(self, message: str, *, kind: str | None, document: EnvironmentDoc) -> None:
+        super().__init__(message, kind=kind)
+        self.document = document
 
 
 # -- setup and the cache --------------------------------------------------------------------

@@ -5,8 +5,9 @@ environment made ready (its image, the worker's bundle, the setup's result from 
 setup run) and the setup's ignored files put into the new worktree. Verification asks again for
 the snapshot: when the worker changed a dependency file, setup runs for it. The rest is what the
 phases need besides: `Ready`, `materialize` (the cached files into a checkout), the bundle's
-mount point and the setup's errors; and, for task creation and the verbs that run more of a
-task, `check_environment`: what a spec's environment names is allowed and present."""
+mount point and the setup's errors; and, for task creation, `check_environment`: what a spec's
+environment names is allowed and present, and for the verbs that run more of a task
+`check_images`: what it names is still allowed."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from bridge.config.settings import Config
+from bridge.documents import EnvironmentDoc
 from bridge.environments.bundle import BUNDLE
 from bridge.environments.cache import (
     Entry,
@@ -27,6 +28,7 @@ from bridge.environments.cache import (
     view_tree,
 )
 from bridge.environments.definition import EnvDefinition, read_blob, resolve_definition
+from bridge.environments.devcontainer import DevcontainerBuild
 from bridge.environments.dockerfile import dockerfile_images
 from bridge.environments.ready import Ready
 from bridge.environments.setup import (
@@ -102,12 +104,12 @@ class TaskEnvironment:
         worktree before the worker starts (what the worktree already holds wins)."""
         self.handle.enter_phase("environment")
         ready = self.ready()
-        if ready is not None and ready.outputs is not None:
+        if ready is not None and (outputs := ready.outputs) is not None:
             owner = self.handle.ctx.sandbox_identity()[1]
             home = self.handle.ctx.home
             if ws.upper is not None:  # layered: the files linked once, put under in one step
                 try:
-                    view: Path | None = view_tree(home, ready.outputs, owner, ready.sealed)
+                    view: Path | None = view_tree(home, outputs, owner, ready.sealed)
                 except OSError:  # a sealed view gone or unmountable since it was picked
                     view = None
                 if view is not None and layer_under(ws, view, owner):
@@ -116,7 +118,7 @@ class TaskEnvironment:
                     return
             if ready.sealed is not None:  # not layered after all: the entry's files, checked
                 ready = self._ready = unsealed(ready)
-            add_cached_files(self.handle, ready.outputs, None, ws.worktree)
+            add_cached_files(self.handle, outputs, None, ws.worktree)
 
     def for_verification(
         self,
@@ -125,7 +127,7 @@ class TaskEnvironment:
         trusted: str | None = None,
         *,
         full: int,
-    ) -> tuple[Ready | None, dict | None]:
+    ) -> tuple[Ready | None, EnvironmentDoc | None]:
         """The environment to verify ``snapshot`` in, and what the result says of it
         (``changes``: base -> snapshot, None when not known; ``trusted``: a commit of the
         user's whose dependency files may be set up as theirs; ``full``: how many full
@@ -152,9 +154,9 @@ class TaskEnvironment:
                     )
         ready, changed = for_snapshot(self.handle, ready, snapshot, trusted, changes)
         ready = confirmed(self.handle, ready)
-        document = {**ready.document(), "changed_files": changed}
+        document = ready.document(changed)
         if changed:
-            document["setup"] = "ran_for_snapshot"
+            document.setup = "ran_for_snapshot"
         return ready, document
 
     def discard(self) -> None:
@@ -173,26 +175,14 @@ class TaskEnvironment:
 
 
 def check_environment(
-    config: Config, sandbox: Sandbox, spec: TaskSpec, repo: Path, base_commit: str, worker: Worker
+    config: Config, sandbox: Sandbox, spec: TaskSpec, git: Git, base_commit: str, worker: Worker
 ) -> None:
-    """The images the spec names are allowed, the environment's definition (and
+    """At creation: the images the spec names are allowed, the environment's definition (and
     devcontainer.json) reads, its worker can run in one, and a named image is in the engine
     (InvalidSpec naming what is not)."""
-    if spec.verification.image:
-        check_image(config, spec.verification.image, "verification.image")
-    definition = resolve_definition(config, spec, repo, base_commit)
+    definition = check_images(config, config, spec, git, base_commit)
     if definition is None:
         return
-    if definition.image and (spec.environment is not None or definition.devcontainer):
-        # Named by the caller (or by the devcontainer.json at the ref the caller chose); a
-        # configured default is the owner's own choice. Checked before the engine is asked, so
-        # a refusal says nothing of what the engine holds.
-        where = (
-            f"{definition.devcontainer}'s image" if definition.devcontainer else "environment.image"
-        )
-        check_image(config, definition.image, where)
-    if definition.build is not None:  # the Dockerfile is the repository's: the caller's choice
-        check_build_images(config, repo, base_commit, definition.build)
     if worker.probe is None:
         raise InvalidSpec(
             f"The {worker.name} worker cannot run inside a project environment; drop "
@@ -205,10 +195,38 @@ def check_environment(
         )
 
 
-def check_build_images(config: Config, repo: Path, base_commit: str, build: Any) -> None:
+def check_images(
+    allowing: Config, running: Config, spec: TaskSpec, git: Git, base_commit: str
+) -> EnvDefinition | None:
+    """The images the spec names are allowed by ``allowing``'s patterns (InvalidSpec naming
+    the first that is not): its verification image, and those of its environment as it runs
+    with ``running`` (its definition, returned: read and checked on the way) at
+    ``base_commit``. At creation both are the configuration the task is made with; before a
+    verb that runs more of it, ``allowing`` is the owner's configuration now."""
+    if spec.verification.image:
+        check_image(allowing, spec.verification.image, "verification.image")
+    definition = resolve_definition(running, spec, git, base_commit)
+    if definition is None:
+        return None
+    if definition.image and (spec.environment is not None or definition.devcontainer):
+        # Named by the caller (or by the devcontainer.json at the ref the caller chose); a
+        # configured default is the owner's own choice. Checked before the engine is asked, so
+        # a refusal says nothing of what the engine holds.
+        where = (
+            f"{definition.devcontainer}'s image" if definition.devcontainer else "environment.image"
+        )
+        check_image(allowing, definition.image, where)
+    if definition.build is not None:  # the Dockerfile is the repository's: the caller's choice
+        check_build_images(allowing, git, base_commit, definition.build)
+    return definition
+
+
+def check_build_images(
+    config: Config, git: Git, base_commit: str, build: DevcontainerBuild
+) -> None:
     """Every image a devcontainer's Dockerfile builds from is allowed (InvalidSpec naming the
     first that is not)."""
-    text = read_blob(Git(repo), base_commit, build.dockerfile)
+    text = read_blob(git, base_commit, build.dockerfile)
     if text is None:
         return  # resolve_definition refused it already
     where = f"{build.dockerfile} (the devcontainer's build)"

@@ -19,8 +19,13 @@ class Conn:
         """Wait until something can be read (data or the peer's end), without reading it;
         TimeoutError past ``timeout``."""
         loop, fd = self._loop, self.sock.fileno()
-        ready = loop.create_future()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, wake)
         try:
             await asyncio.wait_for(ready, timeout)
         finally:

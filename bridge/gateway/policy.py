@@ -143,18 +143,18 @@ def check_routes(config: Config, names: list[str], env: Mapping[str, str] | None
 
 def resolve_routes(config: Config, names: list[str]) -> dict[str, Route]:
     known = all_routes(config)
-    return {
-        name: Route(
-            name,
-            (known[name].upstream or "").rstrip("/"),
-            known[name].auth or "bearer",
-            known[name].key_env,
-            os.environ.get(known[name].key_env or "") or None,
-            tuple(known[name].paths) if known[name].paths is not None else None,
-        )
-        for name in names
-        if name in known
-    }
+    return {name: _route(name, known[name]) for name in names if name in known}
+
+
+def _route(name: str, given: RouteConfig) -> Route:
+    return Route(
+        name,
+        (given.upstream or "").rstrip("/"),
+        given.auth or "bearer",
+        given.key_env,
+        os.environ.get(given.key_env or "") or None,
+        tuple(given.paths) if given.paths is not None else None,
+    )
 
 
 def check_domains(domains: list[str]) -> list[str]:

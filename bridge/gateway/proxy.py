@@ -15,6 +15,7 @@ import aiohttp
 import h11
 
 from bridge.config.settings import GatewayConfig
+from bridge.events import Destination
 from bridge.gateway.accounting import Accounting
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn, connect_tcp
@@ -156,7 +157,7 @@ class Proxy:
             pass
         finally:
             upstream.close()
-            where = {"host": host, "port": port}
+            where: Destination = {"host": host, "port": port}
             self.accounts.request(where, "CONNECT", 200, counts[0], counts[1], started)
 
     async def _pump(self, src: Conn, dst: Conn, counts: list[int], i: int) -> None:

@@ -33,6 +33,7 @@ import aiohttp
 import h11
 
 from bridge.config.settings import GatewayConfig
+from bridge.events import EventData
 from bridge.gateway.accounting import Accounting, Usage
 from bridge.gateway.budget import ByteBudget
 from bridge.gateway.conn import Conn
@@ -67,7 +68,7 @@ class Gateway:
         routes: dict[str, Route],
         allowlist: list[str] | None,
         config: GatewayConfig,
-        emit: Callable[[str, dict[str, Any]], None],
+        emit: Callable[[str, EventData], None],
         owner: tuple[int, int] | None = None,
         recorded_events: int = 0,
         asker: Asker | None = None,

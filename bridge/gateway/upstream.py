@@ -13,6 +13,7 @@ import aiohttp
 import h11
 
 from bridge.config.settings import GatewayConfig
+from bridge.events import Destination
 from bridge.gateway.accounting import Accounting
 from bridge.gateway.exchange import Exchange, Refused
 from bridge.gateway.usage import JsonEnds, TokenCounter
@@ -40,7 +41,7 @@ class Outgoing:
     url: str
     headers: list[tuple[str, str]]
     body: AsyncIterator[bytes] | None  # the sandbox's body as it arrives; None: no body
-    where: dict  # route or host, for the event
+    where: Destination  # route or host, for the event
     count_tokens: bool = False
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from bridge.models import JsonObject
 
 # What one exchange keeps to read usage from, within its share of the gateway's byte budget
 # (exchange.EXCHANGE_BYTES): longer SSE lines pass through unparsed (usage events are small),
@@ -77,7 +78,7 @@ class TokenCounter:
         if isinstance(doc, dict):
             self.feed_document(doc)
 
-    def feed_document(self, doc: dict[str, Any]) -> None:
+    def feed_document(self, doc: JsonObject) -> None:
         """Usage from one JSON document: a whole response or one streamed event."""
         if self.model is None:
             self.model = _model(doc)
@@ -86,7 +87,7 @@ class TokenCounter:
             self.output = max(self.output, _int(usage, "output_tokens", "completion_tokens"))
 
 
-def _model(doc: dict[str, Any]) -> str | None:
+def _model(doc: JsonObject) -> str | None:
     """The model an answer names: on the document (Messages, Chat Completions chunks), or on
     its `message` (Messages' message_start) or `response` (Responses' events)."""
     for holder in (doc, doc.get("message"), doc.get("response")):
@@ -95,7 +96,7 @@ def _model(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def _usages(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def _usages(doc: JsonObject) -> list[JsonObject]:
     found = []
     for holder in (doc, doc.get("message"), doc.get("response")):
         if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
@@ -103,7 +104,7 @@ def _usages(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _int(usage: dict[str, Any], *names: str) -> int:
+def _int(usage: JsonObject, *names: str) -> int:
     for name in names:
         value = usage.get(name)
         if isinstance(value, int):

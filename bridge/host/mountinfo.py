@@ -61,7 +61,7 @@ def is_mount_point(point: str) -> bool:
         buf = ctypes.create_string_buffer(256)  # struct statx
         flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
         if statx(_AT_FDCWD, os.fsencode(point), flags, 0, buf) == 0:
-            attributes, known = (int.from_bytes(buf[a : a + 8], sys.byteorder) for a in (8, 56))
+            attributes, known = (int.from_bytes(buf.raw[a : a + 8], sys.byteorder) for a in (8, 56))
             if known & _STATX_ATTR_MOUNT_ROOT:
                 return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
         elif ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):

@@ -9,8 +9,9 @@ event and the breaker's sentence in the result's `skipped`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from bridge.documents import JobFindings, JudgeAsking, RankedCandidate, Skipped, Verdict
 from bridge.errors import CircuitOpen
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.figures import candidate_of
@@ -23,7 +24,7 @@ from bridge.models import JobStatus, Status
 def run_compete(co: JobCoordinator) -> None:
     job = co.job()
     task_ids = []
-    skipped: list[dict[str, str]] = []
+    skipped: list[Skipped] = []
     for n in range(len(job.spec["workers"])):
         co.alive()
         spec = candidate_spec(job.spec, job.job_id, n)
@@ -32,7 +33,7 @@ def run_compete(co: JobCoordinator) -> None:
             task_ids.append(co.ensure_task(spec, "candidate", label))
         except CircuitOpen as refused:  # its breaker opened since the job was made
             skipped.append(co.skip(label, spec["worker"], "candidate", refused))
-    result: dict[str, Any] = {"skipped": skipped}
+    result = JobFindings(skipped=skipped)
     if not task_ids:
         message = "Every candidate was refused by its worker's circuit breaker: "
         co.finish(
@@ -48,7 +49,8 @@ def run_compete(co: JobCoordinator) -> None:
     diffs = {t: artifacts.get(t, {}).get("diff") for t in task_ids}
     ranked = rank([candidate_of(r, diffs[r.task_id]) for r in records])
     eligible = [c["task_id"] for c in ranked if c["eligible"]]
-    result.update(candidates=ranked, ordering={"deterministic": eligible})
+    result["candidates"] = ranked
+    result["ordering"] = {"deterministic": eligible}
     co.store.add_event(job.job_id, "job.ranked", {"by": "verification", "ordering": eligible})
     if not eligible:
         co.finish(
@@ -84,9 +86,7 @@ def read_diff(path: str | None, bound: int) -> tuple[str, int]:
         return diff.read(bound + 1), Path(path).stat().st_size
 
 
-def ask_judge(
-    co: JobCoordinator, eligible: list[str], diffs: dict[str, str | None]
-) -> dict[str, Any]:
+def ask_judge(co: JobCoordinator, eligible: list[str], diffs: dict[str, str | None]) -> Verdict:
     """Ask the judge twice (labels in order, then reversed); the orderings by task id, each
     asking's answer or problem, and ``ordering``: the agreed one, or None."""
     job = co.job()
@@ -108,47 +108,55 @@ def ask_judge(
         except CircuitOpen as refused:  # the judge's breaker opened: the caller chooses
             skip = co.skip(f"judge-{n + 1}", spec["worker"], "judge", refused)
             problem = f"the judge was not asked: {skip['reason']}"
-            return {"labels": labels, "askings": [], "ordering": None, "problem": problem}
+            return Verdict(labels=labels, askings=[], ordering=None, problem=problem)
     for task_id in askings:
         co.start(task_id)
-    answers = []
+    answers: list[JudgeAsking] = []
     for record in co.wait_all(askings):
+        reasons: dict[str, str]
         if record.status != Status.SUCCEEDED:
             why = record.error.message if record.error else f"it ended {record.status}"
             ranking, reasons, problem = None, {}, f"the judge's task did not succeed: {why}"
         else:
             ranking, reasons, problem = parse_ranking(record.summary, order, list(shown.values()))
         answers.append(
-            {
-                "task_id": record.task_id,
-                "ranking": [labels[x] for x in ranking] if ranking else None,
-                "reasons": {labels[k]: v for k, v in reasons.items()},
-                "problem": problem or None,
-            }
+            JudgeAsking(
+                task_id=record.task_id,
+                ranking=[labels[x] for x in ranking] if ranking else None,
+                reasons={labels[k]: v for k, v in reasons.items()},
+                problem=problem or None,
+            )
         )
-    return {"labels": labels, "askings": answers, **agreement(answers)}
+    agreed = agreement(answers)
+    return Verdict(
+        labels=labels, askings=answers, ordering=agreed["ordering"], problem=agreed["problem"]
+    )
 
 
-def agreement(answers: list[dict[str, Any]]) -> dict[str, Any]:
+class Agreement(TypedDict):
+    ordering: list[str] | None
+    problem: str | None
+
+
+def agreement(answers: list[JudgeAsking]) -> Agreement:
     """``ordering``: the judge's ordering when every asking gave a valid one and all agree,
     else None with the ``problem`` (an asking's, or their disagreement)."""
     rankings = [a["ranking"] for a in answers]
-    agreed = bool(rankings) and rankings[0] is not None and all(r == rankings[0] for r in rankings)
-    return {
-        "ordering": rankings[0] if agreed else None,
-        "problem": None if agreed else _disagreement(answers),
-    }
+    first = rankings[0] if rankings else None
+    if first is not None and all(r == first for r in rankings):
+        return Agreement(ordering=first, problem=None)
+    return Agreement(ordering=None, problem=_disagreement(answers))
 
 
-def _disagreement(answers: list[dict[str, Any]]) -> str:
+def _disagreement(answers: list[JudgeAsking]) -> str:
     problems = [a["problem"] for a in answers if a["problem"]]
     if problems:
         return "; ".join(problems)
     return "the judge ranked the candidates differently when shown them in reverse order"
 
 
-def _add_judge_reasons(ranked: list[dict[str, Any]], verdict: dict[str, Any]) -> None:
-    place = {task_id: n + 1 for n, task_id in enumerate(verdict["ordering"])}
+def _add_judge_reasons(ranked: list[RankedCandidate], verdict: Verdict) -> None:
+    place = {task_id: n + 1 for n, task_id in enumerate(verdict["ordering"] or [])}
     reasons = verdict["askings"][0]["reasons"]
     for candidate in ranked:
         task_id = candidate["task_id"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
+from bridge.documents import ErrorDoc, JobFindings, Skipped
 from bridge.errors import CircuitOpen
-from bridge.models import TERMINAL, JobStatus, Status
+from bridge.models import TERMINAL, JobStatus, JsonObject, Status
 from bridge.phase.context import Context
 from bridge.pipeline.answer import expire_due
 from bridge.pipeline.cancel import cancel_task
@@ -49,7 +49,7 @@ class JobCoordinator:
         self._beat = 0.0
 
     def job(self) -> JobRecord:
-        return JobRecord.model_validate(self.store.jobs.load(self.job_id))
+        return self.store.jobs.record(self.job_id)
 
     def run(self, body: Callable[[JobCoordinator], None]) -> None:
         """Claim the job and advance it with ``body`` (its kind's steps, e.g. run_compete)."""
@@ -62,19 +62,19 @@ class JobCoordinator:
             pass
         except SlotTaken as taken:
             self.finish(
-                JobStatus.FAILED, self.job().result, {"kind": "slot_taken", "message": str(taken)}
+                JobStatus.FAILED, self.job().result, ErrorDoc(kind="slot_taken", message=str(taken))
             )
         except CircuitOpen as refused:  # a task the job cannot do without (an implementer...)
             self.finish(
                 JobStatus.FAILED,
                 self.job().result,
-                {"kind": "circuit_open", "message": refused.message},
+                ErrorDoc(kind="circuit_open", message=refused.message),
             )
         except Exception as exc:  # the job must end, not stay `running` with no coordinator
             self.finish(
                 JobStatus.FAILED,
                 self.job().result,
-                {"kind": "internal", "message": f"The job's coordinator failed: {exc!r}."},
+                ErrorDoc(kind="internal", message=f"The job's coordinator failed: {exc!r}."),
             )
             raise
         finally:
@@ -96,20 +96,21 @@ class JobCoordinator:
 
     # -- its tasks ---------------------------------------------------------------------------
 
-    def ensure_task(self, spec: dict[str, Any], role: str, label: str) -> str:
+    def ensure_task(self, spec: JsonObject, role: str, label: str) -> str:
         """The slot's task: made now, or found by its idempotency key when an earlier
         coordinator of this job made it."""
         job = self.job()
         config = job.config
         scope = RepositoryScope.of(config.repositories)
-        row, event = new_task_row(config, self.ctx.sandbox, scope, spec)
-        row.update(job_id=self.job_id, job_role=role, job_label=label)
-        task_id, created = record_task(self.store, config, row, {**event, "job_id": self.job_id})
+        made, event = new_task_row(config, self.ctx.sandbox, scope, spec)
+        made = made.model_copy(update={"job_id": self.job_id, "job_role": role, "job_label": label})
+        event["job_id"] = self.job_id
+        task_id, created = record_task(self.store, config, made, event)
         found = self.store.load_task(task_id)
         if (found.job_id, found.job_label) != (self.job_id, label):
             raise SlotTaken(
                 f"Task {task_id}, made outside job {self.job_id}, holds the idempotency key "
-                f"{row['idempotency_key']} of the job's slot {label}; the job stopped rather "
+                f"{made.spec.idempotency_key} of the job's slot {label}; the job stopped rather "
                 "than take it as its own."
             )
         if created:
@@ -120,10 +121,10 @@ class JobCoordinator:
             )
         return task_id
 
-    def skip(self, label: str, worker: str, role: str, refused: CircuitOpen) -> dict[str, str]:
+    def skip(self, label: str, worker: str, role: str, refused: CircuitOpen) -> Skipped:
         """Record that the slot's task was refused by its worker's circuit breaker (a
         `job.skipped` event); the entry for the result's `skipped`."""
-        entry = {"label": label, "worker": worker, "role": role, "reason": refused.message}
+        entry = Skipped(label=label, worker=worker, role=role, reason=refused.message)
         self.store.add_event(self.job_id, "job.skipped", entry)
         return entry
 
@@ -159,9 +160,7 @@ class JobCoordinator:
 
     # -- its end -----------------------------------------------------------------------------
 
-    def finish(
-        self, status: JobStatus, result: dict[str, Any], error: dict[str, str] | None = None
-    ) -> None:
+    def finish(self, status: JobStatus, result: JobFindings, error: ErrorDoc | None = None) -> None:
         if self.store.jobs.transition(
             self.job_id, status, {JobStatus.RUNNING}, result=result, error=error
         ):

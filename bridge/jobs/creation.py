@@ -7,10 +7,13 @@ other job is refused with the breaker's sentence."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from bridge.config.settings import Config
+from bridge.documents import JobSpec, Skipped
 from bridge.errors import CircuitOpen, InvalidSpec, TaskNotFound
+from bridge.events import JobCreated
 from bridge.jobs.slots import (
     candidate_spec,
     fanout_spec,
@@ -19,11 +22,12 @@ from bridge.jobs.slots import (
     reviewer_spec,
     split_metadata,
 )
-from bridge.models import JobKind, JobStatus, Status, TaskSpec
+from bridge.models import JobKind, JsonObject, Status, TaskSpec
 from bridge.pipeline.creation import new_task_row
-from bridge.records import TaskRecord
+from bridge.records import NewTask, TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.scope import RepositoryScope
+from bridge.store.jobs import NewJob
 from bridge.workers.circuit import Circuit, circuits_of
 from bridge.workers.info import worker_infos
 
@@ -64,8 +68,8 @@ def _require_admitted(config: Config, names: list[str]) -> None:
 
 
 def _skip_refused(
-    config: Config, task: dict[str, Any], slots: list[str], judge: str | None
-) -> tuple[list[str], str | None, list[dict[str, str]]]:
+    config: Config, task: JsonObject, slots: list[str], judge: str | None
+) -> tuple[list[str], str | None, list[Skipped]]:
     """A compete's slots and judge without the workers whose breaker refuses them (each
     candidate's `metadata.candidates` entry kept with its slot), and what was skipped, why;
     CircuitOpen when no candidate is left."""
@@ -84,12 +88,12 @@ def _skip_refused(
             worker=next(iter(refused)),
         )
     skipped = [
-        {"worker": w, "role": "candidate", "reason": refused[w].refusal(for_job=True)}
+        Skipped(worker=w, role="candidate", reason=refused[w].refusal(for_job=True))
         for w in dict.fromkeys(slots)
         if w in refused
     ]
-    if judge in refused:
-        skipped.append({"worker": judge, "role": "judge", "reason": refused[judge].refusal(True)})
+    if judge is not None and judge in refused:
+        skipped.append(Skipped(worker=judge, role="judge", reason=refused[judge].refusal(True)))
         judge = None
     metadata = task.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("candidates"), list):
@@ -99,6 +103,12 @@ def _skip_refused(
             "candidates": [given[n] if n < len(given) else {} for n in kept],
         }
     return [slots[n] for n in kept], judge, skipped
+
+
+def pinned_workspace(first: NewTask) -> dict[str, str]:
+    """The workspace every task of a job starts from: the first task's, its base pinned to the
+    commit the first task's ref resolved to."""
+    return {**first.spec.workspace.model_dump(mode="json"), "base_ref": first.base_commit}
 
 
 def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]:
@@ -120,72 +130,67 @@ def compete_slots(workers: list[str], attempts: int, most: int = 8) -> list[str]
     return slots
 
 
+def _task_document(task: Mapping[str, Any] | TaskSpec) -> JsonObject:
+    """The task spec document a job's tasks start from (a copy: the caller's is not changed)."""
+    return task.model_dump(mode="json") if isinstance(task, TaskSpec) else dict(task)
+
+
+def _new_job(job_id: str, kind: JobKind, repository: str, spec: JobSpec, config: Config) -> NewJob:
+    return NewJob(job_id=job_id, kind=str(kind), repository=repository, spec=spec, config=config)
+
+
 def new_compete_row(
     config: Config,
     sandbox: Sandbox,
     scope: RepositoryScope,
-    task: dict[str, Any] | TaskSpec,
+    task: Mapping[str, Any] | TaskSpec,
     workers: list[str],
     attempts: int = 1,
     judge: str | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row of a new compete job and its `job.created` event, or InvalidSpec."""
-    if isinstance(task, TaskSpec):
-        task = task.model_dump(mode="json")
-    task = dict(task)
+) -> tuple[NewJob, JobCreated]:
+    """A new compete job and its `job.created` event, or InvalidSpec."""
+    document = _task_document(task)
     workers = [w.strip() for w in workers if w and w.strip()]
     slots = compete_slots(workers, attempts, config.jobs.max_candidates)
-    _, overrides, _ = split_metadata(task.get("metadata") or {})
+    _, overrides, _ = split_metadata(document.get("metadata") or {})
     if len(overrides) > len(slots):
         raise InvalidSpec(
             f"metadata.candidates has {len(overrides)} entries for {len(slots)} candidates."
         )
     _require_healthy(config, sandbox, [*slots, *([judge] if judge else [])])
-    slots, judge, skipped = _skip_refused(config, task, slots, judge)
+    slots, judge, skipped = _skip_refused(config, document, slots, judge)
     job_id = "job-" + os.urandom(5).hex()
-    spec: dict[str, Any] = {"task": task, "workers": slots, "judge": judge, "skipped": skipped}
+    spec = JobSpec(task=document, workers=slots, judge=judge, skipped=skipped)
     # Every candidate's spec is checked as a task's would be, and the base pinned to one commit.
     first, _ = new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, 0))
-    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
-    spec["task"] = task
+    document["workspace"] = pinned_workspace(first)
     for n in range(1, len(slots)):
         new_task_row(config, sandbox, scope, candidate_spec(spec, job_id, n))
     for asking in (1, 2) if judge else ():  # each asking's metadata checked now, not mid-job
         new_task_row(config, sandbox, scope, judge_spec(spec, job_id, asking, "rank"))
-    effective = config.model_dump(mode="json")
-    row = {
-        "job_id": job_id,
-        "kind": str(JobKind.COMPETE),
-        "status": str(JobStatus.CREATED),
-        "repository": first["repository"],
-        "spec": spec,
-        "config": effective,
-        "result": {},
-    }
-    event = {
-        "kind": "compete",
-        "workers": slots,
-        "judge": judge,
-        "repository": first["repository"],
-        "base_commit": first["base_commit"],
-        "skipped": skipped,
-    }
-    return row, event
+    job = _new_job(job_id, JobKind.COMPETE, first.repository, spec, config)
+    event = JobCreated(
+        kind="compete",
+        workers=slots,
+        judge=judge,
+        repository=first.repository,
+        base_commit=first.base_commit,
+        skipped=skipped,
+    )
+    return job, event
 
 
 def new_review_row(
     config: Config,
     sandbox: Sandbox,
     scope: RepositoryScope,
-    task: dict[str, Any] | TaskSpec,
+    task: Mapping[str, Any] | TaskSpec,
     worker: str,
     reviewer: str,
     rounds: int = 3,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row of a new review job and its `job.created` event, or InvalidSpec."""
-    if isinstance(task, TaskSpec):
-        task = task.model_dump(mode="json")
-    task = dict(task)
+) -> tuple[NewJob, JobCreated]:
+    """A new review job and its `job.created` event, or InvalidSpec."""
+    document = _task_document(task)
     most = config.jobs.max_rounds
     if not 1 <= rounds <= most:
         raise InvalidSpec(
@@ -194,28 +199,27 @@ def new_review_row(
     _require_healthy(config, sandbox, [worker, reviewer], read_only=(reviewer,))
     _require_admitted(config, [worker, reviewer])
     job_id = "job-" + os.urandom(5).hex()
-    spec: dict[str, Any] = {"task": task, "worker": worker, "reviewer": reviewer, "rounds": rounds}
+    spec = JobSpec(task=document, worker=worker, reviewer=reviewer, rounds=rounds)
     first, _ = new_task_row(config, sandbox, scope, implementer_spec(spec, job_id))
-    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
-    _check_reviewers(config, sandbox, scope, spec, job_id, first["base_commit"])
-    row = {
-        "job_id": job_id,
-        "kind": str(JobKind.REVIEW),
-        "status": str(JobStatus.CREATED),
-        "repository": first["repository"],
-        "spec": spec,
-        "config": config.model_dump(mode="json"),
-        "result": {},
-    }
-    event = {"kind": "review", "worker": worker, "reviewer": reviewer, "rounds": rounds}
-    return row, {**event, "repository": first["repository"], "base_commit": first["base_commit"]}
+    document["workspace"] = pinned_workspace(first)
+    _check_reviewers(config, sandbox, scope, spec, job_id, first.base_commit)
+    job = _new_job(job_id, JobKind.REVIEW, first.repository, spec, config)
+    event = JobCreated(
+        kind="review",
+        worker=worker,
+        reviewer=reviewer,
+        rounds=rounds,
+        repository=first.repository,
+        base_commit=first.base_commit,
+    )
+    return job, event
 
 
 def _check_reviewers(
     config: Config,
     sandbox: Sandbox,
     scope: RepositoryScope,
-    spec: dict[str, Any],
+    spec: JobSpec,
     job_id: str,
     base_commit: str,
 ) -> None:
@@ -228,35 +232,21 @@ def _check_reviewers(
             "metadata.reviewer must be an object (the reviewer's metadata) or a list of "
             "them, one per round."
         )
-    for round_no in range(1, min(int(spec["rounds"]), max(len(entries), 1)) + 1):
+    for round_no in range(1, min(spec["rounds"], max(len(entries), 1)) + 1):
         new_task_row(
             config, sandbox, scope, reviewer_spec(spec, job_id, round_no, base_commit, "review")
         )
-
-
-def _row(job_id: str, kind: JobKind, repository: str, spec: dict, config: Config) -> dict:
-    return {
-        "job_id": job_id,
-        "kind": str(kind),
-        "status": str(JobStatus.CREATED),
-        "repository": repository,
-        "spec": spec,
-        "config": config.model_dump(mode="json"),
-        "result": {},
-    }
 
 
 def new_fanout_row(
     config: Config,
     sandbox: Sandbox,
     scope: RepositoryScope,
-    task: dict[str, Any] | TaskSpec,
+    task: Mapping[str, Any] | TaskSpec,
     objectives: list[str],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row of a new fanout job (several objectives, one base) and its event."""
-    if isinstance(task, TaskSpec):
-        task = task.model_dump(mode="json")
-    task = dict(task)
+) -> tuple[NewJob, JobCreated]:
+    """A new fanout job (several objectives, one base) and its event."""
+    document = _task_document(task)
     objectives = [o for o in objectives if o and o.strip()]
     if len(objectives) < 2:
         raise InvalidSpec("A fanout needs at least two objectives (--objective, repeated).")
@@ -265,29 +255,29 @@ def new_fanout_row(
             f"A fanout runs at most {config.jobs.max_candidates} objectives at once (config "
             "jobs.max_candidates)."
         )
-    task.setdefault("objective", objectives[0])
-    _require_healthy(config, sandbox, [task.get("worker") or "mock"])
-    _require_admitted(config, [task.get("worker") or "mock"])
+    document.setdefault("objective", objectives[0])
+    _require_healthy(config, sandbox, [document.get("worker") or "mock"])
+    _require_admitted(config, [document.get("worker") or "mock"])
     job_id = "job-" + os.urandom(5).hex()
-    spec: dict[str, Any] = {"task": task, "objectives": objectives}
-    _, overrides, _ = split_metadata(task.get("metadata") or {})
+    spec = JobSpec(task=document, objectives=objectives)
+    _, overrides, _ = split_metadata(document.get("metadata") or {})
     if len(overrides) > len(objectives):
         raise InvalidSpec(
             f"metadata.candidates has {len(overrides)} entries for {len(objectives)} objectives."
         )
     first, _ = new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, 0))
-    task["workspace"] = {**first["spec"]["workspace"], "base_ref": first["base_commit"]}
+    document["workspace"] = pinned_workspace(first)
     for n in range(1, len(objectives)):  # each part's own input, checked now, not mid-job
         new_task_row(config, sandbox, scope, fanout_spec(spec, job_id, n))
-    row = _row(job_id, JobKind.FANOUT, first["repository"], spec, config)
-    event = {"kind": "fanout", "objectives": len(objectives), "base_commit": first["base_commit"]}
-    return row, event
+    job = _new_job(job_id, JobKind.FANOUT, first.repository, spec, config)
+    event = JobCreated(kind="fanout", objectives=len(objectives), base_commit=first.base_commit)
+    return job, event
 
 
 def new_integrate_row(
     config: Config, sandbox: Sandbox, source_job: str, tasks: list[TaskRecord]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The row of an integrate job over ``tasks`` (checked by the facade to be in scope), or
+) -> tuple[NewJob, JobCreated]:
+    """An integrate job over ``tasks`` (checked by the facade to be in scope), or
     InvalidSpec: each must be a verified task of ``source_job``, all on one repository and
     one base commit."""
     if not tasks:
@@ -312,14 +302,14 @@ def new_integrate_row(
     _require_healthy(config, sandbox, ["mock"])
     _require_admitted(config, ["mock"])
     first = tasks[0]
-    spec = {
-        "task": first.spec_doc,
-        "source_job": source_job,
-        "tasks": ids,
-        "snapshots": [t.snapshot_commit for t in tasks],
-        "repository": first.repository,
-        "base_commit": first.base_commit,
-    }
-    spec["task"] = {**first.spec_doc, "objective": f"Integrate {', '.join(ids)}"}
-    row = _row("job-" + os.urandom(5).hex(), JobKind.INTEGRATE, first.repository, spec, config)
-    return row, {"kind": "integrate", "source_job": source_job, "tasks": ids}
+    spec = JobSpec(
+        task={**first.spec_doc, "objective": f"Integrate {', '.join(ids)}"},
+        source_job=source_job,
+        tasks=ids,
+        snapshots=[t.snapshot_commit for t in tasks],
+        repository=first.repository,
+        base_commit=first.base_commit,
+    )
+    job_id = "job-" + os.urandom(5).hex()
+    job = _new_job(job_id, JobKind.INTEGRATE, first.repository, spec, config)
+    return job, JobCreated(kind="integrate", source_job=source_job, tasks=ids)

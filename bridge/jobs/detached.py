@@ -38,12 +38,11 @@ def run_coordinator(store_path: Path, job_id: str, runner_id: str) -> None:
     from bridge.jobs.coordinator import JobCoordinator
     from bridge.jobs.parallel import run_fanout, run_integrate
     from bridge.jobs.review import run_review
-    from bridge.records import JobRecord
     from bridge.sandbox.docker import DockerSandbox
 
     store = Store(store_path)
     try:
-        job = JobRecord.model_validate(store.jobs.load(job_id))
+        job = store.jobs.record(job_id)
         ctx = Context(job.config, store, DockerSandbox())
         body = {
             "compete": run_compete,

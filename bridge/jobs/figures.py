@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bridge.documents import Check
 from bridge.jobs.ranking import Candidate
 from bridge.records import TaskRecord
 
@@ -24,7 +25,7 @@ def diff_lines(path: Path | None) -> tuple[int, int]:
 
 
 def _tokens(record: TaskRecord) -> int:
-    by_model = (record.usage or {}).get("tokens") or {}
+    by_model = (record.usage.get("tokens") if record.usage else None) or {}
     return sum(
         int(counts.get("input", 0)) + int(counts.get("output", 0))
         for counts in by_model.values()
@@ -36,7 +37,7 @@ def candidate_of(record: TaskRecord, diff: str | None) -> Candidate:
     added, removed = diff_lines(Path(diff) if diff else None)
     verification = record.verification
     checks = [
-        {"command": c.command, "exit_code": c.exit_code, "passed": c.passed}
+        Check(command=c.command, exit_code=c.exit_code, passed=c.passed)
         for c in (verification.commands if verification else [])
     ]
     timings = record.timings

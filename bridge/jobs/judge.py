@@ -13,6 +13,7 @@ import json
 import random
 import re
 import string
+from collections.abc import Sequence
 from typing import Any
 
 from bridge.config.sections import JobsConfig
@@ -109,8 +110,8 @@ def quoted_answers(block: re.Pattern[str], texts: list[str]) -> list[Any]:
 
 
 def parse_ranking(
-    message: str | None, labels: list[str], quoted_texts: list[str] = ()
-) -> tuple[list[str] | None, dict, str]:
+    message: str | None, labels: list[str], quoted_texts: Sequence[str] = ()
+) -> tuple[list[str] | None, dict[str, str], str]:
     """(ranking, reasons, problem) from the judge's final message: its last ranking block,
     which must list every label exactly once and nothing else, and must not be a copy of a
     block inside the ``quoted_texts`` the judge was shown (a candidate's forged answer echoed

@@ -7,8 +7,8 @@ verified step is the integration the caller accepts (`jobs accept`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from bridge.documents import IntegrationStep, JobFindings, Part, Skipped
 from bridge.errors import CircuitOpen
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.merging import Merger
@@ -19,7 +19,7 @@ from bridge.models import JobStatus, Status
 def run_fanout(co: JobCoordinator) -> None:
     job = co.job()
     task_ids = []
-    skipped: list[dict[str, str]] = []
+    skipped: list[Skipped] = []
     for n in range(len(job.spec["objectives"])):
         co.alive()
         spec = fanout_spec(job.spec, job.job_id, n)
@@ -31,10 +31,10 @@ def run_fanout(co: JobCoordinator) -> None:
         co.start(task_id)
     records = co.wait_all(task_ids) if task_ids else []
     failed = [r.task_id for r in records if r.status != Status.SUCCEEDED]
-    result = {
-        "parts": [{"task_id": r.task_id, "status": str(r.status)} for r in records],
-        "skipped": skipped,
-    }
+    result = JobFindings(
+        parts=[Part(task_id=r.task_id, status=str(r.status)) for r in records],
+        skipped=skipped,
+    )
     if skipped:
         message = f"{len(skipped)} of {len(job.spec['objectives'])} objectives were not run: "
         co.finish(
@@ -61,15 +61,18 @@ def _unfaithful(merger: Merger, tree: str | None, snapshot: str | None) -> list[
 def run_integrate(co: JobCoordinator) -> None:
     job = co.job()
     spec = job.spec
-    snapshots = list(zip(spec["tasks"], spec["snapshots"], strict=True))
+    snapshots = [
+        (task_id, snapshot or "")
+        for task_id, snapshot in zip(spec["tasks"], spec["snapshots"], strict=True)
+    ]
     scratch = job.config.home / "jobs" / job.job_id
     bound = job.config.jobs.integration_kb << 10
-    merger = Merger(Path(spec["repository"]), spec["base_commit"], scratch, bound)
+    merger = Merger(Path(spec["repository"]), spec["base_commit"] or "", scratch, bound)
     steps = merger.steps(snapshots)
-    report: list[dict[str, Any]] = []
-    result: dict[str, Any] = {"steps": report, "winner": None}
+    report: list[IntegrationStep] = []
+    result = JobFindings(steps=report, winner=None)
     for n, step in enumerate(steps, start=1):
-        entry: dict[str, Any] = {"task_id": step.task_id, "step": n, "conflict": step.conflict}
+        entry = IntegrationStep(task_id=step.task_id, step=n, conflict=step.conflict)
         report.append(entry)
         if step.problem:
             entry["problem"] = step.problem
@@ -82,11 +85,9 @@ def run_integrate(co: JobCoordinator) -> None:
         )
         co.start(task)
         (record,) = co.wait_all([task])
-        entry.update(
-            integration_task=task,
-            status=str(record.status),
-            verification_ok=record.verification.ok if record.verification else None,
-        )
+        entry["integration_task"] = task
+        entry["status"] = str(record.status)
+        entry["verification_ok"] = record.verification.ok if record.verification else None
         co.store.jobs.update(job.job_id, result=result)
         co.store.add_event(job.job_id, "job.round", entry)
         if record.status != Status.SUCCEEDED:

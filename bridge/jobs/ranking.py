@@ -9,8 +9,9 @@ An ineligible candidate is never ranked above an eligible one, whatever any judg
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+
+from bridge.documents import Check, RankedCandidate
 
 # The error kinds that mean the candidate broke a rule, not merely failed.
 POLICY_KINDS = ("protected_path", "symlink_escape", "network", "disk")
@@ -40,7 +41,7 @@ class Candidate:
     files: int = 0
     duration_s: float = 0.0
     tokens: int = 0
-    checks: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     # The snapshot it was ranked on: accepting through the job takes this change or none.
     snapshot_commit: str | None = None
@@ -76,7 +77,7 @@ def _decided_by(better: Candidate, worse: Candidate) -> str:
     return f"equal on every figure to {worse.label}; kept in slot order"
 
 
-def rank(candidates: list[Candidate]) -> list[dict[str, Any]]:
+def rank(candidates: list[Candidate]) -> list[RankedCandidate]:
     """The candidates best first: eligible ones by the tie-breaks, then the ineligible in slot
     order. Each entry: the figures, `eligible`, `rank` (1-based; null when ineligible) and
     `reasons[]`, which name the tie-break that placed it above the next eligible one."""
@@ -84,12 +85,40 @@ def rank(candidates: list[Candidate]) -> list[dict[str, Any]]:
     eligible = sorted((c for c, ok, _ in judged if ok), key=_key)
     ineligible = [(c, reasons) for c, ok, reasons in judged if not ok]
     reasons_of = {c.task_id: reasons for c, ok, reasons in judged}
-    ranked: list[dict[str, Any]] = []
+    ranked: list[RankedCandidate] = []
     for n, candidate in enumerate(eligible):
         reasons = list(reasons_of[candidate.task_id])
         if n + 1 < len(eligible):
             reasons.append(f"ranked above {_decided_by(candidate, eligible[n + 1])}")
-        ranked.append({**asdict(candidate), "eligible": True, "rank": n + 1, "reasons": reasons})
+        ranked.append(_entry(candidate, True, n + 1, reasons))
     for candidate, reasons in ineligible:
-        ranked.append({**asdict(candidate), "eligible": False, "rank": None, "reasons": reasons})
+        ranked.append(_entry(candidate, False, None, reasons))
     return ranked
+
+
+def _entry(
+    candidate: Candidate, eligible: bool, rank: int | None, reasons: list[str]
+) -> RankedCandidate:
+    """The candidate's figures (every field of Candidate) with its place and the reasons."""
+    c = candidate
+    return RankedCandidate(
+        task_id=c.task_id,
+        label=c.label,
+        worker=c.worker,
+        status=c.status,
+        verification_ok=c.verification_ok,
+        error_kind=c.error_kind,
+        error_message=c.error_message,
+        changed_lines=c.changed_lines,
+        lines_added=c.lines_added,
+        lines_removed=c.lines_removed,
+        files=c.files,
+        duration_s=c.duration_s,
+        tokens=c.tokens,
+        checks=list(c.checks),
+        paths=list(c.paths),
+        snapshot_commit=c.snapshot_commit,
+        eligible=eligible,
+        rank=rank,
+        reasons=reasons,
+    )

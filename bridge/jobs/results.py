@@ -3,6 +3,9 @@ choice of which candidate `accept_job` takes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from bridge.documents import JobSummary
 from bridge.errors import InvalidSpec, TaskStateError
 from bridge.models import JobStatus, Status
 from bridge.records import JobRecord, JobResult, JobTask, TaskRecord
@@ -32,12 +35,12 @@ def job_result(job: JobRecord, tasks: list[TaskRecord]) -> JobResult:
         candidates=candidates,
         ordering=result.get("ordering", {}),
         winner=result.get("winner"),
-        rounds=result.get("rounds", []) or result.get("steps", []),
-        summary={
-            "candidates": len(candidates),
-            "eligible": sum(1 for c in candidates if c.get("eligible")),
-            "judge": (result.get("judge") or {}).get("problem"),
-        },
+        rounds=result.get("rounds") or result.get("steps") or [],
+        summary=JobSummary(
+            candidates=len(candidates),
+            eligible=sum(1 for c in candidates if c.get("eligible")),
+            judge=judge["problem"] if (judge := result.get("judge")) else None,
+        ),
         skipped=[*job.spec.get("skipped", []), *result.get("skipped", [])],
         error=job.error,
         created_at=job.created_at,
@@ -103,7 +106,7 @@ READ_ONLY_ROLES = ("judge", "reviewer")  # their tasks change nothing, accepted 
 
 
 def still_as_ended(
-    job: JobRecord, chosen: TaskRecord, others: list[TaskRecord], sources: list[TaskRecord] = ()
+    job: JobRecord, chosen: TaskRecord, others: list[TaskRecord], sources: Sequence[TaskRecord] = ()
 ) -> None:
     """Refuse (one sentence) to accept ``chosen`` through ``job`` when a task of the job (or
     one of the ``sources`` an integration merged) was already accepted outside it (a second
@@ -122,7 +125,8 @@ def still_as_ended(
                 "alone; the integration would write its change a second time."
             )
     ranked = {c["task_id"]: c for c in job.result.get("candidates", [])}.get(chosen.task_id)
-    reviewed = (job.result.get("rounds") or [{}])[-1].get("implementer_turn")
+    rounds = job.result.get("rounds")
+    reviewed = rounds[-1].get("implementer_turn") if rounds else None
     if ranked is not None and ranked.get("snapshot_commit") not in (None, chosen.snapshot_commit):
         changed = "its snapshot is not the one ranked"
     elif job.kind == "review" and reviewed is not None and reviewed != chosen.turn:

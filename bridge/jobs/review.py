@@ -9,8 +9,7 @@ after round N is queued only while the implementer's task is still before turn N
 
 from __future__ import annotations
 
-from typing import Any
-
+from bridge.documents import Finding, JobFindings, ReviewRound
 from bridge.jobs.compete import read_diff
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.review_answer import follow_up_message, parse_review, review_prompt
@@ -19,7 +18,7 @@ from bridge.models import JobStatus, Status
 from bridge.pipeline.follow_up import queue_follow_up
 
 
-def _key(finding: dict[str, Any]) -> tuple:
+def _key(finding: Finding) -> tuple[str | None, int | None, str]:
     return (finding["path"], finding["line"], finding["text"].strip().lower())
 
 
@@ -27,9 +26,10 @@ def run_review(co: JobCoordinator) -> None:
     job = co.job()
     impl = co.ensure_task(implementer_spec(job.spec, job.job_id), "implementer", "implementer")
     co.start(impl)
-    result: dict[str, Any] = {"implementer": impl, "rounds": [], "stopped": None}
-    seen: set[tuple] = set()
-    for round_no in range(1, int(job.spec["rounds"]) + 1):
+    rounds: list[ReviewRound] = []
+    result = JobFindings(implementer=impl, rounds=rounds, stopped=None)
+    seen: set[tuple[str | None, int | None, str]] = set()
+    for round_no in range(1, job.spec["rounds"] + 1):
         (record,) = co.wait_all([impl])
         if record.status != Status.SUCCEEDED:
             why = record.error.message if record.error else f"it ended {record.status}"
@@ -54,25 +54,25 @@ def run_review(co: JobCoordinator) -> None:
             verdict, findings, problem = None, [], f"the reviewer's task did not succeed: {why}"
         new = [f for f in findings if _key(f) not in seen]
         seen.update(_key(f) for f in findings)
-        entry = {
-            "round": round_no,
-            "implementer_turn": record.turn,
-            "verification_ok": record.verification.ok if record.verification else None,
-            "changed_files": [f.path for f in record.changed_files],
-            "reviewer_task": reviewer,
-            "verdict": verdict,
-            "findings": findings,
-            "new_findings": len(new),
-            "problem": problem or None,
-        }
-        result["rounds"].append(entry)
+        entry = ReviewRound(
+            round=round_no,
+            implementer_turn=record.turn,
+            verification_ok=record.verification.ok if record.verification else None,
+            changed_files=[f.path for f in record.changed_files],
+            reviewer_task=reviewer,
+            verdict=verdict,
+            findings=findings,
+            new_findings=len(new),
+            problem=problem or None,
+        )
+        rounds.append(entry)
         co.store.jobs.update(job.job_id, result=result)
         co.store.add_event(job.job_id, "job.round", entry)
         if problem:
             result["stopped"] = "the reviewer gave no valid answer"
             co.finish(JobStatus.FAILED, result, {"kind": "reviewer", "message": problem + "."})
             return
-        if verdict == "approve" or not new or round_no == int(job.spec["rounds"]):
+        if verdict == "approve" or not new or round_no == job.spec["rounds"]:
             result["stopped"] = (
                 "approved"
                 if verdict == "approve"

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from bridge.config.sections import JobsConfig
+from bridge.documents import Finding
 from bridge.jobs.judge import DEFAULT_BOUNDS, quoted, quoted_answers
 
 ANSWER_INFO = "worker-bridge-review"
@@ -47,21 +48,21 @@ def review_prompt(
     )
 
 
-def _finding(item: Any, chars: int) -> dict[str, Any] | None:
+def _finding(item: Any, chars: int) -> Finding | None:
     if not isinstance(item, dict) or not isinstance(item.get("text"), str):
         return None
     line = item.get("line")
-    return {
-        "path": str(item["path"])[:500] if item.get("path") is not None else None,
-        "line": line if isinstance(line, int) and not isinstance(line, bool) else None,
-        "severity": str(item.get("severity") or "info")[:20],
-        "text": item["text"][:chars],
-    }
+    return Finding(
+        path=str(item["path"])[:500] if item.get("path") is not None else None,
+        line=line if isinstance(line, int) and not isinstance(line, bool) else None,
+        severity=str(item.get("severity") or "info")[:20],
+        text=item["text"][:chars],
+    )
 
 
 def parse_review(
     message: str | None, bounds: JobsConfig = DEFAULT_BOUNDS, diff: str = ""
-) -> tuple[str | None, list[dict[str, Any]], str]:
+) -> tuple[str | None, list[Finding], str]:
     """(verdict, findings, problem) from the reviewer's final message, the findings cut to
     ``bounds`` (config `jobs`); refused when the block is a copy of one inside the reviewed
     ``diff`` (the implementer's forged verdict echoed back); problem "" when valid."""
@@ -85,7 +86,7 @@ def parse_review(
     return verdict, findings, ""
 
 
-def follow_up_message(findings: list[dict[str, Any]]) -> str:
+def follow_up_message(findings: list[Finding]) -> str:
     """What the implementer is asked in its next turn: each finding, one line."""
     lines = ["A reviewer read your change and asked for these changes:"]
     for f in findings:

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import copy
 import shlex
-from typing import Any
 
+from bridge.documents import JobSpec
 from bridge.errors import InvalidSpec
+from bridge.models import JsonObject
 
 JOB_KEYS = ("candidates", "judge")
 
 
-def split_metadata(
-    metadata: dict[str, Any],
-) -> tuple[dict[str, Any], list[dict], dict | list | None]:
+# The metadata the judge or a reviewer gets: one object for every asking (round), or a list with
+# one per asking, the last repeating.
+PerTurn = JsonObject | list[JsonObject] | None
+
+
+def split_metadata(metadata: JsonObject) -> tuple[JsonObject, list[JsonObject], PerTurn]:
     """(the metadata every task shares, the per-candidate overrides, the judge's metadata),
     checked: one sentence naming what is wrong."""
     shared = {k: v for k, v in metadata.items() if k not in JOB_KEYS}
@@ -40,7 +44,7 @@ def split_metadata(
     return shared, candidates, judge
 
 
-def per_turn(given: dict | list | None, number: int) -> dict[str, Any]:
+def per_turn(given: PerTurn, number: int) -> JsonObject:
     """One object for every turn (asking, round), or a list with one per turn (1-based
     ``number``), the last one repeating."""
     if isinstance(given, list):
@@ -56,7 +60,7 @@ def candidate_label(n: int) -> str:
     return f"c{n + 1}"
 
 
-def candidate_spec(job_spec: dict[str, Any], job_id: str, n: int) -> dict[str, Any]:
+def candidate_spec(job_spec: JobSpec, job_id: str, n: int) -> JsonObject:
     """The task spec of candidate ``n`` (0-based) of a compete."""
     task = copy.deepcopy(job_spec["task"])
     shared, overrides, _ = split_metadata(task.get("metadata") or {})
@@ -69,15 +73,13 @@ def candidate_spec(job_spec: dict[str, Any], job_id: str, n: int) -> dict[str, A
     return task
 
 
-def judge_spec(
-    job_spec: dict[str, Any], job_id: str, asking: int, objective: str
-) -> dict[str, Any]:
+def judge_spec(job_spec: JobSpec, job_id: str, asking: int, objective: str) -> JsonObject:
     """The task spec of asking ``asking`` (1-based) of the judge: read-only, on the same base,
     no checks."""
     task = job_spec["task"]
     _, _, judge_metadata = split_metadata(task.get("metadata") or {})
     label = f"judge-{asking}"
-    spec: dict[str, Any] = {
+    spec: JsonObject = {
         "objective": objective,
         "worker": job_spec["judge"],
         "workspace": dict(task["workspace"]),
@@ -91,7 +93,7 @@ def judge_spec(
     return spec
 
 
-def implementer_spec(job_spec: dict[str, Any], job_id: str) -> dict[str, Any]:
+def implementer_spec(job_spec: JobSpec, job_id: str) -> JsonObject:
     """The implementer's task of a review job (the task spec without the reviewer's input)."""
     task = copy.deepcopy(job_spec["task"])
     metadata = {k: v for k, v in (task.get("metadata") or {}).items() if k != "reviewer"}
@@ -103,18 +105,18 @@ def implementer_spec(job_spec: dict[str, Any], job_id: str) -> dict[str, Any]:
     return task
 
 
-def reviewer_metadata(metadata: dict[str, Any], round_no: int) -> dict[str, Any]:
+def reviewer_metadata(metadata: JsonObject, round_no: int) -> JsonObject:
     """`metadata.reviewer`: the reviewer's metadata, one object for every round or a list of
     them, one per round (the last one repeating)."""
     return per_turn(metadata.get("reviewer"), round_no)
 
 
 def reviewer_spec(
-    job_spec: dict[str, Any], job_id: str, round_no: int, snapshot: str, objective: str
-) -> dict[str, Any]:
+    job_spec: JobSpec, job_id: str, round_no: int, snapshot: str, objective: str
+) -> JsonObject:
     """Round ``round_no``'s reviewer: read-only, on the implementer's verified snapshot."""
     task = job_spec["task"]
-    spec: dict[str, Any] = {
+    spec: JsonObject = {
         "objective": objective,
         "worker": job_spec["reviewer"],
         "workspace": {"repository": task["workspace"]["repository"], "base_ref": snapshot},
@@ -128,7 +130,7 @@ def reviewer_spec(
     return spec
 
 
-def fanout_spec(job_spec: dict[str, Any], job_id: str, n: int) -> dict[str, Any]:
+def fanout_spec(job_spec: JobSpec, job_id: str, n: int) -> JsonObject:
     """The task of objective ``n`` (0-based) of a fanout: the shared spec, its own objective
     (and `metadata.candidates[n]` merged over its metadata, as for a compete)."""
     task = copy.deepcopy(job_spec["task"])
@@ -151,19 +153,19 @@ def mode_script(modes: dict[str, str]) -> str:
 
 
 def integration_spec(
-    job_spec: dict[str, Any],
+    job_spec: JobSpec,
     job_id: str,
     n: int,
     write: dict[str, str],
     delete: list[str],
     modes: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Step ``n`` (1-based) of an integration: a task from the common base whose deterministic
     `mock` worker writes the merged files of the first n tasks (contents, then ``modes``), then
     is verified."""
     first = job_spec["task"]
     ids = ", ".join(job_spec["tasks"][:n])
-    spec: dict[str, Any] = {
+    spec: JsonObject = {
         "objective": f"Integrate {ids} (step {n} of {len(job_spec['tasks'])})",
         "worker": "mock",
         "workspace": {"repository": job_spec["repository"], "base_ref": job_spec["base_commit"]},

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import h11
 from uvicorn.config import Config as UvicornConfig
@@ -202,7 +202,9 @@ class SheddingH11Protocol(H11Protocol):
         self.transport = transport  # connection_lost needs it, refused or not
         peer = get_remote_addr(transport)
         self._client = client_key(peer[0]) if peer else "unknown"
-        self.logger = ClientWarnings(self.logger, self._shed.refusals, self._client)
+        # Duck-typed: uvicorn only calls its connection logger's methods.
+        warnings = ClientWarnings(self.logger, self._shed.refusals, self._client)
+        self.logger = cast(logging.Logger, warnings)
         refusal = self._shed.ledger.admit(self._client)
         if refusal is not None:
             self._shed.refusals.warn(

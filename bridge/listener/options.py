@@ -51,6 +51,13 @@ def resolve_options(
         if token_file or no_token:
             raise ConfigError("--token-file and --no-token apply only with --http HOST:PORT.")
         return None
+    return http_options(bind, token_file, no_token, env)
+
+
+def http_options(
+    bind: str, token_file: str | None, no_token: bool, env: MutableMapping[str, str]
+) -> HttpOptions:
+    """resolve_options for a listener that is given its ``bind`` address (`HOST:PORT`)."""
     host, port = parse_bind(bind)
     env_token = env.pop(TOKEN_ENV, None)  # read once; child processes must not inherit it
     file_path = token_file or env.get(TOKEN_FILE_ENV) or None

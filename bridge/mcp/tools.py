@@ -17,6 +17,7 @@ import anyio
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from bridge.documents import PruneReport
 from bridge.mcp.calls import BridgeCalls
 from bridge.models import SETTLED
 
@@ -221,7 +222,7 @@ class TaskTools:
                 "Also reclaim succeeded tasks whose change was never accepted (their work is lost)."
             ),
         ] = False,
-    ) -> dict[str, Any]:
+    ) -> PruneReport:
         """Reclaim disk from finished tasks: worktrees and branches of failed, cancelled,
         timed-out, rejected and accepted tasks, orphan folders and containers, and old artifacts.
         Running tasks are never touched. Dry run unless apply is true."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.config.settings import LimitDefaults
+from bridge.events import EventData
 from bridge.models import TERMINAL, TaskSpec
 from bridge.phase.context import Context
 from bridge.records import TaskRecord
@@ -54,7 +55,7 @@ class PhaseHandle:
     def limits(self) -> LimitDefaults:
         return self.record.limits
 
-    def emit(self, kind: str, data: dict[str, Any] | None = None) -> None:
+    def emit(self, kind: str, data: EventData | None = None) -> None:
         """Store one event, redacted."""
         self.ctx.store.add_event(self.task_id, kind, self.redactor.redact_data(data or {}))
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bridge.asking import listed_domains
 from bridge.gateway.policy import resolve_routes
@@ -156,7 +156,7 @@ def open_gateway(
     allowlist: list[str] | None,
     name: str,
     *,
-    owner: tuple[int, int] | None | bool = True,
+    owner: tuple[int, int] | None | Literal[True] = True,
     setup: bool = False,
     asker: Asker | None = None,
 ) -> Iterator[Gateway]:
@@ -171,8 +171,7 @@ def open_gateway(
     for route in resolved.values():
         if route.key:
             handle.redactor.add_secret(route.key)  # should it ever show up, it is masked
-    if owner is True:
-        _, owner = ctx.sandbox_identity()
+    sockets_owner = ctx.sandbox_identity()[1] if owner is True else owner
     config = ctx.config.gateway
     if setup:
         config = config.model_copy(update={"max_connections": config.setup_max_connections})
@@ -189,7 +188,7 @@ def open_gateway(
         allowlist,
         config,
         handle.emit,
-        owner,
+        sockets_owner,
         recorded_events=recorded,
         asker=asker,
     ).start()
@@ -198,8 +197,7 @@ def open_gateway(
     finally:
         gateway.stop()
         usage = gateway.usage
-        recorded = handle.ctx.store.load_task(handle.task_id).usage
-        usage.merge(recorded)
+        usage.merge(handle.ctx.store.load_task(handle.task_id).usage)
         handle.update(usage=usage.document())
 
 

@@ -24,7 +24,7 @@ from bridge.pipeline.outcomes import approved_paths
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.scheduling import HEARTBEAT_EVERY, LEASE_TTL, wait_for_leases
 from bridge.pipeline.verify import FreshCheckouts, VerificationOutcome, run_commands
-from bridge.records import AcceptResult, TaskRecord
+from bridge.records import AcceptResult, CommandResult, TaskRecord, VerificationDoc
 from bridge.store.db import now_iso
 from bridge.store.owners import Owner
 from bridge.workers import get_worker
@@ -124,7 +124,7 @@ def _write(
     head: str,
     target: str,
     reverified: bool | None,
-    verification: dict | None,
+    verification: VerificationDoc | None,
 ) -> AcceptResult:
     """``target``'s entries for the changed paths written into the user's tree, checked, and
     the task marked accepted; everything put back on any failure."""
@@ -200,7 +200,7 @@ def _write(
     )
 
 
-def _how(command) -> str:  # noqa: ANN001
+def _how(command: CommandResult) -> str:
     if command.status == "not_run":
         return "did not run"
     if command.status == "timed_out":

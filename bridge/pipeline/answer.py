@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from bridge.asking import resume_message
+from bridge.documents import HeldOutcome, RequestAnswer, RequestDetail, RequestRecord
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
@@ -20,7 +20,6 @@ from bridge.phase.handle import PhaseHandle
 from bridge.pipeline.follow_up import queue_turn
 from bridge.pipeline.outcomes import Outcome
 from bridge.pipeline.results import redactor_for
-from bridge.records import RequestRecord
 from bridge.store.db import now_iso
 from bridge.workers.circuit import record_task_outcome
 from bridge.workspace.baseline import tree_entries
@@ -58,7 +57,7 @@ def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
 
 
 def covers(
-    repository: str, base: str | None, protected: list[str], detail: dict[str, Any]
+    repository: str, base: str | None, protected: list[str], detail: RequestDetail
 ) -> dict[str, int]:
     """How many protected files of the base commit each glob of a path request matches (what
     the caller sees before approving: `tests/**` may be 3 files or 3,000). Empty when the
@@ -68,7 +67,8 @@ def covers(
     except BridgeError:
         return {}
     files = [p for p in tree if path_matches(p, protected)]
-    return {glob: sum(path_matches(p, [glob]) for p in files) for glob in detail["paths"]}
+    globs = detail.get("paths", [])
+    return {glob: sum(path_matches(p, [glob]) for p in files) for glob in globs}
 
 
 def asked(handle: PhaseHandle, turn: int) -> bool:
@@ -78,15 +78,14 @@ def asked(handle: PhaseHandle, turn: int) -> bool:
     return handle.ctx.store.requests.pending_count(handle.task_id) > 0
 
 
-def held(handle: PhaseHandle, outcome: Outcome) -> dict[str, Any]:
+def held(handle: PhaseHandle, outcome: Outcome) -> HeldOutcome:
     """The outcome a turn would have ended with, as stored while the task waits (redacted,
     with the timings so far), to end it with on a denial or the input timeout."""
-    fields = {
-        key: value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-        for key, value in outcome.fields.items()
-    }
+    fields: dict[str, object] = {}
+    if "verification" in outcome.fields:
+        fields["verification"] = outcome.fields["verification"].model_dump(mode="json")
     err = handle.redactor.redact_data(outcome.error.model_dump()) if outcome.error else None
-    return {"status": str(outcome.status), "error": err, "fields": fields}
+    return HeldOutcome(status=str(outcome.status), error=err, fields=fields)
 
 
 def wait_for_input(ctx: Context, handle: PhaseHandle, outcome: Outcome) -> bool:
@@ -138,7 +137,7 @@ def _resume(ctx: Context, task_id: str, answered: list[RequestRecord]) -> str | 
 
 def _finish_held(ctx: Context, task_id: str) -> str | None:
     task = ctx.store.load_task(task_id)
-    doc = task.held_outcome or {"status": "failed", "error": None, "fields": {}}
+    doc = task.held_outcome or HeldOutcome(status="failed", error=None, fields={})
     status = Status(doc["status"])
     err = doc.get("error")
     if not ctx.store.transition(
@@ -199,7 +198,7 @@ def answer_request(
 
 def _check_answer(
     request: RequestRecord, decision: str | None, text: str | None
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, RequestAnswer]:
     """The request's new status and the answer to record, or InvalidSpec saying why not."""
     if (decision is None) == (text is None):
         raise InvalidSpec("Answer with exactly one of a decision (approve or deny) or a text.")
@@ -211,7 +210,7 @@ def _check_answer(
                 f"Request {request.request_id} is a question: answer it with a text (or deny "
                 "it to let the task finish without an answer)."
             )
-        return ("approved" if decision == "approve" else "denied"), {"decision": decision}
+        return ("approved" if decision == "approve" else "denied"), RequestAnswer(decision=decision)
     assert text is not None
     if request.kind != "question":
         raise InvalidSpec(
@@ -220,7 +219,7 @@ def _check_answer(
         )
     if not text.strip() or len(text) > MAX_ANSWER:
         raise InvalidSpec(f"The answer's text must be 1 to {MAX_ANSWER} characters.")
-    return "answered", {"text": text}
+    return "answered", RequestAnswer(text=text)
 
 
 def expire_due(ctx: Context, now: float | None = None) -> list[str]:

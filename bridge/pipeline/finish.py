@@ -16,15 +16,17 @@ from bridge.workers.circuit import record_task_outcome
 
 
 def finish_task(handle: PhaseHandle, outcome: Outcome) -> None:
-    fields = dict(outcome.fields)
-    fields["timings"] = handle.timings
-    fields["finished_at"] = now_iso()
-    fields["phase"] = None
     err = handle.redactor.redact_data(outcome.error.model_dump()) if outcome.error else None
-    fields["error"] = err
     try:
         ended = handle.ctx.store.transition(
-            handle.task_id, outcome.status, event={"error": err} if err else {}, **fields
+            handle.task_id,
+            outcome.status,
+            event={"error": err} if err else {},
+            **outcome.fields,
+            timings=handle.timings,
+            finished_at=now_iso(),
+            phase=None,
+            error=err,
         )
     except Exception as exc:
         _fail_internal(handle.ctx.store, handle.task_id, f"its outcome could not be stored ({exc})")

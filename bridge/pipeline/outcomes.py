@@ -5,21 +5,28 @@ sentence a person can act on."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from bridge.asking import approved_paths as paths_approved
 from bridge.config.settings import LimitDefaults
+from bridge.documents import WorkerExit
 from bridge.models import Status, TaskSpec
-from bridge.records import CommandResult, ErrorInfo, WorkerExit
+from bridge.records import CommandResult, ErrorInfo, VerificationDoc
 from bridge.store import Store
 from bridge.workspace.diff import Change, protected_violations
+
+
+class OutcomeFields(TypedDict, total=False):
+    """The result fields an outcome writes on the task with its status."""
+
+    verification: VerificationDoc
 
 
 @dataclass
 class Outcome:
     status: Status
     error: ErrorInfo | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: OutcomeFields = field(default_factory=lambda: OutcomeFields())
 
 
 def error(kind: str, message: str) -> ErrorInfo:

@@ -13,10 +13,11 @@ bytes, and `git gc` reclaims them once they are unreachable and past `gc.pruneEx
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from bridge.documents import PruneReport, Removal
 from bridge.errors import BridgeError
 from bridge.models import JOB_TERMINAL, Status
 from bridge.phase.context import Context
@@ -43,6 +44,15 @@ class PruneAction:
     task_id: str | None
     reason: str
     failed: list[str] | None = None  # what could not be removed, when applied
+
+    def document(self) -> Removal:
+        return Removal(
+            kind=self.kind,
+            target=self.target,
+            task_id=self.task_id,
+            reason=self.reason,
+            failed=self.failed,
+        )
 
 
 def _branch_exists(repo: Path, branch: str) -> bool:
@@ -132,12 +142,13 @@ def plan_prune(
     actions += _pool_slots(ctx)
     try:
         for item in orphan_containers(ctx):
-            task_id = item.labels.get("io.worker-bridge.task")
-            if task_id in tasks and not scope.allows(tasks[task_id].repository):
+            owner = item.labels.get("io.worker-bridge.task")
+            known = tasks.get(owner) if owner is not None else None
+            if known is not None and not scope.allows(known.repository):
                 continue
             actions.append(
                 PruneAction(
-                    "container", item.id[:12], task_id, "container of a finished or unknown task"
+                    "container", item.id[:12], owner, "container of a finished or unknown task"
                 )
             )
     except BridgeError:
@@ -186,15 +197,13 @@ def _job_scratch(ctx: Context, scope: RepositoryScope) -> list[PruneAction]:
     root = ctx.home / "jobs"
     if not root.is_dir():
         return []
-    jobs = {row["job_id"]: row for row in ctx.store.jobs.list()}
+    jobs = {job.job_id: job for job in ctx.store.jobs.records()}
     found = []
     for entry in sorted(root.iterdir()):
-        row = jobs.get(entry.name)
-        if row is not None and (
-            row["status"] not in JOB_TERMINAL or not scope.allows(row["repository"])
-        ):
+        job = jobs.get(entry.name)
+        if job is not None and (job.status not in JOB_TERMINAL or not scope.allows(job.repository)):
             continue
-        why = f"{row['status']} job: its merges' objects" if row else "no such job in the store"
+        why = f"{job.status} job: its merges' objects" if job else "no such job in the store"
         found.append(PruneAction("job_scratch", str(entry), None, why))
     return found
 
@@ -349,8 +358,8 @@ def prune(
     apply: bool = False,
     include_unaccepted: bool = False,
     scope: RepositoryScope | None = None,
-) -> dict:
+) -> PruneReport:
     actions = plan_prune(ctx, include_unaccepted, scope)
     if apply:
         actions = apply_prune(ctx, actions)
-    return {"applied": apply, "actions": [asdict(a) for a in actions]}
+    return PruneReport(applied=apply, actions=[a.document() for a in actions])

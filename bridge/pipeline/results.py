@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from bridge.asking import approved_hosts, approved_paths, listed_domains, request_document
-from bridge.records import RequestRecord, TaskRecord, TaskResult
+from bridge.documents import RequestRecord
+from bridge.records import TaskRecord, TaskResult
 from bridge.redact import Redactor, task_redactor
 
 

@@ -41,7 +41,7 @@ def wait_for_leases(
     *,
     still_wanted: Callable[[], bool],
     ahead_of_queue: bool = False,
-    on_idle: Callable[[], None] | None = None,
+    on_idle: Callable[[], object] | None = None,
 ) -> bool:
     """Block until the task holds a lease in each of its scopes; False if it stopped being
     wanted (cancelled) meanwhile. ``ahead_of_queue``: a resumed task goes before queued ones.

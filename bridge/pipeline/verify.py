@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge.documents import EnvironmentDoc
 from bridge.environments.task import add_cached_files
 from bridge.phase.handle import PhaseHandle
 from bridge.phase.run_container import Reader, run_container
@@ -66,7 +67,7 @@ class VerificationOutcome:
     image: str
     commands: list[CommandResult] = field(default_factory=list)
     timed_out: bool = False
-    environment: dict | None = None
+    environment: EnvironmentDoc | None = None
 
     def document(self) -> VerificationDoc:
         return VerificationDoc(

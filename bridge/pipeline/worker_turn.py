@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from bridge.asking import MAX_FINAL_MESSAGE, parse_request_block
+from bridge.documents import WorkerExit
 from bridge.environments.task import BUNDLE
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.phase.handle import PhaseHandle
@@ -18,7 +19,6 @@ from bridge.phase.network import task_gateway, with_gateway
 from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
-from bridge.records import WorkerExit
 from bridge.sandbox import ContainerSpec, ExitInfo, Mount
 from bridge.sandbox.output import bounded_lines
 from bridge.workers import HOME_DIR, INPUTS_DIR, Turn, Worker

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import docker
 import docker.errors
@@ -165,11 +165,15 @@ class DockerSandbox:
                 str(m.source),
                 type="bind",
                 read_only=m.read_only,
-                **({"propagation": m.propagation} if m.propagation else {}),
+                propagation=m.propagation or None,
             )
             for m in spec.mounts
         ]
         tmpfs_size = f"size={spec.memory_mb}m"
+        # No entrypoint given: the image's own ([""] clears it); docker-py sends none for None.
+        entrypoint: dict[str, Any] = {}
+        if spec.entrypoint is not None:
+            entrypoint["entrypoint"] = spec.entrypoint or [""]
         container = call(
             "create the container",
             self.client.containers.create,
@@ -189,7 +193,7 @@ class DockerSandbox:
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=spec.read_only_root,
-            **({} if spec.entrypoint is None else {"entrypoint": spec.entrypoint or [""]}),
+            **entrypoint,
             tmpfs={path: f"rw,nosuid,nodev,mode=1777,{tmpfs_size}" for path in spec.tmpfs},
             mem_limit=f"{spec.memory_mb}m",
             memswap_limit=f"{spec.memory_mb}m",
@@ -247,7 +251,9 @@ class DockerSandbox:
         timed_out = False
         try:
             try:
-                code = api.wait(container_id, timeout=timeout).get("StatusCode")
+                # docker-py hands the timeout to requests, which takes seconds as a float;
+                # its stub says int.
+                code = api.wait(container_id, timeout=timeout).get("StatusCode")  # type: ignore[arg-type]
             except requests.exceptions.ConnectionError as exc:
                 # docker-py surfaces a read timeout as ConnectionError(ReadTimeoutError)
                 if "timed out" not in str(exc).lower():
@@ -423,7 +429,9 @@ class DockerSandbox:
             got = call(doing, self.client.api.get_archive, container["Id"], path, tolerate=(404,))
             if got is None:
                 raise SandboxError(f"Image {image} has no {path}; rebuild it.")
-            with tarfile.open(fileobj=ChunkReader(got[0]), mode="r|") as archive:
+            # A stream ("r|"): the archive is only ever read, front to back.
+            stream = cast(IO[bytes], ChunkReader(got[0]))
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
                 # Our own image's folder; the filter still keeps every member inside dest.
                 archive.extractall(dest, filter="tar")
         finally:
@@ -443,6 +451,9 @@ class DockerSandbox:
     ) -> None:
         _forget()
         step = ""
+        # Without a timeout of the build's own the client's applies (an explicit None would
+        # mean none at all).
+        limit: dict[str, Any] = {"timeout": int(timeout) + 1} if timeout else {}
         try:
             stream = self.client.api.build(
                 fileobj=io.BytesIO(context),
@@ -455,7 +466,7 @@ class DockerSandbox:
                 labels=labels,
                 dockerfile=dockerfile,
                 target=target,
-                **({"timeout": int(timeout) + 1} if timeout else {}),
+                **limit,
             )
             for item in stream:
                 if "error" in item:

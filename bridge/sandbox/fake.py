@@ -213,7 +213,7 @@ class FakeSandbox:
         env.update({key: self._translate(spec, value) for key, value in spec.env.items()})
         env["HOME"] = container.home.name
         env.update(self._git_env(spec))
-        container.proc = subprocess.Popen(
+        container.proc = proc = subprocess.Popen(
             argv,
             cwd=self._host_path(spec, spec.workdir),
             env=env,
@@ -224,13 +224,13 @@ class FakeSandbox:
         )
         readers = [
             threading.Thread(target=self._pump, args=(container, name, pipe), daemon=True)
-            for name, pipe in (("stdout", container.proc.stdout), ("stderr", container.proc.stderr))
+            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr))
         ]
         for reader in readers:
             reader.start()
 
         def reap() -> None:
-            code = container.proc.wait()
+            code = proc.wait()
             for reader in readers:
                 reader.join()
             self._finish(container, 128 - code if code < 0 else code)

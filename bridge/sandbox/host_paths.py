@@ -20,9 +20,9 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from bridge.errors import BridgeError, ConfigError, InvalidSpec
+from bridge.models import JsonObject
 
 IN_CONTAINER_ENV = "WORKER_BRIDGE_IN_CONTAINER"
 HOME_ENV = "WORKER_BRIDGE_HOME"
@@ -30,7 +30,7 @@ HOME_ENV = "WORKER_BRIDGE_HOME"
 REPOS_ENV = "WORKER_BRIDGE_REPOS"
 
 _CONTAINER_ID = re.compile(r"(?:/containers/|/docker/|docker-)([0-9a-f]{64})")
-_mounts: list[dict[str, Any]] | None = None  # our container's mounts: fixed while it runs
+_mounts: list[JsonObject] | None = None  # our container's mounts: fixed while it runs
 
 
 def in_container(env: Mapping[str, str] | None = None) -> bool:
@@ -50,14 +50,14 @@ def container_id(mountinfo: str, cgroup: str, hostname: str) -> str:
 
 
 def mount_problem(
-    path: Path | str, mounts: list[dict[str, Any]], what: str, setting: str | None = None
+    path: Path | str, mounts: list[JsonObject], what: str, setting: str | None = None
 ) -> str | None:
     """None when ``path`` lies in a bind mount whose host source is its destination; otherwise
     one sentence naming the path, where it comes from and the mount that fixes it.
     ``mounts`` is the engine's `Mounts` list for the container; ``what`` names the path
     ("The state root"), ``setting`` the variable that names it (WORKER_BRIDGE_HOME)."""
     target = PurePosixPath(os.path.normpath(str(path)))
-    best: dict[str, Any] | None = None
+    best: JsonObject | None = None
     for mount in mounts:
         dest = PurePosixPath(os.path.normpath(mount.get("Destination") or "/"))
         if target == dest or dest in target.parents:
@@ -87,7 +87,7 @@ def mount_problem(
     )
 
 
-def own_mounts() -> list[dict[str, Any]]:
+def own_mounts() -> list[JsonObject]:
     """The `Mounts` of the container this process runs in, from the engine (once per process).
     Raises BridgeError with one sentence when the engine or the container cannot be found."""
     global _mounts

@@ -1,11 +1,11 @@
 """`worker-bridge doctor`'s checks: can tasks run here? One actionable line per problem, each a
-`Check` (`{check, ok, detail, severity}` as JSON). Nothing is written (the store's write lock is
+`Check` (`{check, ok, detail, severity}`). Nothing is written (the store's write lock is
 taken and let go); `WorkerBridge.doctor` runs them and the CLI prints them."""
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from typing import TypedDict
 
 from bridge.config.settings import Config
 from bridge.errors import BridgeError
@@ -18,22 +18,25 @@ from bridge.workers import all_workers
 from bridge.workers.circuit import circuits_of
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(TypedDict):
+    """One of doctor's checks: what it checked, whether it passed, one actionable line, and how
+    much a failure matters: "ok" when it passed, else "error" (tasks cannot run) or
+    "warning"."""
+
     check: str
     ok: bool
     detail: str
-    severity: str  # "ok" when it passed, else "error" (tasks cannot run) or "warning"
+    severity: str
 
 
 def _check(name: str, ok: bool, detail: str, severity: str = "error") -> Check:
-    return Check(name, ok, detail, "ok" if ok else severity)
+    return Check(check=name, ok=ok, detail=detail, severity="ok" if ok else severity)
 
 
 def health_checks(config: Config, sandbox: Sandbox) -> list[Check]:
     engine = _engine(sandbox)
     checks = [engine, _store(config)]
-    if engine.ok:
+    if engine["ok"]:
         checks += _images(config, sandbox)
         checks += _runtime(config, sandbox)
         checks += [_check(*found) for found in deployment_checks(config.home)]  # in a container

@@ -31,9 +31,12 @@ from bridge.store.db import now_iso
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
+    from bridge.documents import PruneReport
+    from bridge.environments.manage import Listed
     from bridge.phase.context import Context
     from bridge.phase.handle import PipelineHooks
     from bridge.sandbox import Sandbox
+    from bridge.service.doctor import Check
     from bridge.workers.circuit import Reset
 
 
@@ -256,7 +259,7 @@ class WorkerBridge:
                 pass
         scope = self.scope
         tasks = [t for t in recovered if scope.allows(self.store.load_task(t).repository)]
-        return tasks + [j for j in jobs if scope.allows(self.store.jobs.load(j)["repository"])]
+        return tasks + [j for j in jobs if scope.allows(self.store.jobs.record(j).repository)]
 
     def get_task(self, task_id: str) -> TaskResult:
         record = self._task(task_id)
@@ -345,20 +348,22 @@ class WorkerBridge:
         self._task(task_id)
         return self.store.status_and_phase(task_id)
 
-    def prune_workspaces(self, apply: bool = False, include_unaccepted: bool = False) -> dict:
+    def prune_workspaces(
+        self, apply: bool = False, include_unaccepted: bool = False
+    ) -> PruneReport:
         """Reclaim disk from finished tasks in scope (dry run unless ``apply``); see
         bridge/pipeline/prune.py for what is and is never removed."""
         from bridge.pipeline.prune import prune
 
         return prune(self.context(), apply, include_unaccepted, self.scope)
 
-    def list_environments(self) -> list[dict[str, Any]]:
+    def list_environments(self) -> list[Listed]:
         """The setup caches of this state root for repositories in scope."""
         from bridge.environments.manage import list_environments
 
         return list_environments(self.context(), self.scope)
 
-    def prune_environments(self, apply: bool = False, everything: bool = False) -> dict:
+    def prune_environments(self, apply: bool = False, everything: bool = False) -> PruneReport:
         """Reclaim setup caches (dry run unless ``apply``); see environments/manage.py."""
         from bridge.environments.manage import prune_environments
 
@@ -421,14 +426,12 @@ class WorkerBridge:
                 targets.append(target)
         return build_images(self.config, self.sandbox, targets or None, base_image, on_line)
 
-    def doctor(self) -> list[dict[str, Any]]:
+    def doctor(self) -> list[Check]:
         """Whether tasks can run here: one check each (bridge/service/doctor.py), as
         `{check, ok, detail, severity}`. Writes nothing."""
-        from dataclasses import asdict
-
         from bridge.service.doctor import health_checks
 
-        return [asdict(check) for check in health_checks(self.config, self.sandbox)]
+        return health_checks(self.config, self.sandbox)
 
     def check_state_root(self) -> None:
         """In a container: the state root is shared with the host at the same path (ConfigError

@@ -15,10 +15,12 @@ from bridge.records import AcceptResult, JobRecord, JobResult, TaskRecord, TaskR
 # a job (`jobs show`, `jobs list`) loads none of it.
 if TYPE_CHECKING:
     from bridge.config.settings import Config
+    from bridge.events import JobCreated
     from bridge.phase.context import Context
     from bridge.sandbox import Sandbox
     from bridge.scope import RepositoryScope
     from bridge.store import Store
+    from bridge.store.jobs import NewJob
 
 
 class Tasks(Protocol):
@@ -58,7 +60,7 @@ class JobVerbs:
 
     def job_record(self, job_id: str) -> JobRecord:
         """The job's record; JobNotFound for an unknown id and one outside the scope alike."""
-        job = JobRecord.model_validate(self.bridge.store.jobs.load(job_id))
+        job = self.bridge.store.jobs.record(job_id)
         if not self.bridge.scope.allows(job.repository):
             raise JobNotFound.of(job_id)
         return job
@@ -111,12 +113,12 @@ class JobVerbs:
         row, event = new_integrate_row(self.bridge.config, self.bridge.sandbox, job_id, tasks)
         return self._launch(row, event)
 
-    def _launch(self, row: dict[str, Any], event: dict[str, Any]) -> JobResult:
+    def _launch(self, job: NewJob, event: JobCreated) -> JobResult:
         from bridge.jobs.detached import spawn_coordinator
 
-        self.bridge.store.jobs.insert(row, event)
-        spawn_coordinator(self.bridge.config, self.bridge.store, row["job_id"], replacing=None)
-        return self.job_status(row["job_id"])
+        self.bridge.store.jobs.insert(job, event)
+        spawn_coordinator(self.bridge.config, self.bridge.store, job["job_id"], replacing=None)
+        return self.job_status(job["job_id"])
 
     def job_status(self, job_id: str) -> JobResult:
         return job_result(self.job_record(job_id), self._tasks_of(job_id))
@@ -127,9 +129,9 @@ class JobVerbs:
 
     def list_jobs(self, limit: int | None = None) -> list[JobResult]:
         return [
-            self.job_status(row["job_id"])
-            for row in self.bridge.store.jobs.list(limit)
-            if self.bridge.scope.allows(row["repository"])
+            self.job_status(job.job_id)
+            for job in self.bridge.store.jobs.records(limit)
+            if self.bridge.scope.allows(job.repository)
         ]
 
     def cancel_job(self, job_id: str) -> JobResult:

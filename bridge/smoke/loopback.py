@@ -33,7 +33,9 @@ class LoopbackServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        server = site._server  # noqa: SLF001 - the port the kernel chose for port 0
+        assert server is not None and hasattr(server, "sockets")
+        self.port = server.sockets[0].getsockname()[1]
 
     def stop(self) -> None:
         self.release.set()

@@ -1,7 +1,7 @@
 """The host's SQLite store: tasks, events, leases and artifacts.
 sqlite3 and sqlite-utils (its migrations runner) are imported only in this package.
 
-`Store` is imported on first use, so that the plain reads of rows.py load no model."""
+`Store` is imported on first use: importing the package loads none of its modules."""
 
 from __future__ import annotations
 

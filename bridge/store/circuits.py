@@ -10,12 +10,22 @@ import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from bridge.documents import WorkerExit
 from bridge.errors import BridgeError
+from bridge.models import JsonObject
 from bridge.store.db import now_iso
 from bridge.store.owners import owner_live
 from bridge.store.sql import marks, read_only
+
+
+class OpenedFor(TypedDict, total=False):
+    """Why an open breaker opened, as stored: the failures by kind and the window they fell in
+    (empty for a closed one)."""
+
+    kinds: dict[str, int]
+    window_s: float
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,29 @@ class CircuitRow:
     probe_task: str | None = None
     probe_at: float | None = None
     closed_at: float = 0.0
-    reason: dict[str, Any] = field(default_factory=dict)
+    reason: OpenedFor = field(default_factory=lambda: OpenedFor())
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """What the breaker reads of a task: where it ran, how it ended (status, turn, error kind
+    and the worker's recorded exit), its effective deadline (``timeout_seconds``), when it
+    ended (``ended_at``, epoch seconds), whether a runner holds a live claim on it, its
+    ``deadline_at``, and the `circuit` section of the configuration it was made with (as
+    stored: read by whoever applies it, who falls back to its own for one it cannot read)."""
+
+    task_id: str
+    worker: str
+    repository: str
+    status: str
+    turn: int = 0
+    error_kind: str | None = None
+    worker_exit: WorkerExit | None = None
+    timeout_seconds: float | None = None
+    ended_at: float | None = None
+    runner_live: bool = False
+    deadline_at: float | None = None
+    circuit: JsonObject | None = None
 
 
 _COLUMNS = ("state", "opened_at", "retry_at", "probe_task", "probe_at", "closed_at", "reason")
@@ -41,7 +73,7 @@ def _row(values: tuple) -> CircuitRow:
     """The stored row; ValueError when it is not one this version wrote (damaged, or another
     version's), which callers say in one sentence rather than read as some state."""
     worker, state, opened_at, retry_at, probe_task, probe_at, closed_at, reason = values
-    found = json.loads(reason) if reason else {}
+    found: OpenedFor = json.loads(reason) if reason else OpenedFor()
     kinds = found.get("kinds", {}) if isinstance(found, dict) else None
     window = found.get("window_s", 0) if isinstance(found, dict) else None
     numbers = (opened_at, retry_at, probe_at, closed_at, window)
@@ -145,12 +177,8 @@ def _iso(at: float) -> str:  # the form of the tasks' timestamps (store.db.now_i
     return datetime.fromtimestamp(max(at, 0.0), UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
-def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
-    """What the breaker reads of a task: worker, repository, status, turn, error and recorded
-    exit (the JSON ones decoded), its deadline (``timeout_seconds``, the effective one), when
-    it ended (``ended_at``, epoch seconds, or None), whether a runner holds a live claim on it
-    (``runner_live``), its ``deadline_at`` and the `circuit` section of the configuration it
-    was made with (``circuit``, a dict, or None); None for no such task."""
+def task_outcome(conn: sqlite3.Connection, task_id: str) -> TaskOutcome | None:
+    """The task's outcome as the breaker reads it; None for no such task."""
     found = conn.execute(
         "SELECT worker, repository, status, turn, error, worker_exit, finished_at,"
         " json_extract(config, '$.effective_limits.timeout_seconds'),"
@@ -166,25 +194,25 @@ def task_outcome(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | Non
         ended_at = datetime.fromisoformat(finished_at).timestamp() if finished_at else None
     except ValueError:
         ended_at = None
-    return {
-        "task_id": task_id,
-        "worker": worker,
-        "repository": repository,
-        "status": status,
-        "turn": turn or 0,
-        "error": json.loads(error) if error else None,
-        "worker_exit": json.loads(worker_exit) if worker_exit else None,
-        "timeout_seconds": deadline,
-        "ended_at": ended_at,
-        "runner_live": runner_id is not None and owner_live(expires, host, pid, pid_started),
-        "deadline_at": deadline_at,
-        "circuit": json.loads(circuit) if circuit else None,
-    }
+    return TaskOutcome(
+        task_id=task_id,
+        worker=worker,
+        repository=repository,
+        status=status,
+        turn=turn or 0,
+        error_kind=(json.loads(error) or {}).get("kind") if error else None,
+        worker_exit=WorkerExit.model_validate_json(worker_exit) if worker_exit else None,
+        timeout_seconds=deadline,
+        ended_at=ended_at,
+        runner_live=runner_id is not None and owner_live(expires, host, pid, pid_started),
+        deadline_at=deadline_at,
+        circuit=json.loads(circuit) if circuit else None,
+    )
 
 
 def read_circuits(
     path: Path, after: float
-) -> tuple[dict[str, CircuitRow], dict[str, dict], dict[str, dict[str, Any] | None]]:
+) -> tuple[dict[str, CircuitRow], dict[str, dict[str, int]], dict[str, TaskOutcome | None]]:
     """Every stored row, each worker's failures after ``after`` (and after its own close) by
     kind, and for each row with a probe the probe task as task_outcome reads it (None: the
     task is gone), read without writing anything: from a read-only connection, and nothing at

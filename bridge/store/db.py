@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.errors import InvalidTransition, StoreUnavailable, TaskNotFound
+from bridge.events import EventData
 from bridge.models import TRANSITIONS, Status, allowed_sources
-from bridge.records import Event, TaskRecord
+from bridge.records import Event, NewTask, TaskRecord
+from bridge.store.encode import encode, new_task_columns
 from bridge.store.jobs import Jobs
 from bridge.store.leases import JOBS, Leases, Runners
 from bridge.store.migrations import MIGRATION_SET, STEPS, migrations
@@ -27,9 +29,9 @@ from bridge.store.requests import Requests
 from bridge.store.rows import (
     JSON_COLUMNS,
     applied_migrations,
-    decode_task,
     rows_of,
     sqlite_uri,
+    task_record,
     tasks_query,
 )
 from bridge.store.rows import artifacts_of as artifact_rows
@@ -37,15 +39,6 @@ from bridge.store.sql import insert, marks
 
 if TYPE_CHECKING:
     import sqlite_utils
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready data from records and lists of records (pydantic models dump themselves)."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", by_alias=True)
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
 
 
 def now_iso() -> str:
@@ -159,11 +152,11 @@ class Store:
             return  # up to date: sqlite-utils is not even imported
         with self.transaction():
             db = self.db
-            old = db["migrations"]
+            old = db.table("migrations")
             if old.exists():
                 migrations().ensure_migrations_table(db)
                 for row in old.rows:
-                    db["_sqlite_migrations"].insert(
+                    db.table("_sqlite_migrations").insert(
                         {
                             "migration_set": MIGRATION_SET,
                             "name": row["name"],
@@ -176,16 +169,7 @@ class Store:
     def _applied(self) -> set[str]:
         return applied_migrations(self.conn)
 
-    @staticmethod
-    def _encode(fields: dict[str, Any]) -> dict[str, Any]:
-        return {
-            key: json.dumps(_plain(value)) if key in JSON_COLUMNS and value is not None else value
-            for key, value in fields.items()
-        }
-
-    def event_in(
-        self, conn: sqlite3.Connection, task_id: str, kind: str, data: dict[str, Any]
-    ) -> int:
+    def event_in(self, conn: sqlite3.Connection, task_id: str, kind: str, data: EventData) -> int:
         """Store one event inside the caller's transaction (callers redact ``data`` first)."""
         cur = conn.execute(
             "INSERT INTO events (task_id, kind, at, data) VALUES (?, ?, ?, ?)",
@@ -197,38 +181,38 @@ class Store:
 
     def insert_task(
         self,
-        row: dict[str, Any],
-        event: dict[str, Any],
+        task: NewTask,
+        event: EventData,
         admit: Callable[[sqlite3.Connection], Exception | None] | None = None,
     ) -> tuple[str, bool]:
-        """Insert a new task with its `task.created` event. Returns (task_id, created).
+        """Insert a new task (status `created`) with its `task.created` event. Returns
+        (task_id, created).
 
         With an idempotency key already used on the same repository, returns the existing task
         instead (created=False); the unique index makes this hold across processes.
         ``admit`` runs in the transaction before the row is written (the circuit breaker): on a
         refusal it returns, the task is not written, what ``admit`` wrote is committed, then raised.
         """
-        row = {**row, "created_at": now_iso(), "updated_at": now_iso(), "turn": 0}
+        key = task.spec.idempotency_key
         with self.transaction() as conn:
-            key = row.get("idempotency_key")
             if key:
                 found = conn.execute(
                     "SELECT task_id FROM tasks WHERE idempotency_key = ? AND repository = ?",
-                    (key, row["repository"]),
+                    (key, task.repository),
                 ).fetchone()
                 if found:
                     return found[0], False
             refusal = admit(conn) if admit is not None else None
             if refusal is None:
-                insert(conn, "tasks", self._encode(row))
-                status = {"from": None, "to": row["status"]}
-                self.event_in(conn, row["task_id"], "task.created", event)
-                self.event_in(conn, row["task_id"], "task.status", status)
+                insert(conn, "tasks", encode(new_task_columns(task, now_iso()), JSON_COLUMNS))
+                status = {"from": None, "to": str(Status.CREATED)}
+                self.event_in(conn, task.task_id, "task.created", event)
+                self.event_in(conn, task.task_id, "task.status", status)
         if refusal is not None:
             raise refusal
-        return row["task_id"], True
+        return task.task_id, True
 
-    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
         """Run a read under the connection lock (threads share the connection)."""
         with self._lock:
             return rows_of(self.conn, sql, params)
@@ -238,7 +222,7 @@ class Store:
         rows = self.query("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         if not rows:
             raise TaskNotFound.of(task_id)
-        return TaskRecord.model_validate(decode_task(rows[0]))
+        return task_record(rows[0])
 
     def list_tasks(
         self,
@@ -249,7 +233,7 @@ class Store:
         """Tasks newest first; ``under``: only those whose repository is one of these folders
         or inside one."""
         sql, params = tasks_query(status, limit, under)
-        return [TaskRecord.model_validate(decode_task(row)) for row in self.query(sql, params)]
+        return [task_record(row) for row in self.query(sql, params)]
 
     def status(self, task_id: str) -> str:
         """Just the status: what polling loops need, without decoding the whole row."""
@@ -278,7 +262,7 @@ class Store:
         """Write non-status fields (results, paths, timings)."""
         if "status" in fields:
             raise ValueError("status changes go through transition()")
-        encoded = self._encode({**fields, "updated_at": now_iso()})
+        encoded = encode({**fields, "updated_at": now_iso()}, JSON_COLUMNS)
         sets = ", ".join(f"{key} = ?" for key in encoded)
         with self.transaction() as conn:
             conn.execute(f"UPDATE tasks SET {sets} WHERE task_id = ?", (*encoded.values(), task_id))
@@ -300,7 +284,7 @@ class Store:
         *,
         explicit: bool = False,
         expect: set[Status] | None = None,
-        event: dict[str, Any] | None = None,
+        event: EventData | None = None,
         **fields: Any,
     ) -> bool:
         """Compare-and-set the status. Returns False (writing nothing) when the task is no longer
@@ -310,7 +294,7 @@ class Store:
             sources = sources & expect
         if not sources:
             raise InvalidTransition(f"No status may move to '{target}'.")
-        encoded = self._encode({**fields, "status": str(target), "updated_at": now_iso()})
+        encoded = encode({**fields, "status": str(target), "updated_at": now_iso()}, JSON_COLUMNS)
         sets = ", ".join(f"{key} = ?" for key in encoded)
         with self.transaction() as conn:
             before = conn.execute(
@@ -334,7 +318,7 @@ class Store:
 
     # -- events -----------------------------------------------------------------------------
 
-    def add_event(self, task_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
+    def add_event(self, task_id: str, kind: str, data: EventData | None = None) -> int:
         """Store one event. Callers redact ``data`` first (see bridge.redact)."""
         with self.transaction() as conn:
             return self.event_in(conn, task_id, kind, data or {})

@@ -15,7 +15,7 @@ import time
 import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from bridge.errors import JobNotFound, TaskNotFound
 from bridge.models import JOB_TERMINAL, TERMINAL
@@ -29,14 +29,22 @@ class Store(Protocol):
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
-    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]: ...
+    def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]: ...
 
     def set_status(
         self, conn: sqlite3.Connection, task_id: str, before: str, after: str
     ) -> None: ...
 
 
-def _runner_live(row: dict[str, Any]) -> bool:
+class LiveLease(TypedDict):
+    """A lease that counts: its scope, its task and the runner that holds it."""
+
+    scope: str
+    task_id: str
+    owner: str
+
+
+def _runner_live(row: sqlite3.Row) -> bool:
     return owner_live(
         row["runner_expires_at"], row["runner_host"], row["runner_pid"], row["runner_pid_started"]
     )
@@ -178,7 +186,7 @@ class Runners:
             )
             conn.execute("DELETE FROM leases WHERE owner = ?", (owner.id,))
 
-    def stranded(self) -> list[dict[str, Any]]:
+    def stranded(self) -> list[sqlite3.Row]:
         """Unfinished rows past `created` whose runner is gone (expired, or dead here); each
         row's id is under the table's key (`task_id` or `job_id`)."""
         places = marks(self.owned.active)
@@ -198,7 +206,7 @@ class Leases:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def _sweep(self, conn: sqlite3.Connection) -> list[tuple]:
+    def _sweep(self, conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
         """Leases that count (scope, task_id, owner), sweeping the rest.
 
         A lease whose owner died (expired, or its pid gone here) is free, unless its task may
@@ -268,7 +276,7 @@ class Leases:
                 )
         return True
 
-    def queued_waiting(self) -> list[dict[str, Any]]:
+    def queued_waiting(self) -> list[sqlite3.Row]:
         """Queued tasks with a live runner, in start order: priority (high first), then age."""
         rows = self.store.query(
             "SELECT task_id, worker, repository, priority, runner_host, runner_pid,"
@@ -286,7 +294,7 @@ class Leases:
             else:
                 conn.execute("DELETE FROM leases WHERE task_id = ?", (task_id,))
 
-    def live(self, scope: str | None = None) -> list[dict[str, Any]]:
+    def live(self, scope: str | None = None) -> list[LiveLease]:
         with self.store.transaction() as conn:
             live = self._sweep(conn)
-        return [{"scope": s, "task_id": t, "owner": o} for s, t, o in live if scope in (None, s)]
+        return [LiveLease(scope=s, task_id=t, owner=o) for s, t, o in live if scope in (None, s)]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _initial(db: sqlite_utils.Database) -> None:
-    db["tasks"].create(
+    db.table("tasks").create(
         {
             "task_id": str,
             "status": str,
@@ -45,16 +45,16 @@ def _initial(db: sqlite_utils.Database) -> None:
         pk="task_id",
         not_null={"status", "worker", "objective", "repository", "spec", "created_at"},
     )
-    db["tasks"].create_index(["idempotency_key"], unique=True)
-    db["tasks"].create_index(["status", "priority", "created_at"])
-    db["tasks"].create_index(["created_at"])
+    db.table("tasks").create_index(["idempotency_key"], unique=True)
+    db.table("tasks").create_index(["status", "priority", "created_at"])
+    db.table("tasks").create_index(["created_at"])
     # AUTOINCREMENT: event ids are never reused, so a log cursor stays valid.
     db.execute(
         "CREATE TABLE events (event_id INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL,"
         " kind TEXT NOT NULL, at TEXT NOT NULL, data TEXT)"
     )
-    db["events"].create_index(["task_id", "event_id"])
-    db["leases"].create(
+    db.table("events").create_index(["task_id", "event_id"])
+    db.table("leases").create(
         {
             "lease_id": str,
             "scope": str,
@@ -66,9 +66,9 @@ def _initial(db: sqlite_utils.Database) -> None:
         pk="lease_id",
         not_null={"scope", "task_id", "owner", "expires_at"},
     )
-    db["leases"].create_index(["scope", "expires_at"])
-    db["leases"].create_index(["task_id"])
-    db["artifacts"].create(
+    db.table("leases").create_index(["scope", "expires_at"])
+    db.table("leases").create_index(["task_id"])
+    db.table("artifacts").create(
         {"task_id": str, "name": str, "path": str, "size": int, "sha256": str, "created_at": str},
         pk=("task_id", "name"),
     )
@@ -93,10 +93,10 @@ def _runners_and_owners(db: sqlite_utils.Database) -> None:
         ("worker_exit", str),
         ("pruned_at", str),
     ):
-        db["tasks"].add_column(column, kind)
+        db.table("tasks").add_column(column, kind)
     for column, kind in (("host", str), ("pid", int), ("pid_started", float)):
-        db["leases"].add_column(column, kind)
-    db["tasks"].create_index(["status", "runner_expires_at"])
+        db.table("leases").add_column(column, kind)
+    db.table("tasks").create_index(["status", "runner_expires_at"])
 
 
 STEPS.append(("0002_runners_and_owners", _runners_and_owners))
@@ -104,7 +104,7 @@ STEPS.append(("0002_runners_and_owners", _runners_and_owners))
 
 def _follow_ups(db: sqlite_utils.Database) -> None:
     """The messages of follow-up turns (turn N uses follow_ups[N-1])."""
-    db["tasks"].add_column("follow_ups", str)
+    db.table("tasks").add_column("follow_ups", str)
 
 
 STEPS.append(("0003_follow_ups", _follow_ups))
@@ -112,7 +112,7 @@ STEPS.append(("0003_follow_ups", _follow_ups))
 
 def _dropped(db: sqlite_utils.Database) -> None:
     """What the snapshot left out of a worker's files (nested .git, FIFOs...), with why."""
-    db["tasks"].add_column("dropped", str)
+    db.table("tasks").add_column("dropped", str)
 
 
 STEPS.append(("0004_dropped", _dropped))
@@ -120,7 +120,7 @@ STEPS.append(("0004_dropped", _dropped))
 
 def _usage(db: sqlite_utils.Database) -> None:
     """The task's network usage through its gateway (requests, bytes, tokens by model)."""
-    db["tasks"].add_column("usage", str)
+    db.table("tasks").add_column("usage", str)
 
 
 STEPS.append(("0005_usage", _usage))
@@ -128,7 +128,7 @@ STEPS.append(("0005_usage", _usage))
 
 def _session_id(db: sqlite_utils.Database) -> None:
     """The worker CLI's own session (Claude, Codex, OpenCode), which later turns resume."""
-    db["tasks"].add_column("session_id", str)
+    db.table("tasks").add_column("session_id", str)
 
 
 STEPS.append(("0006_session_id", _session_id))
@@ -138,7 +138,9 @@ def _idempotency_per_repository(db: sqlite_utils.Database) -> None:
     """An idempotency key is one repository's: the same key on two repositories names two
     tasks (a key used elsewhere must neither reveal that task nor block this one)."""
     db.execute("DROP INDEX IF EXISTS idx_tasks_idempotency_key")
-    db["tasks"].create_index(["repository", "idempotency_key"], unique=True, if_not_exists=True)
+    db.table("tasks").create_index(
+        ["repository", "idempotency_key"], unique=True, if_not_exists=True
+    )
 
 
 STEPS.append(("0007_idempotency_per_repository", _idempotency_per_repository))
@@ -149,7 +151,7 @@ def _jobs(db: sqlite_utils.Database) -> None:
     which owns its job the way a runner owns a task (the same runner columns). Each task of a
     job names it, with its role (`candidate`, `judge`, `implementer`, `reviewer`...) and a
     label (its slot). A job's events go in the events table under its id."""
-    db["jobs"].create(
+    db.table("jobs").create(
         {
             "job_id": str,
             "kind": str,
@@ -171,11 +173,11 @@ def _jobs(db: sqlite_utils.Database) -> None:
         pk="job_id",
         not_null={"kind", "status", "repository", "spec", "created_at"},
     )
-    db["jobs"].create_index(["created_at"])
-    db["jobs"].create_index(["status", "runner_expires_at"])
+    db.table("jobs").create_index(["created_at"])
+    db.table("jobs").create_index(["status", "runner_expires_at"])
     for column in ("job_id", "job_role", "job_label"):
-        db["tasks"].add_column(column, str)
-    db["tasks"].create_index(["job_id"])
+        db.table("tasks").add_column(column, str)
+    db.table("tasks").create_index(["job_id"])
 
 
 STEPS.append(("0008_jobs", _jobs))
@@ -186,7 +188,7 @@ def _requests(db: sqlite_utils.Database) -> None:
     path requests and questions of a worker's final message; each pending until answered or
     expired. `held_outcome`: how the turn that left the task waiting would have ended (a
     denial or the input timeout ends the task with it)."""
-    db["requests"].create(
+    db.table("requests").create(
         {
             "request_id": str,
             "task_id": str,
@@ -205,9 +207,9 @@ def _requests(db: sqlite_utils.Database) -> None:
         pk="request_id",
         not_null={"task_id", "kind", "key", "detail", "status", "at"},
     )
-    db["requests"].create_index(["task_id", "key"], unique=True)
-    db["requests"].create_index(["status", "expires_at"])
-    db["tasks"].add_column("held_outcome", str)
+    db.table("requests").create_index(["task_id", "key"], unique=True)
+    db.table("requests").create_index(["status", "expires_at"])
+    db.table("tasks").add_column("held_outcome", str)
 
 
 STEPS.append(("0009_requests", _requests))
@@ -217,7 +219,7 @@ def _circuits(db: sqlite_utils.Database) -> None:
     """The circuit breaker per worker (bridge/workers/circuit.py): its state (`closed` or `open`, an
     open one half-open from `retry_at`, with the one task let through then in `probe_task`),
     and the failures it counts, one row per task turn (so recording one twice counts once)."""
-    db["circuits"].create(
+    db.table("circuits").create(
         {
             "worker": str,
             "state": str,
@@ -237,7 +239,7 @@ def _circuits(db: sqlite_utils.Database) -> None:
         " worker TEXT NOT NULL, task_id TEXT NOT NULL, turn INTEGER NOT NULL,"
         " kind TEXT NOT NULL, at REAL NOT NULL, UNIQUE (task_id, turn))"
     )
-    db["circuit_failures"].create_index(["worker", "at"])
+    db.table("circuit_failures").create_index(["worker", "at"])
 
 
 STEPS.append(("0010_circuits", _circuits))
@@ -247,7 +249,7 @@ def _pool(db: sqlite_utils.Database) -> None:
     """The container pool's slots (bridge/store/pool.py): one row per pooled container, from
     its reservation (`filling`) through `idle` and its one claim (`claimed`, then `running`
     once the task's command was handed to it) to its removal (`removing`, then no row)."""
-    db["pool_slots"].create(
+    db.table("pool_slots").create(
         {
             "slot_id": str,
             "shape": str,
@@ -268,8 +270,8 @@ def _pool(db: sqlite_utils.Database) -> None:
         pk="slot_id",
         not_null={"shape", "state", "created_at"},
     )
-    db["pool_slots"].create_index(["shape", "state", "created_at"])
-    db["pool_slots"].create_index(["container_id"])
+    db.table("pool_slots").create_index(["shape", "state", "created_at"])
+    db.table("pool_slots").create_index(["container_id"])
 
 
 STEPS.append(("0011_pool", _pool))

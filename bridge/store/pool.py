@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from bridge.errors import BridgeError
 from bridge.store.owners import Owner, process_alive
@@ -31,7 +31,7 @@ class Store(Protocol):
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
-    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]: ...
+    def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]: ...
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,11 @@ class PoolSlot:
         return not process_alive(self.host, self.pid, self.pid_started) or now - since > STALE_S
 
 
-def _slot(row: dict[str, Any]) -> PoolSlot:
-    row = dict(row)
-    row["labels"] = json.loads(row["labels"]) if row.get("labels") else {}
-    row["memory_mb"] = row.get("memory_mb") or 0
-    return PoolSlot(**row)
+def _slot(row: sqlite3.Row) -> PoolSlot:
+    values = dict(row)
+    values["labels"] = json.loads(row["labels"]) if row["labels"] else {}
+    values["memory_mb"] = row["memory_mb"] or 0
+    return PoolSlot(**values)
 
 
 class PoolSlots:
@@ -193,7 +193,7 @@ def read_slots(path: Path) -> list[PoolSlot]:
     conn = None
     try:
         conn = read_only(path)
-        return [_slot(dict(r)) for r in conn.execute("SELECT * FROM pool_slots")]
+        return [_slot(r) for r in conn.execute("SELECT * FROM pool_slots")]
     except sqlite3.Error as exc:
         if "no such table" in str(exc):  # a store from before the pool
             return []

@@ -12,10 +12,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Protocol
 
-from bridge.records import RequestRecord
-from bridge.store.rows import decode_request, requests_of
+from bridge.documents import RequestAnswer, RequestDetail, RequestRecord
+from bridge.events import EventData
+from bridge.store.rows import request_record, requests_of
 from bridge.store.sql import marks
 
 RESOLVED = ("approved", "denied", "answered", "expired")
@@ -29,11 +30,7 @@ class Store(Protocol):
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
-    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]: ...
-
-
-def _record(row: dict[str, Any]) -> RequestRecord:
-    return RequestRecord.model_validate(decode_request(row))
+    def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]: ...
 
 
 def _asking(conn: sqlite3.Connection, task_id: str) -> bool:
@@ -48,7 +45,7 @@ class Requests:
         self,
         store: Store,
         now: Callable[[], str],
-        event: Callable[[sqlite3.Connection, str, str, dict[str, Any]], int],
+        event: Callable[[sqlite3.Connection, str, str, EventData], int],
     ) -> None:
         self.store = store
         self._now = now
@@ -114,7 +111,7 @@ class Requests:
         self,
         task_id: str,
         kind: str,
-        detail: dict[str, Any],
+        detail: RequestDetail,
         *,
         turn: int,
         expires_at: float,
@@ -139,7 +136,7 @@ class Requests:
         task_id: str,
         kind: str,
         key: str,
-        detail: dict[str, Any],
+        detail: RequestDetail,
         turn: int,
         expires_at: float,
     ) -> str:
@@ -163,10 +160,7 @@ class Requests:
 
     def of(self, task_ids: list[str]) -> dict[str, list[RequestRecord]]:
         """task id -> its requests, oldest first, in one query for any number of tasks."""
-        found = requests_of(self.store.query, task_ids)
-        return {
-            task_id: [RequestRecord.model_validate(r) for r in rs] for task_id, rs in found.items()
-        }
+        return requests_of(self.store.query, task_ids)
 
     def for_task(self, task_id: str) -> list[RequestRecord]:
         return self.of([task_id]).get(task_id, [])
@@ -184,7 +178,7 @@ class Requests:
             " ORDER BY rowid",
             (task_id, kind),
         )
-        return [_record(row) for row in rows]
+        return [request_record(row) for row in rows]
 
     # -- answering ----------------------------------------------------------------------------
 
@@ -193,8 +187,8 @@ class Requests:
         task_id: str,
         request_id: str,
         status: str,
-        answer: dict[str, Any],
-        shown: dict[str, Any],
+        answer: RequestAnswer,
+        shown: EventData,
         task_in: tuple[str, ...] = (),
     ) -> bool:
         """Compare-and-set a pending request (of a task whose status is one of ``task_in``) to
@@ -292,7 +286,7 @@ class Requests:
             " AND delivered_turn IS NULL ORDER BY rowid",
             (task_id, *RESOLVED),
         )
-        return [_record(row) for row in rows]
+        return [request_record(row) for row in rows]
 
     def mark_delivered(self, request_ids: list[str], turn: int) -> None:
         with self.store.transaction() as conn:

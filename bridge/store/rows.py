@@ -1,6 +1,7 @@
-"""The store's rows as plain data: which columns hold JSON, how a task or request row is decoded,
-the tasks listing's query, and the queries that gather a listing's artifacts and requests. The
-Store (db.py) reads through these."""
+"""The store's rows: which columns hold JSON, how a task or request row is decoded, the tasks
+listing's query, and the queries that gather a listing's artifacts and requests. A row is
+sqlite3's `Row` (read by column name) until it is decoded into its record. The Store (db.py)
+reads through these."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bridge.documents import RequestRecord
+from bridge.records import TaskRecord
 from bridge.store.migrations import MIGRATION_SET
 from bridge.store.sql import marks
 
@@ -28,25 +31,27 @@ JSON_COLUMNS = (
 )
 
 
-def decode_columns(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
-    """``row`` with its JSON ``columns`` parsed in place (NULL stays None)."""
+def decode_columns(row: sqlite3.Row, columns: tuple[str, ...]) -> dict[str, object]:
+    """``row`` as column -> value, its JSON ``columns`` parsed (NULL stays None)."""
+    decoded: dict[str, object] = dict(row)
     for column in columns:
-        if row.get(column) is not None:
-            row[column] = json.loads(row[column])
-    return row
+        text = decoded.get(column)
+        if text is not None:
+            decoded[column] = json.loads(str(text))
+    return decoded
 
 
-def decode_task(row: dict[str, Any]) -> dict[str, Any]:
-    """A tasks row with its JSON columns parsed."""
-    return decode_columns(row, JSON_COLUMNS)
+def task_record(row: sqlite3.Row) -> TaskRecord:
+    """A tasks row as its record."""
+    return TaskRecord.model_validate(decode_columns(row, JSON_COLUMNS))
 
 
-def decode_request(row: dict[str, Any]) -> dict[str, Any]:
-    """A requests row with its detail and answer parsed."""
-    row = dict(row)
-    row["detail"] = json.loads(row["detail"] or "{}")
-    row["answer"] = json.loads(row["answer"]) if row.get("answer") else None
-    return row
+def request_record(row: sqlite3.Row) -> RequestRecord:
+    """A requests row as its record (its detail and answer parsed)."""
+    decoded: dict[str, object] = dict(row)
+    decoded["detail"] = json.loads(row["detail"] or "{}")
+    decoded["answer"] = json.loads(row["answer"]) if row["answer"] else None
+    return RequestRecord.model_validate(decoded)
 
 
 def tasks_query(
@@ -93,14 +98,14 @@ def sqlite_uri(path: Path, mode: str) -> str:
     return f"{path.absolute().as_uri()}?mode={mode}"
 
 
-def rows_of(conn: sqlite3.Connection, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
-    """Rows as dicts keyed by column name."""
+def rows_of(conn: sqlite3.Connection, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+    """The rows ``sql`` reads, each read by column name."""
     cur = conn.execute(sql, params)
-    names = [c[0] for c in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    cur.row_factory = sqlite3.Row
+    return cur.fetchall()
 
 
-Query = Callable[[str, list[Any]], list[dict[str, Any]]]
+Query = Callable[[str, list[Any]], list[sqlite3.Row]]
 
 
 def artifacts_of(run: Query, task_ids: list[str]) -> dict[str, dict[str, str]]:
@@ -112,12 +117,12 @@ def artifacts_of(run: Query, task_ids: list[str]) -> dict[str, dict[str, str]]:
     return found
 
 
-def requests_of(run: Query, task_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """task id -> its requests (decoded rows), oldest first, in one query (``run``)."""
-    found: dict[str, list[dict[str, Any]]] = {}
+def requests_of(run: Query, task_ids: list[str]) -> dict[str, list[RequestRecord]]:
+    """task id -> its requests, oldest first, in one query (``run``)."""
+    found: dict[str, list[RequestRecord]] = {}
     if not task_ids:
         return found
     sql = f"SELECT * FROM requests WHERE task_id IN ({marks(task_ids)}) ORDER BY rowid"
     for row in run(sql, task_ids):
-        found.setdefault(row["task_id"], []).append(decode_request(row))
+        found.setdefault(row["task_id"], []).append(request_record(row))
     return found

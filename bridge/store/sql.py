@@ -4,9 +4,14 @@ connection for the readers that must write nothing (doctor, `workers list`)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
+
+# The connection a transaction of the store hands out (sqlite3's), named here for the modules
+# outside the store that pass one along inside a transaction (bridge/workers/circuit.py): only
+# the store imports sqlite3.
+Connection = sqlite3.Connection
 
 
 def marks(items: Collection[Any]) -> str:
@@ -14,7 +19,7 @@ def marks(items: Collection[Any]) -> str:
     return ", ".join("?" for _ in items)
 
 
-def insert(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
+def insert(conn: sqlite3.Connection, table: str, row: Mapping[str, object]) -> None:
     """INSERT one row (column -> value, already encoded) into ``table``."""
     sql = f"INSERT INTO {table} ({', '.join(row)}) VALUES ({marks(row)})"
     conn.execute(sql, tuple(row.values()))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bridge.errors import BridgeError, InvalidSpec
+from bridge.models import JsonObject
+from bridge.records import AcceptResult, JobResult, TaskResult
 from bridge.ui import views
 from bridge.ui.routes import (
     PREFIX,
@@ -26,7 +27,9 @@ from bridge.ui.routes import (
 )
 
 MAX_BODY = 64 * 1024
-Verb = Callable[[UiState, str, dict[str, Any]], Any]
+# A verb: the facade call an action makes with the request's JSON body (from the page: any
+# object, each verb reads the keys it takes), and the result the page is sent.
+Verb = Callable[[UiState, str, JsonObject], TaskResult | JobResult | AcceptResult]
 
 
 def action_routes(state: UiState) -> list[Route]:
@@ -65,12 +68,12 @@ def _action(state: UiState, verb: Verb) -> Callable[[Request], Awaitable[Respons
             return error_response(exc)
         except (RecursionError, OverflowError):
             return unreadable()
-        return JSONResponse(outcome, headers={"cache-control": "no-store"})
+        return JSONResponse(views.page(outcome), headers={"cache-control": "no-store"})
 
     return run
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def _json_body(request: Request) -> JsonObject:
     raw = await read_body(request, MAX_BODY)
     if raw is None:
         raise InvalidSpec(f"The request is larger than {MAX_BODY // 1024} KB.")
@@ -85,47 +88,47 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _text(body: dict[str, Any], key: str) -> str:
+def _text(body: JsonObject, key: str) -> str:
     value = body.get(key, "")
     if not isinstance(value, str):
         raise InvalidSpec(f"'{key}' must be text.")
     return value
 
 
-def _refused_unless(result: Any, wanted: str, task_id: str, refused: str) -> dict[str, Any]:
+def _refused_unless(result: TaskResult, wanted: str, task_id: str, refused: str) -> TaskResult:
     """A verb that ends a task: refused with the CLI's sentence when it did not get there."""
     if str(result.status) != wanted:
         raise InvalidSpec(f"Task {task_id} {refused.format(status=result.status)}")
-    return views.task_page(result)
+    return result
 
 
-def accept_task(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+def accept_task(state: UiState, task_id: str, body: JsonObject) -> AcceptResult:
     outcome = state.bridge.accept_task(
         task_id, allow_unverified=body.get("allow_unverified") is True
-    ).document()
-    if not outcome["accepted"]:
-        raise InvalidSpec(outcome["reason"])
+    )
+    if not outcome.accepted:
+        raise InvalidSpec(outcome.reason or "")
     return outcome
 
 
-def reject_task(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+def reject_task(state: UiState, task_id: str, body: JsonObject) -> TaskResult:
     result = state.bridge.reject_task(task_id, _text(body, "reason"))
     return _refused_unless(
         result, "rejected", task_id, "is {status}; only a succeeded task can be rejected."
     )
 
 
-def cancel_task(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+def cancel_task(state: UiState, task_id: str, body: JsonObject) -> TaskResult:
     result = state.bridge.cancel_task(task_id)
     refused = "already ended {status}; nothing to cancel."
     return _refused_unless(result, "cancelled", task_id, refused)
 
 
-def follow_up(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    return views.task_page(state.bridge.follow_up(task_id, _text(body, "message")))
+def follow_up(state: UiState, task_id: str, body: JsonObject) -> TaskResult:
+    return state.bridge.follow_up(task_id, _text(body, "message"))
 
 
-def answer(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+def answer(state: UiState, task_id: str, body: JsonObject) -> TaskResult:
     """`answer(task_id, request_id, decision=..., text=...)`, as `tasks answer` calls it."""
     state.bridge.task_status(task_id)  # absent (unknown, outside the scope) before all else
     decision = body.get("decision")
@@ -136,25 +139,24 @@ def answer(state: UiState, task_id: str, body: dict[str, Any]) -> dict[str, Any]
         raise InvalidSpec("'text' must be text.")
     if (decision is None) == (text is None):
         raise InvalidSpec("Give a decision (approve or deny) or a text answer, one of them.")
-    result = state.bridge.answer(task_id, _text(body, "request_id"), decision=decision, text=text)
-    return views.task_page(result)
+    return state.bridge.answer(task_id, _text(body, "request_id"), decision=decision, text=text)
 
 
-def accept_job(state: UiState, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
+def accept_job(state: UiState, job_id: str, body: JsonObject) -> AcceptResult:
     """The job's best candidate, or ``task_id``'s when given: given, it must name one (an empty
     or odd value is refused, never read as "the best")."""
     chosen = body.get("task_id")
     if chosen is not None and (not isinstance(chosen, str) or not chosen.strip()):
         raise InvalidSpec("'task_id' must name one of the job's tasks.")
-    outcome = state.bridge.accept_job(job_id, chosen).document()
-    if not outcome["accepted"]:
-        raise InvalidSpec(outcome["reason"])
+    outcome = state.bridge.accept_job(job_id, chosen)
+    if not outcome.accepted:
+        raise InvalidSpec(outcome.reason or "")
     return outcome
 
 
-def cancel_job(state: UiState, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
+def cancel_job(state: UiState, job_id: str, body: JsonObject) -> JobResult:
     """As `jobs cancel`: a job that had already ended is refused with the CLI's sentence."""
     result = state.bridge.cancel_job(job_id)
     if result.status != "cancelled":
         raise InvalidSpec(f"Job {job_id} already ended {result.status}.")
-    return views.job_page(result)
+    return result

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import logging
-from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
@@ -19,7 +18,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from bridge.listener.limits import ASGIApp, Receive, RefusalLog, Scope, Send
+from bridge.listener.limits import ASGIApp, Message, Receive, RefusalLog, Scope, Send
 from bridge.service import WorkerBridge
 from bridge.ui import actions, routes, sse
 from bridge.ui.routes import PREFIX, STATIC, read_body
@@ -44,7 +43,7 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
-        async def send_with_headers(message: dict[str, Any]) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)

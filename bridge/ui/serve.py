@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from bridge.config.settings import HttpConfig
 from bridge.listener.flags import TOKEN_ENV, TOKEN_FILE_ENV
-from bridge.listener.options import HttpOptions, parse_bind, resolve_options, url_host
+from bridge.listener.options import HttpOptions, http_options, parse_bind, url_host
 from bridge.listener.run import keep_recovering, run_listener
 from bridge.service import WorkerBridge
 
@@ -30,8 +30,7 @@ def ui_options(args: argparse.Namespace, env: MutableMapping[str, str] = os.envi
     listen = args.listen or DEFAULT_LISTEN
     parse_bind(listen, "--listen")
     if args.token_file or args.no_token or env.get(TOKEN_FILE_ENV) or env.get(TOKEN_ENV):
-        given = argparse.Namespace(http=listen, token_file=args.token_file, no_token=args.no_token)
-        return resolve_options(given, env)
+        return http_options(listen, args.token_file, bool(args.no_token), env)
     host, port = parse_bind(listen, "--listen")
     return HttpOptions(host, port, secrets.token_urlsafe(32), "made for this run")
 

@@ -160,7 +160,7 @@ async def _all_events(state: UiState, cursor: int, session: str | None) -> Async
         yield f"id: {last}\n\n"  # the cursor moves past quiet events too
 
 
-def _row_of(state: UiState, owner: str) -> tuple[str, dict[str, Any] | None]:
+def _row_of(state: UiState, owner: str) -> tuple[str, views.TaskRow | views.JobRow | None]:
     """The list row of an event's owner, a task or a job (None: neither is in reach)."""
     try:
         return "task", views.task_row(state.bridge.get_task(owner))

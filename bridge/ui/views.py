@@ -6,21 +6,71 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from bridge.display import describe, describe_request, one_line, terminal_safe
-from bridge.records import Event, JobResult, TaskResult
+from bridge.documents import RequestDoc
+from bridge.records import AcceptResult, Event, JobResult, TaskResult
 
 SHOWN_WIDTH = 2000  # characters of one event line on the page
 
 
-def requests_of(result: TaskResult) -> list[dict[str, Any]]:
+class ShownRequest(RequestDoc):
+    """A request with a few words of what it asks (the words `tasks show` prints)."""
+
+    what: str
+
+
+class TaskRow(TypedDict):
+    """A task as a row of the list (and of a task page's header)."""
+
+    task_id: str
+    status: str
+    phase: str | None
+    worker: str
+    repository: str
+    objective: str
+    created_at: str
+    finished_at: str | None
+    verification: bool | None
+    checks: int
+    pending: int
+    job_id: str | None
+    job_role: str | None
+
+
+class JobRow(TypedDict):
+    """A job as a row of the list."""
+
+    job_id: str
+    kind: str
+    status: str
+    repository: str
+    objective: str
+    created_at: str
+    tasks: int
+
+
+class DiffText(TypedDict):
+    text: str
+    truncated: bool
+    total_bytes: int
+
+
+class EventLine(TypedDict):
+    event_id: int
+    at: str
+    kind: str
+    line: str
+
+
+def requests_of(result: TaskResult) -> list[ShownRequest]:
     """The task's permission requests and questions, each with a few words of what it asks
     (the words `tasks show` prints)."""
-    return [{**r, "what": describe_request(r)} for r in result.requests]
+    return [{**r, "what": describe_request(r, r.get("attempts", 1))} for r in result.requests]
 
 
-def task_row(result: TaskResult) -> dict[str, Any]:
+def task_row(result: TaskResult) -> TaskRow:
     verification = result.verification
     return {
         "task_id": result.task_id,
@@ -39,6 +89,13 @@ def task_row(result: TaskResult) -> dict[str, Any]:
     }
 
 
+def page(outcome: TaskResult | JobResult | AcceptResult) -> dict[str, Any]:
+    """What a page is sent after an action: the task's page, the job's, or what accept did."""
+    if isinstance(outcome, TaskResult):
+        return task_page(outcome)
+    return outcome.document()
+
+
 def task_page(result: TaskResult) -> dict[str, Any]:
     doc = result.document()
     doc["requests"] = requests_of(result)
@@ -47,7 +104,7 @@ def task_page(result: TaskResult) -> dict[str, Any]:
     return doc
 
 
-def job_row(result: JobResult) -> dict[str, Any]:
+def job_row(result: JobResult) -> JobRow:
     return {
         "job_id": result.job_id,
         "kind": result.kind,
@@ -63,7 +120,7 @@ def job_page(result: JobResult) -> dict[str, Any]:
     return result.document()
 
 
-def diff_document(result: TaskResult, limit: int) -> dict[str, Any]:
+def diff_document(result: TaskResult, limit: int) -> DiffText:
     """The task's diff (base to snapshot) as git wrote it, for the page: ``text`` (empty when
     there is none yet), whether it was ``truncated`` and the diff's ``total_bytes``. A diff over
     ``limit`` bytes is cut at the last whole file within it (the start of a `diff --git` line),
@@ -90,7 +147,7 @@ def diff_document(result: TaskResult, limit: int) -> dict[str, Any]:
     }
 
 
-def event_line(event: Event) -> dict[str, Any] | None:
+def event_line(event: Event) -> EventLine | None:
     """An event for the task page's live stream: the CLI live view's line (terminal-safe, one
     line), status changes too; None for one it does not show."""
     line = describe(event)

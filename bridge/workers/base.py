@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from bridge.asking import ASKING
 from bridge.config.settings import Config
+from bridge.events import ProgressEvent
+from bridge.models import JsonObject
 
 # Inside every task container: the read-only inputs folder (prompt and worker files).
 INPUTS_DIR = "/bridge"
@@ -24,7 +26,7 @@ class Turn:
     """One run of a worker on a task: the first turn, or a follow-up / repair turn."""
 
     objective: str
-    metadata: dict[str, Any]
+    metadata: JsonObject
     number: int = 0
     message: str | None = None  # follow-up or repair instruction
     session_id: str | None = None  # the CLI's own session of the earlier turns, to resume
@@ -67,7 +69,7 @@ class Progress:
     text: str
     name: str | None = None  # the tool or command
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> ProgressEvent:
         return {"kind": self.kind, "text": self.text, "name": self.name}
 
 
@@ -118,7 +120,7 @@ class Worker(ABC):
     def parse_line(self, line: str) -> ParsedLine:
         return ParsedLine.message(line)
 
-    def routes(self, metadata: dict[str, Any], config: Config) -> list[str]:
+    def routes(self, metadata: JsonObject, config: Config) -> list[str]:
         """The gateway's model routes this worker uses (each gets the real key on the host)."""
         return []
 
@@ -127,10 +129,10 @@ class Worker(ABC):
         one sentence; None when nothing is missing."""
         return None
 
-    def can_repair(self, metadata: dict[str, Any]) -> bool:
+    def can_repair(self, metadata: JsonObject) -> bool:
         """Whether a repair turn (after failed verification) can change anything."""
         return True
 
-    def check_metadata(self, metadata: dict[str, Any], config: Config) -> None:
+    def check_metadata(self, metadata: JsonObject, config: Config) -> None:
         """InvalidSpec for metadata this worker cannot use (checked at creation)."""
         return None

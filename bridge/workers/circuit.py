@@ -30,17 +30,20 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
 
 from bridge.config.settings import CircuitConfig, Config
+from bridge.documents import RESUME_FAILED, CircuitDoc, ResetDoc
 from bridge.errors import CircuitOpen
+from bridge.events import ProbeReleased
 from bridge.models import TERMINAL, Status
-from bridge.records import RESUME_FAILED
+from bridge.records import NewTask
 from bridge.store import Store
 from bridge.store import circuits as table
-from bridge.store.circuits import CircuitRow
+from bridge.store.circuits import CircuitRow, OpenedFor, TaskOutcome
+from bridge.store.sql import Connection
 
 log = logging.getLogger(__name__)
+
 
 WORKED = {Status.SUCCEEDED, Status.ACCEPTED, Status.REJECTED}
 FORGET_AFTER_S = 7 * 86400  # failures older than this (and than the window) are removed
@@ -51,33 +54,28 @@ PROBE_GRACE_S = 60.0  # the least time a probe without a live runner holds the o
 _LOST_SESSION = re.compile(rf"[A-Za-z][\w .-]{{0,40}} {re.escape(RESUME_FAILED)}\b")
 
 
-def classify(
-    outcome: dict[str, Any], settings: CircuitConfig | None = None
-) -> tuple[str, str | None]:
+def classify(outcome: TaskOutcome, settings: CircuitConfig | None = None) -> tuple[str, str | None]:
     """("failure", kind), ("worked", None) or ("neutral", None) for a task as
     store.circuits.task_outcome reads it (see the module's docstring)."""
     settings = settings or CircuitConfig()
-    status = outcome["status"]
-    kind = (outcome.get("error") or {}).get("kind")
-    ran = outcome.get("worker_exit") or {}
-    this_turn = ran.get("turn") == outcome.get("turn")
+    status, kind, ran = outcome.status, outcome.error_kind, outcome.worker_exit
     if status not in TERMINAL or status == Status.CANCELLED:
         return "neutral", None
-    if kind == "worker_exit" and this_turn:  # the worker ran this turn and failed...
-        if outcome.get("turn") and _LOST_SESSION.match(ran.get("failure") or ""):
+    if ran is None or ran.turn != outcome.turn:  # the worker did not run this turn
+        return "worked" if status in WORKED else "neutral", None
+    if kind == "worker_exit":  # the worker ran this turn and failed...
+        if outcome.turn and _LOST_SESSION.match(ran.failure or ""):
             return "neutral", None  # ...to resume the earlier turns' session: not a broken worker
         return "failure", "worker_exit"
-    if status == Status.TIMED_OUT and this_turn and ran.get("timed_out"):
-        deadline = outcome.get("timeout_seconds")
+    if status == Status.TIMED_OUT and ran.timed_out:
+        deadline = outcome.timeout_seconds
         if deadline is None or deadline >= settings.min_timeout_s:
             return "failure", "timeout"
         return "neutral", None  # the caller's own short budget, not a hanging worker
     if status in WORKED:
         return "worked", None
-    clean = ran.get("exit_code") == 0 and not any(
-        ran.get(key) for key in ("timed_out", "oom_killed", "over_limit")
-    )
-    return ("worked", None) if this_turn and clean else ("neutral", None)
+    clean = ran.exit_code == 0 and not (ran.timed_out or ran.oom_killed or ran.over_limit)
+    return ("worked", None) if clean else ("neutral", None)
 
 
 def _iso(at: float | None) -> str | None:
@@ -109,14 +107,14 @@ class Circuit:
     def admits(self) -> bool:
         return self.state in ("closed", "disabled")
 
-    def document(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "failures": self.failures,
-            "kinds": dict(self.kinds),
-            "retry_at": _iso(self.retry_at),
-            "probe_task": self.probe_task,
-        }
+    def document(self) -> CircuitDoc:
+        return CircuitDoc(
+            state=self.state,
+            failures=self.failures,
+            kinds=dict(self.kinds),
+            retry_at=_iso(self.retry_at),
+            probe_task=self.probe_task,
+        )
 
     def _failed(self) -> str:
         return (
@@ -206,7 +204,7 @@ def _settle_ended(config: Config, workers: set[str]) -> bool:
 
 
 def probe_due(
-    current: CircuitRow, probe: dict[str, Any] | None, settings: CircuitConfig, now: float
+    current: CircuitRow, probe: TaskOutcome | None, settings: CircuitConfig, now: float
 ) -> str | None:
     """Why the probe task ``probe`` (None: gone) no longer holds the one try: `gone`,
     `ended` (its outcome to apply), or why it is stale; None while it holds it. A probe with
@@ -214,14 +212,14 @@ def probe_due(
     the cool-down (and at least PROBE_GRACE_S) from when it was let through, and one a live
     runner holds until its own deadline plus as long. So a probe whose outcome is never
     recorded cannot hold a breaker half-open for good."""
-    if probe is None or probe["status"] in TERMINAL:
+    if probe is None or probe.status in TERMINAL:
         return "gone" if probe is None else "ended"
     grace = max(settings.cooldown_s, PROBE_GRACE_S)
-    if not probe["runner_live"]:
+    if not probe.runner_live:
         if now - (current.probe_at or 0.0) > grace:
-            return "unstarted" if probe["status"] == Status.CREATED else "no_live_runner"
+            return "unstarted" if probe.status == Status.CREATED else "no_live_runner"
         return None
-    deadline_at = probe.get("deadline_at")
+    deadline_at = probe.deadline_at
     if deadline_at and now > deadline_at + grace:
         return "past_its_deadline"
     return None
@@ -231,31 +229,31 @@ def probe_due(
 
 
 def admission(
-    store: Store, config: Config, row: dict[str, Any]
-) -> Callable[[Any], Exception | None]:
-    """The check `Store.insert_task` runs in its transaction before it writes the task
-    ``row``: a refusal (CircuitOpen, the sentence) while the worker's breaker is open, or
-    half-open with its one task taken; in half-open, make this task that one. A job's task
-    never probes. What it settled on the way (an ended probe's outcome) is committed even
-    when it refuses: a refusal must not undo it, or a probe that failed unrecorded would move
-    the retry forward on every attempt."""
+    store: Store, config: Config, task: NewTask
+) -> Callable[[Connection], Exception | None]:
+    """The check `Store.insert_task` runs in its transaction before it writes ``task``: a
+    refusal (CircuitOpen, the sentence) while the worker's breaker is open, or half-open with
+    its one task taken; in half-open, make this task that one. A job's task never probes. What
+    it settled on the way (an ended probe's outcome) is committed even when it refuses: a
+    refusal must not undo it, or a probe that failed unrecorded would move the retry forward
+    on every attempt."""
     settings = config.circuit
 
-    def admit(conn: Any) -> Exception | None:
+    def admit(conn: Connection) -> Exception | None:
         if settings.failures == 0:
             return None
         now = time.time()
-        worker, task_id = row["worker"], row["task_id"]
+        worker, task_id = task.spec.worker, task.task_id
         current = _settled(store, conn, settings, table.load(conn, worker), now)
         circuit = view(current, {}, settings, now)
         if circuit.admits:
             return None
-        if circuit.state == "open" or current.probe_task or row.get("job_id"):
-            return CircuitOpen(circuit.refusal(for_job=bool(row.get("job_id"))), worker=worker)
+        if circuit.state == "open" or current.probe_task or task.job_id:
+            return CircuitOpen(circuit.refusal(for_job=bool(task.job_id)), worker=worker)
         table.save(conn, replace(current, probe_task=task_id, probe_at=now))
-        store.event_in(
-            conn, task_id, "circuit.probe", {**circuit.document(), "probe_task": task_id}
-        )
+        probe = circuit.document()
+        probe["probe_task"] = task_id
+        store.event_in(conn, task_id, "circuit.probe", probe)
         return None
 
     return admit
@@ -269,7 +267,7 @@ def record_outcome(store: Store, config: Config, task_id: str) -> None:
     at the time the task ended). Raises what the store raises; record_task_outcome does not."""
     with store.transaction() as conn:
         outcome = table.task_outcome(conn, task_id)
-        if outcome is not None and outcome["status"] in TERMINAL:
+        if outcome is not None and outcome.status in TERMINAL:
             _apply(store, conn, config.circuit, outcome, time.time())
 
 
@@ -298,8 +296,8 @@ class Reset:
     worker: str
     before: Circuit
 
-    def document(self) -> dict[str, Any]:
-        return {"worker": self.worker, "state": "closed", "before": self.before.document()}
+    def document(self) -> ResetDoc:
+        return ResetDoc(worker=self.worker, state="closed", before=self.before.document())
 
 
 def reset(store: Store, config: Config, worker: str) -> Reset:
@@ -318,7 +316,9 @@ def _since(current: CircuitRow, settings: CircuitConfig, now: float) -> float:
     return max(current.closed_at, now - settings.window_s)
 
 
-def _released(store: Store, conn: Any, current: CircuitRow, data: dict | None) -> CircuitRow:
+def _released(
+    store: Store, conn: Connection, current: CircuitRow, data: ProbeReleased | None
+) -> CircuitRow:
     """The row with its probe let go (the next new task tries the worker instead); with
     ``data``, a `circuit.probe_released` event on the probe says why."""
     released = replace(current, probe_task=None, probe_at=None)
@@ -329,7 +329,7 @@ def _released(store: Store, conn: Any, current: CircuitRow, data: dict | None) -
 
 
 def _settled(
-    store: Store, conn: Any, settings: CircuitConfig, current: CircuitRow, now: float
+    store: Store, conn: Connection, settings: CircuitConfig, current: CircuitRow, now: float
 ) -> CircuitRow:
     """The row once a probe that has ended (or is gone) has had its outcome applied, and a
     probe that no longer holds the one try (probe_due) has let go of it: whoever looks
@@ -342,22 +342,22 @@ def _settled(
         return current if why is None else _released(store, conn, current, None)
     if why == "ended":
         return _apply(store, conn, settings, probe, now)
-    return _released(store, conn, current, {"why": why, "status": probe["status"]})
+    return _released(store, conn, current, ProbeReleased(why=why, status=probe.status))
 
 
 def _apply(
-    store: Store, conn: Any, settings: CircuitConfig, outcome: dict[str, Any], now: float
+    store: Store, conn: Connection, settings: CircuitConfig, outcome: TaskOutcome, now: float
 ) -> CircuitRow:
     """Apply a task's ending with the `circuit` section it was made with, whichever process
     applies it (its runner, an answer's denial, a creation settling a probe): the same
     ending always counts the same way. ``settings``: for a task recorded without one."""
     settings = _recorded(outcome, settings)
     verdict, kind = classify(outcome, settings)
-    worker, task_id = outcome["worker"], outcome["task_id"]
-    at = min(outcome.get("ended_at") or now, now)  # when it failed, however late we learn it
+    worker, task_id = outcome.worker, outcome.task_id
+    at = min(outcome.ended_at or now, now)  # when it failed, however late we learn it
     current = table.load(conn, worker)
     if verdict == "failure" and not table.add_failure(
-        conn, worker, task_id, outcome["turn"], kind or "", at
+        conn, worker, task_id, outcome.turn, kind or "", at
     ):
         return current  # counted already: its consequences were applied then
     if verdict == "failure":  # what no window reaches any more is never read again
@@ -385,16 +385,14 @@ def _apply(
     return changed
 
 
-def _recorded(outcome: dict[str, Any], settings: CircuitConfig) -> CircuitConfig:
+def _recorded(outcome: TaskOutcome, settings: CircuitConfig) -> CircuitConfig:
     try:
-        return (
-            CircuitConfig.model_validate(outcome["circuit"]) if outcome.get("circuit") else settings
-        )
+        return CircuitConfig.model_validate(outcome.circuit) if outcome.circuit else settings
     except ValueError:  # a section this version cannot read (a newer one's): ours
         return settings
 
 
-def _enough(conn: Any, settings: CircuitConfig, worker: str, since: float) -> bool:
+def _enough(conn: Connection, settings: CircuitConfig, worker: str, since: float) -> bool:
     """K failures since ``since``, from at least two repositories -- or from the one
     repository the worker was given tasks in since then: one repository whose tasks make the
     worker fail (its tests, a prompt planted in it) does not shut it out of the others."""
@@ -405,7 +403,7 @@ def _enough(conn: Any, settings: CircuitConfig, worker: str, since: float) -> bo
 
 
 def _opened(
-    conn: Any, settings: CircuitConfig, current: CircuitRow, at: float, now: float
+    conn: Connection, settings: CircuitConfig, current: CircuitRow, at: float, now: float
 ) -> CircuitRow:
     """The breaker opened by the failure at ``at``: it refuses until ``at`` plus the
     cool-down, so applying the same failure again (or late) gives the same retry time."""
@@ -416,5 +414,5 @@ def _opened(
         opened_at=at,
         retry_at=at + settings.cooldown_s,
         closed_at=current.closed_at,
-        reason={"kinds": kinds, "window_s": settings.window_s},
+        reason=OpenedFor(kinds=kinds, window_s=settings.window_s),
     )

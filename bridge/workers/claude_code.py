@@ -18,10 +18,10 @@ gateway must say so. It retries 429 and 5xx answers the same way; its retry noti
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from bridge.config.settings import Config
-from bridge.records import RESUME_FAILED
+from bridge.documents import RESUME_FAILED
+from bridge.models import JsonObject, json_object
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 
@@ -101,7 +101,7 @@ class ClaudeCodeWorker(CliWorker):
         parsed.session_id = session
         return parsed
 
-    def _assistant(self, event: dict[str, Any]) -> ParsedLine:
+    def _assistant(self, event: JsonObject) -> ParsedLine:
         message = event.get("message")
         blocks = message.get("content") if isinstance(message, dict) else None
         blocks = [b for b in blocks or [] if isinstance(b, dict)]
@@ -112,7 +112,7 @@ class ClaudeCodeWorker(CliWorker):
         progress += [_tool_use(b) for b in blocks if b.get("type") == "tool_use"]
         return ParsedLine(progress=progress, summary=text if text.strip() else None)
 
-    def _result(self, event: dict[str, Any]) -> ParsedLine:
+    def _result(self, event: JsonObject) -> ParsedLine:
         text = str(event.get("result") or "")
         if not event.get("is_error") and not str(event.get("subtype", "")).startswith("error"):
             return ParsedLine(summary=text)
@@ -124,7 +124,7 @@ class ClaudeCodeWorker(CliWorker):
             failure=failure,
         )
 
-    def failure(self, message: str, event: dict[str, Any]) -> str:
+    def failure(self, message: str, event: JsonObject) -> str:
         """The result line of a failed run as one sentence that says which and what to do."""
         status = event.get("api_error_status")
         kind = str(event.get("api_error_type") or "")
@@ -190,10 +190,10 @@ class ZcodeGlmWorker(ClaudeCodeWorker):
         return super().parse_line(line)
 
 
-def _tool_use(block: dict[str, Any]) -> Progress:
+def _tool_use(block: JsonObject) -> Progress:
     """A tool call: a shell command, a file edit, or another tool, with what it is about."""
     name = str(block.get("name") or "tool")
-    args = block.get("input") if isinstance(block.get("input"), dict) else {}
+    args = json_object(block.get("input"))
     if name == "Bash":
         return Progress("command", str(args.get("command", "")), name)
     about = next((str(args[k]) for k in _ABOUT if args.get(k)), None)
@@ -205,7 +205,7 @@ def _tool_use(block: dict[str, Any]) -> Progress:
     return Progress("tool", about, name)
 
 
-def _tool_errors(event: dict[str, Any]) -> list[Progress]:
+def _tool_errors(event: JsonObject) -> list[Progress]:
     """The failed tool results of a user line (a successful one is no news)."""
     message = event.get("message")
     blocks = message.get("content") if isinstance(message, dict) else None
@@ -228,7 +228,7 @@ def _tool_errors(event: dict[str, Any]) -> list[Progress]:
     return found
 
 
-def _system(event: dict[str, Any]) -> list[Progress]:
+def _system(event: JsonObject) -> list[Progress]:
     """A retry notice or a refused tool call; init and other notices are no news."""
     subtype = event.get("subtype")
     if subtype == "api_retry":

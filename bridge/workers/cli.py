@@ -6,9 +6,9 @@ turns resume, and a JSON stream read one line at a time."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from bridge.config.settings import Config, WorkerSettings
+from bridge.models import JsonObject
 from bridge.workers.base import ParsedLine, Worker
 
 ROUTES_URL = "http://127.0.0.1:7800"  # the gateway's model routes, inside the sandbox
@@ -42,7 +42,7 @@ class CliWorker(Worker):
     def route_url(self, config: Config) -> str:
         return f"{ROUTES_URL}/{self.route(config)}"
 
-    def model(self, metadata: dict[str, Any], config: Config) -> str | None:
+    def model(self, metadata: JsonObject, config: Config) -> str | None:
         chosen = metadata.get("model")
         return str(chosen) if chosen else (self.settings(config).model or self.default_model)
 
@@ -58,7 +58,7 @@ class CliWorker(Worker):
         if route is not None and route.key_env:
             self.key_env = route.key_env
 
-    def routes(self, metadata: dict[str, Any], config: Config) -> list[str]:
+    def routes(self, metadata: JsonObject, config: Config) -> list[str]:
         return [self.route(config)]
 
     def health(self, config: Config) -> str | None:
@@ -71,7 +71,7 @@ class CliWorker(Worker):
             return exc.message
         return None
 
-    def check_metadata(self, metadata: dict[str, Any], config: Config) -> None:
+    def check_metadata(self, metadata: JsonObject, config: Config) -> None:
         from bridge.errors import InvalidSpec
 
         model = metadata.get("model")
@@ -79,7 +79,7 @@ class CliWorker(Worker):
             raise InvalidSpec("metadata.model must be a model name (a non-empty string).")
 
 
-def json_line(line: str) -> dict[str, Any] | None:
+def json_line(line: str) -> JsonObject | None:
     """The JSON object on ``line``, or None (a CLI's stream may carry plain lines too)."""
     text = line.strip()
     if not text.startswith("{"):

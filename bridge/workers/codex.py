@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any
 
 from bridge.config.settings import Config
-from bridge.records import RESUME_FAILED
+from bridge.documents import RESUME_FAILED
+from bridge.models import JsonObject
 from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
 from bridge.workers.cli import PLACEHOLDER_KEY, UUID_PATTERN, CliWorker, json_line, plain
 
@@ -169,7 +169,7 @@ class CodexWorker(CliWorker):
         return f"Codex failed: {message}"
 
 
-def _item(item: dict[str, Any], completed: bool) -> ParsedLine:
+def _item(item: JsonObject, completed: bool) -> ParsedLine:
     """One thread item: messages and file changes when completed, commands and tool calls
     when started (and again when they fail)."""
     kind = item.get("type")
@@ -209,7 +209,7 @@ def _item(item: dict[str, Any], completed: bool) -> ParsedLine:
     return ParsedLine(progress=[_tool(item, failed)])
 
 
-def _tool(item: dict[str, Any], failed: bool) -> Progress:
+def _tool(item: JsonObject, failed: bool) -> Progress:
     """An MCP tool call, a web search or another tool of Codex's."""
     kind = str(item.get("type", "tool"))
     if kind == "mcp_tool_call":

@@ -18,8 +18,16 @@ import re
 from typing import Any
 
 from bridge.config.settings import Config
-from bridge.records import RESUME_FAILED
-from bridge.workers.base import INPUTS_DIR, ParsedLine, Progress, Turn, WorkerLaunch
+from bridge.documents import RESUME_FAILED
+from bridge.models import JsonObject, json_object
+from bridge.workers.base import (
+    INPUTS_DIR,
+    ParsedLine,
+    Progress,
+    ProgressKind,
+    Turn,
+    WorkerLaunch,
+)
 from bridge.workers.cli import PLACEHOLDER_KEY, CliWorker, json_line, plain
 
 PROVIDER = "worker-bridge"
@@ -64,7 +72,7 @@ class OpencodeWorker(CliWorker):
     def launch(self, turn: Turn, config: Config) -> WorkerLaunch:
         self.learn_key_env(config)
         model = self.model(turn.metadata, config) or self.default_model
-        settings: dict[str, Any] = {
+        settings: JsonObject = {
             "model": f"{PROVIDER}/{model}",
             "small_model": f"{PROVIDER}/{model}",
             "enabled_providers": [PROVIDER],
@@ -118,24 +126,24 @@ class OpencodeWorker(CliWorker):
             return plain(text)
         session = event.get("sessionID") if isinstance(event.get("sessionID"), str) else None
         kind = event.get("type")
-        part = event.get("part") if isinstance(event.get("part"), dict) else {}
+        part = json_object(event.get("part"))
         if kind == "text" and isinstance(part.get("text"), str) and part["text"].strip():
             text = part["text"].strip()
             return ParsedLine.message(text, summary=text, session_id=session)
         if kind == "tool_use":
             return ParsedLine(progress=[_tool(part)], session_id=session)
         if kind == "error":
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            error = json_object(event.get("error"))
             failure = self._failure(error)
             return ParsedLine(
                 progress=[Progress("error", failure)], failure=failure, session_id=session
             )
         return ParsedLine(session_id=session)  # step_start, step_finish, reasoning
 
-    def _failure(self, error: dict[str, Any]) -> str:
+    def _failure(self, error: JsonObject) -> str:
         """One sentence for OpenCode's terminal error (it exits 1 after one)."""
         name = str(error.get("name") or "error")
-        data = error.get("data") if isinstance(error.get("data"), dict) else {}
+        data = json_object(error.get("data"))
         message = _line(data.get("message") or name)
         status = data.get("statusCode")
         body = str(data.get("responseBody") or "")
@@ -165,14 +173,15 @@ class OpencodeWorker(CliWorker):
         return f"OpenCode failed ({name}: {message})."
 
 
-def _tool(part: dict[str, Any]) -> Progress:
+def _tool(part: JsonObject) -> Progress:
     """A tool call as progress: file edits by path, commands by their command line; a call
     that failed or was refused (a tool it was not offered, a permission denied) as an error."""
     tool = str(part.get("tool") or "tool")
-    state = part.get("state") if isinstance(part.get("state"), dict) else {}
-    given = state.get("input") if isinstance(state.get("input"), dict) else {}
+    state = json_object(part.get("state"))
+    given = json_object(state.get("input"))
     if tool == "invalid":  # OpenCode's stand-in for a call of a tool it did not offer
         return Progress("error", _line(given.get("error")), name=str(given.get("tool") or tool))
+    kind: ProgressKind
     if tool == "bash":
         kind, text = "command", str(given.get("command") or state.get("title") or "")
     elif tool in FILE_TOOLS:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def layered_candidates(
         candidates |= tracked.keys()
     else:
         tracked = tree_entries(ws.repository, start, sizes=False)
-        lower = tracked.keys()
+        lower: AbstractSet[str] = tracked.keys()
         if start != base:
             lower = lower | tree_entries(ws.repository, base, sizes=False).keys()
         candidates |= changed_candidates(upper, lower)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from bridge.workspace import fs, overlay
@@ -89,7 +90,7 @@ def copy_index(folder: Path, dest: Path) -> None:
     shutil.copyfile(folder / "index", dest)
 
 
-def unused_bases(home: Path, leaving: set[str] = frozenset()) -> list[Path]:
+def unused_bases(home: Path, leaving: AbstractSet[str] = frozenset()) -> list[Path]:
     """Base folders (and environment views, `bases/env/`) no layered worktree is over (its
     layers folder names it, mounted or not:
     a worktree unmounted by a reboot is mounted again over it), no mount uses, and nobody
@@ -121,7 +122,7 @@ def remove_unused(home: Path, folder: Path, timeout: float | None = None) -> lis
     return fs.remove_tree(aside)
 
 
-def _in_use(home: Path, leaving: set[str]) -> set[str]:
+def _in_use(home: Path, leaving: AbstractSet[str]) -> set[str]:
     """The trees layered worktrees are over (their lowers files) and mounts use (resolved:
     whichever way each process reached the state root, links and all)."""
     used = overlay.lower_dirs()

@@ -8,7 +8,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, NotRequired, TypedDict
 
 from bridge.workspace import fs
 from bridge.workspace.fs import display
@@ -25,6 +25,24 @@ _KINDS = {
 }
 
 
+# A changed path as the task result lists it (`from`: a rename's source) and as the manifest
+# does, with the modes, size and blob. (`from` is a keyword, hence the functional form.)
+ChangedEntry = TypedDict("ChangedEntry", {"path": str, "change": str, "from": NotRequired[str]})
+ManifestEntry = TypedDict(
+    "ManifestEntry",
+    {
+        "path": str,
+        "change": str,
+        "from": NotRequired[str],
+        "mode": str | None,
+        "old_mode": str | None,
+        "size": int | None,
+        "sha": str | None,
+        "symlink": bool,
+    },
+)
+
+
 class Change(NamedTuple):
     """One changed path, from `git diff --raw` (a tuple: a large change makes 100,000 of
     them, and a frozen dataclass takes twice as long to make)."""
@@ -37,18 +55,29 @@ class Change(NamedTuple):
     sha: str | None = None
     size: int | None = None
 
-    def result_entry(self) -> dict[str, Any]:
+    def result_entry(self) -> ChangedEntry:
         """For the result and the manifest: names that are not UTF-8 shown with \\x escapes."""
-        entry: dict[str, Any] = {"path": display(self.path), "change": self.change}
+        entry: ChangedEntry = {"path": display(self.path), "change": self.change}
         if self.change == "renamed" and self.old_path is not None:
             entry["from"] = display(self.old_path)
         return entry
 
-    def manifest_entry(self) -> dict[str, Any]:
-        entry = self.result_entry()
-        entry.update(mode=self.mode, old_mode=self.old_mode, size=self.size, sha=self.sha)
-        entry["symlink"] = self.mode == "120000"
-        return entry
+    def manifest_entry(self) -> ManifestEntry:
+        return {
+            **self.result_entry(),
+            "mode": self.mode,
+            "old_mode": self.old_mode,
+            "size": self.size,
+            "sha": self.sha,
+            "symlink": self.mode == "120000",
+        }
+
+    @property
+    def written(self) -> tuple[str, str, str] | None:
+        """(mode, blob, path) of what the snapshot holds at the path; None for a deletion."""
+        if self.mode is None or self.sha is None:
+            return None
+        return self.mode, self.sha, self.path
 
     @property
     def paths(self) -> list[str]:
@@ -236,6 +265,6 @@ def update_checkout(
             fs.remove_tree(dest / path)
             emptied.add(path.rpartition("/")[0])
     fs.remove_empty_folders(dest, emptied)
-    kept = [(c.mode, c.sha, c.path) for c in changes if c.change != "deleted"]
+    kept = [entry for c in changes if (entry := c.written) is not None]
     raw_write(home, repo, kept, dest, scratch / f"checkout-{dest.name}.index")
     return [path for _, _, path in kept]

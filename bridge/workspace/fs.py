@@ -255,6 +255,11 @@ def remove_tree(path: Path) -> list[str]:
     return failures
 
 
+# A folder being removed: (fd, name in the directory above, names in it that could not be
+# removed, entries still to look at, whether the folder was listed again once those ran out).
+_Frame = tuple[int, bytes, set[bytes], list[tuple[bytes, bool]], list[bool]]
+
+
 def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> None:
     """Empty and remove ``name`` in ``parent``. Each folder is listed once, and once more when
     its listing is used up (to catch what was moved into it), so a wide folder costs linear
@@ -272,14 +277,10 @@ def _remove_dir(parent: int, name: bytes, where: Path, failures: list[str]) -> N
         return
     tag = os.urandom(4).hex().encode()
     flat = 0
-    # Frames: (fd, name in the directory above, names in it that could not be removed, entries
-    # still to look at, whether the folder was listed again once those ran out).
-    stack: list[tuple[int, bytes, set[bytes], list[tuple[bytes, bool]], list[bool]]] = [
-        (top, name, set(), _removal_listing(top), [False])
-    ]
+    stack: list[_Frame] = [(top, name, set(), _removal_listing(top), [False])]
     while stack:
         fd, here, stuck, pending, relisted = stack[-1]
-        child = None
+        child: _Frame | None = None
         while pending:
             entry, listed_as_dir = pending.pop()
             if entry in stuck:

@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import IO, Any
 
 from bridge.errors import GitError, InvalidRepository, InvalidSpec
 
@@ -105,7 +106,7 @@ class Git:
         self,
         *args: str,
         stdout: bool = False,
-        stderr: object = None,
+        stderr: int | IO[Any] | None = None,
         env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A streaming git process (stdin a pipe; stdout a pipe when asked, else discarded)
@@ -120,7 +121,7 @@ class Git:
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
-            stderr=stderr,  # type: ignore[arg-type]
+            stderr=stderr,
         )
 
     def out(self, *args: str, **kwargs) -> str:
@@ -154,8 +155,9 @@ def validate_branch_name(name: str) -> str:
     return name
 
 
-def repository_root(path_text: str) -> Path:
-    """Check that ``path_text`` is an absolute path to a git work tree; return its top level."""
+def open_repository(path_text: str) -> Git:
+    """Git at the top level of the work tree ``path_text`` names (InvalidRepository unless it
+    is an absolute path to one): what a task's creation reads the repository through."""
     if not path_text:
         raise InvalidRepository(
             "workspace.repository is empty; give an absolute path to a git work tree."
@@ -173,7 +175,7 @@ def repository_root(path_text: str) -> Path:
         raise InvalidRepository(
             f"'{path_text}' is not a git work tree; run `git init` there or pass a repository path."
         )
-    return Path(lines[1].strip()).resolve()
+    return Git(Path(lines[1].strip()).resolve())
 
 
 @lru_cache(maxsize=64)

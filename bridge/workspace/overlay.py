@@ -132,7 +132,7 @@ def mounted(target: Path) -> bool:
 def lower_dirs() -> set[str]:
     """The lower dirs of every overlay mount of this mount namespace (as `mount` named them:
     resolved, see `mount`)."""
-    found = set()
+    found: set[str] = set()
     for m in mounts():
         if m.fstype != "overlay":
             continue
@@ -200,7 +200,8 @@ def upper_entries(upper: Path) -> tuple[list[str], list[str]]:
     """The upper dir's entries (but top-level `.git`) as (plain folders: only their own entry
     may differ below them, others: files, links, whiteouts and opaque folders, which hide
     whatever the lower dirs hold at or under them)."""
-    folders, others = [], []
+    folders: list[str] = []
+    others: list[str] = []
     for rel, st in fs.walk_all(upper, skip=frozenset({".git"})):
         plain = stat.S_ISDIR(st.st_mode) and not _opaque(upper / rel)
         (folders if plain else others).append(rel)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.tasks import new_task
 
 from bridge.asking import MAX_BLOCK, parse_request_block, resume_message
 from bridge.errors import InvalidTransition
@@ -18,8 +19,7 @@ FENCE = "```"
 
 def running_task(store) -> None:
     """Task t1 in the store, running (a runner's side, without a runner)."""
-    row = {"task_id": "t1", "status": "created", "worker": "mock", "objective": "x"}
-    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
+    store.insert_task(new_task("t1", objective="x"), {})
     with store.transaction() as conn:
         store.set_status(conn, "t1", "created", "queued")
         store.set_status(conn, "t1", "queued", "running")
@@ -133,7 +133,7 @@ def test_network_attempts_answers_and_expiry_are_one_truth_in_the_store(tmp_path
 
 
 def test_the_resume_message_says_what_each_answer_was():
-    from bridge.records import RequestRecord
+    from bridge.documents import RequestRecord
 
     def req(kind, detail, status, answer=None):
         return RequestRecord(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.gateway_sockets import Events
+from support.tasks import new_task
 from support.upstream import Upstream
 
 from bridge.config.settings import GatewayConfig
@@ -46,8 +47,7 @@ class Dns:
 
 
 def running_task(store: Store, task_id: str = "t1") -> str:
-    row = {"task_id": task_id, "status": "created", "worker": "mock", "objective": "x"}
-    store.insert_task({**row, "repository": "/r", "spec": {}}, {})
+    store.insert_task(new_task(task_id, objective="x"), {})
     with store.transaction() as conn:
         store.set_status(conn, task_id, "created", "queued")
         store.set_status(conn, task_id, "queued", "running")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.tasks import mock_task
+from support.tasks import mock_task, new_task
 
 from bridge.cli import COMMANDS
 
@@ -150,12 +150,8 @@ def test_the_quick_exit_loses_no_output_and_keeps_the_exit_code(home, cli, monke
 
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # stdout buffered, as a pipe's is
     store = Store(home / "bridge.db")
-    spec = {"objective": "o" * 500, "worker": "mock", "workspace": {"repository": "/r"}}
     for n in range(300):
-        row = {"task_id": f"t{n:04d}", "status": "created", "worker": "mock"}
-        store.insert_task(
-            {**row, "objective": spec["objective"], "repository": "/r", "spec": spec}, {}
-        )
+        store.insert_task(new_task(f"t{n:04d}", objective="o" * 500), {})
     store.close()
     for env in ({}, {"WORKER_BRIDGE_STORE": str(home / "bridge.db")}):
         listed = cli("tasks", "list", "--json", env=env)

@@ -182,3 +182,14 @@ def test_a_candidate_rejected_before_the_ranking_is_not_eligible_to_win():
     )
     assert [(c["label"], c["eligible"]) for c in ranked] == [("c2", True), ("c1", False)]
     assert "ineligible: the task was rejected" in ranked[1]["reasons"]
+
+
+def test_a_ranked_candidate_carries_every_figure_it_was_ranked_on():
+    from dataclasses import fields
+
+    from bridge.documents import RankedCandidate
+    from bridge.jobs.ranking import Candidate, rank
+
+    [ranked] = rank([Candidate("t1", "c1", "mock", "succeeded", True, checks=[], paths=["a"])])
+    figures = {f.name for f in fields(Candidate)}
+    assert figures <= set(ranked) and set(ranked) <= set(RankedCandidate.__annotations__)

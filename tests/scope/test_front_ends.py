@@ -13,7 +13,7 @@ import pytest
 from support.mcp_http_server import http_client, http_server
 from support.mcp_session import call, call_error, delegate, mcp_server, wait_status
 from support.repos import commit_all, git, make_repo
-from support.tasks import bare_spec
+from support.tasks import bare_spec, new_job
 from support.waiting import poll
 
 from bridge import WorkerBridge
@@ -251,9 +251,8 @@ def test_the_event_feed_shows_a_jobs_events_only_inside_the_scope(workdir, home)
     bridge = WorkerBridge(home=home, repositories=[str(inside)])
     try:
         for job_id, repository in (("job-in", inside), ("job-out", elsewhere)):
-            row = {"job_id": job_id, "kind": "fanout", "status": "created"}
-            row |= {"repository": str(repository), "spec": {}, "config": {}, "result": {}}
-            bridge.store.jobs.insert(row, {"kind": "fanout"})
+            job = new_job(job_id, repository=str(repository))
+            bridge.store.jobs.insert(job, {"kind": "compete"})
         shown = {e.task_id for e in bridge.events_since(0).events}
     finally:
         bridge.close()

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from support.tasks import new_job, new_task
 
 from bridge.errors import TaskNotFound
 from bridge.models import TERMINAL, TRANSITIONS, Status
@@ -15,18 +16,7 @@ from bridge.store import Store
 from bridge.store.migrations import MIGRATION_SET, STEPS
 from bridge.store.owners import Owner
 
-
-def _row(task_id: str, **extra) -> dict:
-    return {
-        "task_id": task_id,
-        "status": "created",
-        "worker": "mock",
-        "objective": "o",
-        "repository": "/r",
-        "spec": {"objective": "o", "workspace": {"repository": "/r"}},
-        "config": {"home": "/h"},
-        **extra,
-    }
+_row = new_task
 
 
 @pytest.fixture
@@ -284,10 +274,7 @@ def test_a_job_whose_coordinator_never_claimed_it_is_stranded_and_reserved_once(
     from bridge.store.owners import Owner
 
     store = Store(tmp_path / "s.db")
-    store.jobs.insert(
-        {"job_id": "j1", "kind": "compete", "status": "created", "repository": "/r", "spec": {}},
-        {},
-    )
+    store.jobs.insert(new_job("j1"), {})
     assert [r["job_id"] for r in store.job_runners.stranded()] == ["j1"]
     assert store.job_runners.reserve("j1", "runner-a", 30, None)
     assert not store.job_runners.reserve("j1", "runner-b", 30, None), "one process wins"

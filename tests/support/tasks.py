@@ -10,7 +10,45 @@ from typing import Any
 
 from support.waiting import poll
 
+from bridge.config.settings import Config
+from bridge.models import TaskSpec, Workspace
+from bridge.records import NewTask
+from bridge.store.jobs import NewJob
+
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
+
+
+def new_task(
+    task_id: str,
+    *,
+    objective: str = "o",
+    repository: str = "/r",
+    idempotency_key: str | None = None,
+) -> NewTask:
+    """A task as creation hands it to the store, without creation's checks: for tests of the
+    store itself (mock worker, a made-up repository and base commit, a bare configuration)."""
+    spec = TaskSpec(
+        objective=objective,
+        worker="mock",
+        workspace=Workspace(repository=repository),
+        idempotency_key=idempotency_key,
+    )
+    config = Config.from_record({"home": "/h"})
+    return NewTask(
+        task_id=task_id,
+        spec=spec,
+        repository=repository,
+        base_commit="0" * 40,
+        config=config,
+        limits=config.limits,
+    )
+
+
+def new_job(job_id: str, *, repository: str = "/r", config: Config | None = None) -> NewJob:
+    """A compete job as its maker hands it to the jobs table, without the checks: for tests
+    of the table and of what reads it (a bare configuration unless given)."""
+    config = config or Config.from_record({"home": "/h"})
+    return NewJob(job_id=job_id, kind="compete", repository=repository, spec={}, config=config)
 
 
 def write_spec(path: Path, spec: dict) -> Path:

@@ -15,11 +15,12 @@ import pytest
 from support.cli import cli_runner
 from support.mcp_http_server import http_server
 from support.repos import calc_repo
-from support.tasks import bare_spec
+from support.tasks import bare_spec, new_job
 from support.ui import big_diff_task, file_diff, log_in, shared_site, signed_in, ui_server
 from support.waiting import poll
 
 from bridge.errors import ConfigError
+from bridge.models import JobStatus
 from bridge.ui.security import HostPolicy
 from bridge.ui.serve import login_url, ui_options
 
@@ -559,8 +560,9 @@ def test_cancelling_a_job_that_had_ended_is_refused_as_the_cli_refuses_it(ui, to
     """`jobs cancel` of an ended job exits 1 with "already ended"; the page's cancel must not
     answer 200 as if it had cancelled something."""
     job_id = f"job-ended-{uuid.uuid4().hex[:8]}"
-    row = {"job_id": job_id, "kind": "compete", "status": "failed", "repository": str(site.repo)}
-    site.bridge.store.jobs.insert({**row, "spec": {}}, {})
+    made = new_job(job_id, repository=str(site.repo), config=site.bridge.config)
+    site.bridge.store.jobs.insert(made, {})
+    site.bridge.store.jobs.transition(job_id, JobStatus.FAILED, {JobStatus.CREATED})
     with signed_in(ui.url, token) as browser:
         refused = browser.act(f"/ui/api/jobs/{job_id}/cancel")
         assert refused.status_code == 409, refused.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -17,8 +18,10 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
+from bridge.documents import WorkerExit
 from bridge.errors import CircuitOpen, UnknownWorker
 from bridge.sandbox.fake import FakeSandbox
+from bridge.store.circuits import TaskOutcome
 from bridge.workers.circuit import circuits_of, classify, reset
 
 FAIL = {"exit_code": 3}
@@ -61,16 +64,10 @@ def wait_half_open(bridge: WorkerBridge) -> dict:
 # -- what counts -------------------------------------------------------------------------------
 
 
-def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict:
-    worker_exit = {"turn": turn, "exit_code": 0, **ran} if ran or status != "failed" else None
-    return {
-        "task_id": "t",
-        "worker": "mock",
-        "status": status,
-        "turn": turn,
-        "error": {"kind": kind, "message": "m"} if kind else None,
-        "worker_exit": worker_exit,
-    }
+def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> TaskOutcome:
+    recorded = ran or status != "failed"
+    worker_exit = WorkerExit(**{"turn": turn, "exit_code": 0, **ran}) if recorded else None
+    return TaskOutcome("t", "mock", "/r", status, turn, kind, worker_exit)
 
 
 @pytest.mark.parametrize(
@@ -80,27 +77,30 @@ def _outcome(status: str, kind: str | None = None, turn: int = 0, **ran) -> dict
         (_outcome("timed_out", "timeout", timed_out=True, exit_code=None), ("failure", "timeout")),
         # the caller's own deadline, below circuit.min_timeout_s (300 s): not a hanging worker
         (
-            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 299},
+            replace(_outcome("timed_out", "timeout", timed_out=True), timeout_seconds=299),
             ("neutral", None),
         ),
         (
-            _outcome("timed_out", "timeout", timed_out=True) | {"timeout_seconds": 300},
+            replace(_outcome("timed_out", "timeout", timed_out=True), timeout_seconds=300),
             ("failure", "timeout"),
         ),
         # the deadline passed in verification: the worker's turn had ended cleanly
         (_outcome("timed_out", "timeout", exit_code=0), ("worked", None)),
         # ...or in the environment's setup, before the worker ran
-        (_outcome("timed_out", "timeout") | {"worker_exit": None}, ("neutral", None)),
+        (replace(_outcome("timed_out", "timeout"), worker_exit=None), ("neutral", None)),
         (_outcome("succeeded", turn=1), ("worked", None)),
         # the worker ran and exited 0; its change failed our checks: not a broken worker
         (_outcome("failed", "verification_failed", exit_code=0), ("worked", None)),
         (_outcome("failed", "protected_path", exit_code=0), ("worked", None)),
         # an exit recorded for an earlier turn says nothing of this one
-        (_outcome("failed", "sandbox", turn=2, exit_code=0) | {"turn": 3}, ("neutral", None)),
+        (replace(_outcome("failed", "sandbox", turn=2, exit_code=0), turn=3), ("neutral", None)),
         (_outcome("cancelled", "cancelled", exit_code=0), ("neutral", None)),
         # the bridge refused the follow-up (no session to resume) before the worker ran: the
         # exit recorded is the earlier turn's
-        (_outcome("failed", "worker_exit", turn=1, exit_code=1) | {"turn": 2}, ("neutral", None)),
+        (
+            replace(_outcome("failed", "worker_exit", turn=1, exit_code=1), turn=2),
+            ("neutral", None),
+        ),
         (_outcome("failed", "sandbox"), ("neutral", None)),
         (_outcome("failed", "environment"), ("neutral", None)),
         (_outcome("failed", "out_of_memory", exit_code=137, oom_killed=True), ("neutral", None)),
@@ -275,10 +275,10 @@ def test_a_job_s_task_never_takes_the_half_open_slot(home, repo):
     bridge = breaker(home, failures=1, cooldown_s=0.1)
     trip(bridge, repo, 1)
     wait_half_open(bridge)
-    row, event = new_task_row(bridge.config, bridge.sandbox, bridge.scope, mock_task(repo, OK))
-    row["job_id"] = "job-0123456789"
+    task, event = new_task_row(bridge.config, bridge.sandbox, bridge.scope, mock_task(repo, OK))
+    task = task.model_copy(update={"job_id": "job-0123456789"})
     with pytest.raises(CircuitOpen, match="never a job's"):
-        record_task(bridge.store, bridge.config, row, event)
+        record_task(bridge.store, bridge.config, task, event)
     assert state(bridge)["probe_task"] is None
     bridge.close()
 
@@ -719,7 +719,8 @@ def test_a_cli_that_cannot_resume_its_session_on_a_follow_up_is_not_counted(work
     lost = _outcome("failed", "worker_exit", turn=1, exit_code=1, failure=failure)
     assert classify(lost) == ("neutral", None), failure
     # on a first turn there is no session to resume: whatever it says, it failed
-    assert classify(lost | {"turn": 0, "worker_exit": {**lost["worker_exit"], "turn": 0}}) == (
+    first_turn = lost.worker_exit.model_copy(update={"turn": 0})
+    assert classify(replace(lost, turn=0, worker_exit=first_turn)) == (
         "failure",
         "worker_exit",
     )
@@ -750,9 +751,9 @@ def test_a_store_that_cannot_be_read_is_said_not_shown_as_every_circuit_closed(h
     with pytest.raises(BridgeError, match="could not be read for the workers' circuit") as seen:
         circuits_of(config, ["mock"])
     assert len(seen.value.message.splitlines()) == 1
-    checks = {c.check: c for c in health_checks(config, FakeSandbox())}
-    assert checks["circuits"].ok is False and "could not be read" in checks["circuits"].detail
-    assert checks["pool"].ok is False and "could not be read" in checks["pool"].detail
+    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
+    assert checks["pool"]["ok"] is False and "could not be read" in checks["pool"]["detail"]
 
 
 def test_a_cli_s_own_words_quoting_the_resume_phrase_still_count_as_its_failure():
@@ -799,8 +800,8 @@ def test_a_circuit_row_that_does_not_read_is_said_and_doctor_goes_on(home, reaso
         )
     with pytest.raises(BridgeError, match="could not be read for the workers' circuit"):
         circuits_of(config, ["mock"])
-    checks = {c.check: c for c in health_checks(config, FakeSandbox())}
-    assert checks["circuits"].ok is False and "could not be read" in checks["circuits"].detail
+    checks = {c["check"]: c for c in health_checks(config, FakeSandbox())}
+    assert checks["circuits"]["ok"] is False and "could not be read" in checks["circuits"]["detail"]
     store = Store(config.store_path)
     try:  # the operator's way out: reset writes the row anew
         reset(store, config, "mock")

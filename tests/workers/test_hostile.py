@@ -85,9 +85,9 @@ def test_the_clis_own_session_ids_are_taken():
 
 def test_a_claimed_failure_does_not_fail_a_clean_exit():
     from bridge.config.settings import LimitDefaults
+    from bridge.documents import WorkerExit
     from bridge.models import TaskSpec
     from bridge.pipeline.outcomes import judge_worker
-    from bridge.records import WorkerExit
 
     spec = TaskSpec.model_validate(
         {"objective": "x", "worker": "mock", "workspace": {"repository": "/tmp"}}

@@ -79,6 +79,7 @@ class ResponsesApi:
         self, request: web.Request, body: dict[str, Any], action: Write | Final
     ) -> web.StreamResponse:
         n = next(_ids)
+        item: dict[str, Any]
         if isinstance(action, Write):
             item = {
                 "type": "custom_tool_call",
