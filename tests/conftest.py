@@ -1,8 +1,8 @@
 """The suite's fixtures and hooks (the helpers they use live in tests/support/): a throwaway
 state root and repository per test (on /dev/shm when present), the CLI as a subprocess, the
-image set built once per session and every container a test's state root started removed, and
-the servers several test files share: the test upstream, the package index, the scripted model
-server, and the MCP server's token."""
+image set built once per session, the engine required by every `docker` test (and what its state
+root started there removed), and the servers several test files share: the test upstream, the
+package index, the scripted model server, and the MCP server's token."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli_runner
-from support.engine import BASE_IMAGE, REQUIRE_DOCKER, remove_home_artifacts
+from support.engine import BASE_IMAGE, remove_home_artifacts, require_engine
 from support.env_specs import ROUTE_KEY, ROUTE_KEY_VAR, registry_config
 from support.mcp_session import cancel_unfinished
 from support.projects import node_project
@@ -26,11 +26,25 @@ from support.upstream import Upstream
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 
+# Fixtures that reach the engine: a test using one is marked `docker` for it. A test that reaches
+# the engine another way (docker-py or the docker CLI, a WorkerBridge or worker-bridge command that
+# runs a task, compose...) carries the mark in its file. `make test-fast` (-m "not docker") runs
+# with DOCKER_HOST on a dead socket, so a test that reaches the engine unmarked fails there.
+ENGINE_FIXTURES = {"docker_images", "env_image"}
+
+
 def pytest_collection_modifyitems(config, items):
-    # Tests that use the engine are marked `docker` by fixture use, so `-m "not docker"` works.
     for item in items:
-        if "docker_images" in getattr(item, "fixturenames", ()):
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A `docker` test without an engine is skipped, or failed under
+    WORKER_BRIDGE_REQUIRE_DOCKER=1, before any of its fixtures starts."""
+    if item.get_closest_marker("docker") is not None:
+        require_engine()
 
 
 # -- a test's own folders and the ways in ------------------------------------------------------
@@ -43,7 +57,8 @@ def workdir(request):
     path = base / f"wb-test-{uuid.uuid4().hex[:10]}"
     path.mkdir(parents=True)
     yield path
-    remove_home_artifacts(path / "home")
+    if request.node.get_closest_marker("docker") is not None:
+        remove_home_artifacts(path / "home")  # only a test that reaches the engine leaves any
     from bridge.workspace.fs import remove_tree  # any depth, never following a link
     from bridge.workspace.overlay import unmount_under
     from bridge.workspace.trash import reap
@@ -85,17 +100,11 @@ def bridge(home: Path):
 def docker_images():
     """The engine is reachable and the image set (base, mock, verify) is built."""
     from bridge.config.settings import load_config
-    from bridge.errors import BridgeError
     from bridge.sandbox import DockerSandbox
     from bridge.sandbox.images import build_images
 
+    require_engine()
     sandbox = DockerSandbox()
-    try:
-        sandbox.ping()
-    except BridgeError as exc:
-        if REQUIRE_DOCKER:
-            pytest.fail(f"WORKER_BRIDGE_REQUIRE_DOCKER=1 but: {exc}")
-        pytest.skip(str(exc))
     env = {"WORKER_BRIDGE_HOME": "/nonexistent-wb-home"}
     if os.environ.get("WORKER_BRIDGE_EXTRA_CA_FILE"):  # `make test` passes the host's CA bundle
         env["WORKER_BRIDGE_EXTRA_CA_FILE"] = os.environ["WORKER_BRIDGE_EXTRA_CA_FILE"]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.errors import EngineUnavailable, ImageMissing
+from bridge.errors import EngineUnavailable, ImageMissing, SandboxError
 from bridge.sandbox.spec import ContainerInfo, ContainerSpec, ContainerState, ExitInfo, ImageInfo
 
 _MOCK_WORKER = Path(__file__).resolve().parents[1] / "images" / "mock" / "mock-worker"
@@ -174,8 +174,16 @@ class FakeSandbox:
         scripted = self.behaviour(spec)
         if scripted is not None:
             self._run_scripted(container, scripted)
-        else:
+            return container.id
+        try:
             self._run_process(container)
+        except OSError as exc:  # its command or working folder is not there
+            # As an engine whose start fails: nothing left behind, the error in our words.
+            with self._lock:
+                self._containers.pop(container.id, None)
+            if container.home is not None:
+                container.home.cleanup()
+            raise SandboxError(f"Could not start the container: {exc}") from exc
         return container.id
 
     def _host_path(self, spec: ContainerSpec, path: str) -> Path:

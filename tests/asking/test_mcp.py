@@ -9,10 +9,7 @@ from support.asking import block, net_config, reach
 from support.mcp_session import call, call_error, delegate, mcp_server, wait_event, wait_status
 from support.repos import git
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.usefixtures("docker_images", "no_task_outlives_the_test"),
-]
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
 
 
 async def test_the_tools_tell_the_model_when_a_task_waits_and_how_to_answer(home):
@@ -28,6 +25,7 @@ async def test_the_tools_tell_the_model_when_a_task_waits_and_how_to_answer(home
     assert "waiting_input" in tools["worker_delegate"].description
 
 
+@pytest.mark.usefixtures("docker_images")
 async def test_a_model_answers_a_question_and_approves_a_network_name(home, repo, upstream):
     # config's default: a refused name becomes a request (network.mode none: nothing listed)
     (home / "config.yaml").write_text(net_config(upstream.port, "on_refused: ask"))

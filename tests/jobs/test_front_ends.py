@@ -59,7 +59,7 @@ def test_the_cli_runs_a_compete_to_the_end_and_accepts_its_winner(cli, repo, doc
     assert cli("jobs", "show", job_id, "--json").json()["status"] == "accepted"
 
 
-def test_the_cli_refuses_bad_job_input_with_one_sentence(cli, repo, docker_images):
+def test_the_cli_refuses_bad_job_input_with_one_sentence(cli, repo):
     flags = task_flags(repo, "x")
     one = cli("jobs", "compete", "--workers", "mock", *flags)
     assert one.code == 2 and "at least two candidates" in one.stderr

@@ -355,7 +355,7 @@ def test_a_lease_held_by_a_live_runner_is_not_taken(
 
 
 def test_a_detached_start_is_refused_while_a_live_runner_holds_the_task(
-    cli, home, workdir, repo, bridge, docker_images, guard
+    cli, home, workdir, repo, bridge, guard
 ):
     """The interleaving the four-process race above hits only rarely, made deterministic:
     `tasks start --wait` has claimed the task (its first step, before created -> queued) when a

@@ -1,17 +1,45 @@
 """The Docker engine as the tests see it: which base image builds the test images, whether a
-missing engine fails the run or skips, the label namespace on everything the bridge starts, a
-sampler of the running containers, and the cleanup of a state root's containers and images."""
+missing engine fails a test that needs it or skips it, the label namespace on everything the
+bridge starts, a sampler of the running containers, and the cleanup of a state root's
+containers and images."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pytest
+
 BASE_IMAGE = os.environ.get("WORKER_BRIDGE_TEST_BASE_IMAGE", "worker-bridge/rootfs:bookworm")
 REQUIRE_DOCKER = os.environ.get("WORKER_BRIDGE_REQUIRE_DOCKER") == "1"
 LABEL = "io.worker-bridge"
+
+
+@functools.cache
+def engine_unreachable() -> str | None:
+    """Why the engine cannot be used (None: it answers), asked once per test process."""
+    from bridge.errors import BridgeError
+    from bridge.sandbox import DockerSandbox
+
+    try:
+        DockerSandbox().ping()
+    except BridgeError as exc:
+        return str(exc)
+    return None
+
+
+def require_engine() -> None:
+    """Skip a test that needs the engine when there is none, or fail it when the run requires
+    one (WORKER_BRIDGE_REQUIRE_DOCKER=1, as in CI): a missing engine never passes silently."""
+    why = engine_unreachable()
+    if why is None:
+        return
+    if REQUIRE_DOCKER:
+        pytest.fail(f"WORKER_BRIDGE_REQUIRE_DOCKER=1 but: {why}")
+    pytest.skip(why)
 
 
 def remove_home_artifacts(home: Path) -> None:

@@ -35,9 +35,10 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, docker_images):
+def site(tmp_path_factory):
     """One state root, repository and `worker-bridge ui` for the module; each test makes its
-    own tasks there (and cancels none of the others')."""
+    own tasks there (and cancels none of the others'). A test that runs a task asks for the
+    engine itself (`docker_images`); one that only makes tasks and reads them needs none."""
     with shared_site(tmp_path_factory) as running:
         yield running
 
@@ -130,6 +131,7 @@ def test_signing_in_with_the_form_lands_on_the_list_with_no_token_in_url_or_page
         context.close()
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_the_list_updates_live_while_a_mock_task_runs(page, ui, bridge, repo):
     expect = _expect()
     expect(page.locator("#live")).to_have_text("live")
@@ -159,6 +161,7 @@ def test_the_list_updates_live_while_a_mock_task_runs(page, ui, bridge, repo):
     screenshot(page, "ui-list")
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_the_task_page_shows_diff_and_verification_and_follow_up_and_accept_work(
     page, ui, bridge, repo
 ):
@@ -204,6 +207,7 @@ def test_the_task_page_shows_diff_and_verification_and_follow_up_and_accept_work
     expect(page.locator("#reject")).to_be_disabled()  # an accepted change is not offered again
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_compete_jobs_page_ranks_candidates_and_shows_two_diffs_side_by_side(
     page, ui, bridge, repo
 ):
@@ -240,6 +244,7 @@ def test_a_compete_jobs_page_ranks_candidates_and_shows_two_diffs_side_by_side(
     screenshot(page, "ui-job")
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, repo):
     expect = _expect()
     name = "<img src=x onerror=window.__pwned=3>.txt"
@@ -274,6 +279,7 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     screenshot(page, "ui-hostile")
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_review_jobs_page_shows_its_rounds_with_their_findings_as_text(page, ui, bridge, repo):
     expect = _expect()
     finding = {"path": "calc.py", "line": 2, "severity": "minor", "text": f"rename {XSS}"}
@@ -303,6 +309,7 @@ def test_a_review_jobs_page_shows_its_rounds_with_their_findings_as_text(page, u
     assert page.locator('img[src="x"]').count() == 0
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_pending_question_is_answered_from_the_page(page, ui, bridge, repo):
     expect = _expect()
     ask = {"kind": "question", "text": "Which database?", "choices": ["sqlite", "redis"]}
@@ -491,6 +498,7 @@ def test_a_link_carrying_a_key_of_its_own_changes_no_open_tab(browser, site, bri
         context.close()
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_requests_confirmation_shows_a_workers_bidi_override_as_its_escape(
     page, ui, bridge, repo
 ):
@@ -517,6 +525,7 @@ def test_a_requests_confirmation_shows_a_workers_bidi_override_as_its_escape(
     bridge.cancel_task(task.task_id)
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_carriage_return_in_a_workers_file_cannot_make_an_added_line_look_removed(
     page, ui, bridge, repo
 ):
@@ -536,6 +545,7 @@ def test_a_carriage_return_in_a_workers_file_cannot_make_an_added_line_look_remo
     assert diff.locator(".d2h-cntx").count() == 0
 
 
+@pytest.mark.usefixtures("docker_images")
 def test_a_question_carrying_html_is_shown_and_answered_as_text_and_a_block_in_a_file_asks_nothing(
     page, ui, bridge, repo
 ):
