@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
 from pathlib import Path
 
 import bridge
@@ -45,6 +49,30 @@ def test_each_third_party_package_is_imported_only_by_its_owner():
         rel = path.relative_to(PACKAGE).as_posix()
         for module in _imports(path) & set(OWNERS):
             assert rel.startswith(OWNERS[module]), f"{rel} imports {module}"
+
+
+def _third_party_imports() -> set[str]:
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        found |= _imports(path)
+    return {m for m in found if m not in sys.stdlib_module_names and m != "bridge"}
+
+
+def test_every_third_party_package_imported_is_a_declared_dependency():
+    """What bridge/ imports is named in pyproject.toml's dependencies, not left to arrive with
+    another package (a dependency that drops it would break the install)."""
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.split(r"[\s<>=~!\[;]", spec, maxsplit=1)[0].lower().replace("_", "-")
+        for spec in project["dependencies"]
+    }
+    providers = importlib.metadata.packages_distributions()
+    undeclared = sorted(
+        module
+        for module in _third_party_imports()
+        if not {d.lower().replace("_", "-") for d in providers.get(module, [module])} & declared
+    )
+    assert undeclared == []
 
 
 def test_the_public_api_is_what_all_says():
