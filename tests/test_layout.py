@@ -97,7 +97,6 @@ LONG_FUNCTIONS = {
     "bridge/gateway/upstream.py:stream": "one upstream exchange: connect, send, relay, account",
     "bridge/jobs/review.py:run_review": "the review loop: implement, verify, review, follow up",
     "bridge/pipeline/accepting.py:_write": "accept's write under the lock, undone on failure",
-    "bridge/pipeline/prune.py:plan_prune": "what prune may remove, kind by kind",
     "bridge/pipeline/worker_turn.py:run_worker_turn": "one worker container from spec to exit",
 }
 

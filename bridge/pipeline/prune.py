@@ -86,41 +86,12 @@ def plan_prune(
 ) -> list[PruneAction]:
     home = ctx.home
     scope = scope or RepositoryScope()
-    actions: list[PruneAction] = []
     # Every task counts for what is an orphan; only those in scope are pruned.
     tasks = {t.task_id: t for t in ctx.store.list_tasks()}
-    cutoff = datetime.now(UTC) - timedelta(days=ctx.config.retention_days)
-    for task_id, task in tasks.items():
-        if not _wanted(task, include_unaccepted) or not scope.allows(task.repository):
-            continue
-        repo = Path(task.repository)
-        branch = f"worker-bridge/{task_id}"
-        worktree = home / "worktrees" / task_id
-        if (
-            worktree.exists()
-            or (home / "gitdirs" / task_id).exists()
-            or (ctx.task_dir(task_id) / "home").exists()
-            or _branch_exists(repo, branch)
-        ):
-            kept = _kept_objects(repo, branch, task.base_commit)
-            actions.append(
-                PruneAction(
-                    "workspace",
-                    str(worktree),
-                    task_id,
-                    f"{task.status} task: worktree and branch {branch}{kept}",
-                )
-            )
-        finished, task_dir = task.finished_at, ctx.task_dir(task_id)
-        if task_dir.exists() and finished and _time(finished) < cutoff:
-            actions.append(
-                PruneAction(
-                    "artifacts",
-                    str(task_dir),
-                    task_id,
-                    f"{task.status} task finished over {ctx.config.retention_days} days ago",
-                )
-            )
+    actions: list[PruneAction] = []
+    for task in tasks.values():
+        if _wanted(task, include_unaccepted) and scope.allows(task.repository):
+            actions += _task_leftovers(ctx, task)
     actions += _orphans(ctx, tasks, scope)
     actions += _job_scratch(ctx, scope)
     left = trash.leftovers(home)  # folders already removed from every task: any scope's
@@ -140,17 +111,48 @@ def plan_prune(
         for folder in unused_bases(home, {a.target for a in actions if a.kind == "orphan_dir"})
     ]
     actions += _pool_slots(ctx)
+    actions += _containers(ctx, tasks, scope)
+    return actions
+
+
+def _task_leftovers(ctx: Context, task: TaskRecord) -> list[PruneAction]:
+    """A finished task's workspace (worktree, private git dir, CLI home, branch) and, past the
+    retention, its artifacts."""
+    home, task_id = ctx.home, task.task_id
+    repo = Path(task.repository)
+    branch = f"worker-bridge/{task_id}"
+    worktree = home / "worktrees" / task_id
+    actions = []
+    if (
+        worktree.exists()
+        or (home / "gitdirs" / task_id).exists()
+        or (ctx.task_dir(task_id) / "home").exists()
+        or _branch_exists(repo, branch)
+    ):
+        kept = _kept_objects(repo, branch, task.base_commit)
+        detail = f"{task.status} task: worktree and branch {branch}{kept}"
+        actions.append(PruneAction("workspace", str(worktree), task_id, detail))
+    cutoff = datetime.now(UTC) - timedelta(days=ctx.config.retention_days)
+    finished, task_dir = task.finished_at, ctx.task_dir(task_id)
+    if task_dir.exists() and finished and _time(finished) < cutoff:
+        detail = f"{task.status} task finished over {ctx.config.retention_days} days ago"
+        actions.append(PruneAction("artifacts", str(task_dir), task_id, detail))
+    return actions
+
+
+def _containers(
+    ctx: Context, tasks: dict[str, TaskRecord], scope: RepositoryScope
+) -> list[PruneAction]:
+    """Containers of finished or unknown tasks (one of a task outside the scope is left)."""
+    actions = []
     try:
         for item in orphan_containers(ctx):
             owner = item.labels.get("io.worker-bridge.task")
             known = tasks.get(owner) if owner is not None else None
             if known is not None and not scope.allows(known.repository):
                 continue
-            actions.append(
-                PruneAction(
-                    "container", item.id[:12], owner, "container of a finished or unknown task"
-                )
-            )
+            detail = "container of a finished or unknown task"
+            actions.append(PruneAction("container", item.id[:12], owner, detail))
     except BridgeError:
         pass  # no engine reachable: no containers to reclaim from here
     return actions
