@@ -96,7 +96,6 @@ LONG_FUNCTIONS = {
     "bridge/environments/run.py:_commands": "the setup script's commands, one branch per kind",
     "bridge/gateway/upstream.py:stream": "one upstream exchange: connect, send, relay, account",
     "bridge/jobs/review.py:run_review": "the review loop: implement, verify, review, follow up",
-    "bridge/pipeline/accepting.py:_write": "accept's write under the lock, undone on failure",
     "bridge/pipeline/worker_turn.py:run_worker_turn": "one worker container from spec to exit",
 }
 

@@ -44,7 +44,7 @@ from bridge.workspace.locks import repository_lock
 from bridge.workspace.rawgit import object_format, raw_git
 from bridge.workspace.trash import discard, later
 from bridge.workspace.worktree import TaskWorkspace, remove_workspace
-from bridge.workspace.writer import BlobReader, Refused, Writer
+from bridge.workspace.writer import BlobReader, Entry, Refused, Writer
 
 
 def accept_task(
@@ -116,6 +116,27 @@ def _accept(ctx: Context, record: TaskRecord, diff: Path, reverify: bool) -> Acc
     return _write(ctx, record, raw, changes, head, target, reverified, verification)
 
 
+def _entries_to_write(
+    raw: Git, target: str, changes: list[Change], repo: Path, snapshot: str
+) -> list[Entry]:
+    """``target``'s entries for the changed paths (the snapshot's own come with the diff; a
+    merged tree is looked up); Refused when one is a symlink pointing out of the repository."""
+    with collections_paused():
+        escape = escaping_symlink(raw, target, changes, repo)
+        entries = (
+            entries_of_changes(changes)
+            if target == snapshot
+            else target_entries(raw, target, {p for change in changes for p in change.paths})
+        )
+    if escape:
+        raise Refused(
+            f"Refusing to accept: symlink '{display(escape[0])}' points outside the "
+            f"repository ('{escape[1]}').",
+            "symlink_escape",
+        )
+    return entries
+
+
 def _write(
     ctx: Context,
     record: TaskRecord,
@@ -128,21 +149,8 @@ def _write(
 ) -> AcceptResult:
     """``target``'s entries for the changed paths written into the user's tree, checked, and
     the task marked accepted; everything put back on any failure."""
-    repo, home, snapshot = Path(record.repository), ctx.home, record.snapshot_commit or ""
-    with collections_paused():
-        escape = escaping_symlink(raw, target, changes, repo)
-        # The snapshot's own entries come with the diff; a merged tree is looked up.
-        entries = (
-            entries_of_changes(changes)
-            if target == snapshot
-            else target_entries(raw, target, {p for change in changes for p in change.paths})
-        )
-    if escape:
-        raise Refused(
-            f"Refusing to accept: symlink '{display(escape[0])}' points outside the "
-            f"repository ('{escape[1]}').",
-            "symlink_escape",
-        )
+    repo, home = Path(record.repository), ctx.home
+    entries = _entries_to_write(raw, target, changes, repo, record.snapshot_commit or "")
     with repository_lock(home, repo):
         if Git(repo).resolve_commit("HEAD") != head:
             raise Refused(
