@@ -95,7 +95,6 @@ LONG_FUNCTIONS = {
     "bridge/environments/run.py:run_setup": "a setup run's steps in the order they happen",
     "bridge/environments/run.py:_commands": "the setup script's commands, one branch per kind",
     "bridge/gateway/upstream.py:stream": "one upstream exchange: connect, send, relay, account",
-    "bridge/jobs/review.py:run_review": "the review loop: implement, verify, review, follow up",
     "bridge/pipeline/worker_turn.py:run_worker_turn": "one worker container from spec to exit",
 }
 

@@ -16,10 +16,41 @@ from bridge.jobs.review_answer import follow_up_message, parse_review, review_pr
 from bridge.jobs.slots import implementer_spec, reviewer_spec
 from bridge.models import JobStatus, Status
 from bridge.pipeline.follow_up import queue_follow_up
+from bridge.records import JobRecord, TaskRecord
 
 
 def _key(finding: Finding) -> tuple[str | None, int | None, str]:
     return (finding["path"], finding["line"], finding["text"].strip().lower())
+
+
+def _review_round(
+    co: JobCoordinator, job: JobRecord, impl: str, record: TaskRecord, round_no: int
+) -> ReviewRound:
+    """One review of the implementer's verified snapshot: the reviewer's task run read-only on
+    the quoted diff, its answer parsed (its new findings counted by the caller)."""
+    bounds = job.config.jobs
+    diff, total = read_diff(co.store.artifacts(impl).get("diff"), bounds.quoted_diff_chars)
+    prompt = review_prompt(job.spec["task"]["objective"], diff, total, bounds)
+    spec = reviewer_spec(job.spec, job.job_id, round_no, record.snapshot_commit or "", prompt)
+    reviewer = co.ensure_task(spec, "reviewer", f"review-{round_no}")
+    co.start(reviewer)
+    (review,) = co.wait_all([reviewer])
+    if review.status == Status.SUCCEEDED:
+        verdict, findings, problem = parse_review(review.summary, bounds, diff)
+    else:
+        why = review.error.message if review.error else f"it ended {review.status}"
+        verdict, findings, problem = None, [], f"the reviewer's task did not succeed: {why}"
+    return ReviewRound(
+        round=round_no,
+        implementer_turn=record.turn,
+        verification_ok=record.verification.ok if record.verification else None,
+        changed_files=[f.path for f in record.changed_files],
+        reviewer_task=reviewer,
+        verdict=verdict,
+        findings=findings,
+        new_findings=0,
+        problem=problem or None,
+    )
 
 
 def run_review(co: JobCoordinator) -> None:
@@ -40,31 +71,11 @@ def run_review(co: JobCoordinator) -> None:
                 {"kind": "implementer", "message": f"The implementer's task failed: {why}"},
             )
             return
-        bounds = job.config.jobs
-        diff, total = read_diff(co.store.artifacts(impl).get("diff"), bounds.quoted_diff_chars)
-        prompt = review_prompt(job.spec["task"]["objective"], diff, total, bounds)
-        spec = reviewer_spec(job.spec, job.job_id, round_no, record.snapshot_commit or "", prompt)
-        reviewer = co.ensure_task(spec, "reviewer", f"review-{round_no}")
-        co.start(reviewer)
-        (review,) = co.wait_all([reviewer])
-        if review.status == Status.SUCCEEDED:
-            verdict, findings, problem = parse_review(review.summary, bounds, diff)
-        else:
-            why = review.error.message if review.error else f"it ended {review.status}"
-            verdict, findings, problem = None, [], f"the reviewer's task did not succeed: {why}"
+        entry = _review_round(co, job, impl, record, round_no)
+        findings, problem, verdict = entry["findings"], entry["problem"], entry["verdict"]
         new = [f for f in findings if _key(f) not in seen]
         seen.update(_key(f) for f in findings)
-        entry = ReviewRound(
-            round=round_no,
-            implementer_turn=record.turn,
-            verification_ok=record.verification.ok if record.verification else None,
-            changed_files=[f.path for f in record.changed_files],
-            reviewer_task=reviewer,
-            verdict=verdict,
-            findings=findings,
-            new_findings=len(new),
-            problem=problem or None,
-        )
+        entry["new_findings"] = len(new)
         rounds.append(entry)
         co.store.jobs.update(job.job_id, result=result)
         co.store.add_event(job.job_id, "job.round", entry)
