@@ -93,7 +93,7 @@ MAX_FUNCTION_LINES = 60  # statements, after the signature and the docstring
 LONG_FUNCTIONS = {
     # one step after another on one container, each needing the one before it
     "bridge/environments/run.py:run_setup": "a setup run's steps in the order they happen",
-    "bridge/environments/run.py:_commands": "the setup script's commands, one branch per kind",
+    "bridge/environments/run.py:_commands": "each setup command's container, its exit judged",
     "bridge/gateway/upstream.py:stream": "one upstream exchange: connect, send, relay, account",
     "bridge/pipeline/worker_turn.py:run_worker_turn": "one worker container from spec to exit",
 }
