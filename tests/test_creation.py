@@ -1,10 +1,12 @@
 """Task creation and what a later verb checks again: a start, a follow-up or an accept asks what
-the owner's configuration decides (the worker, its metadata, the images the task names), and
-reads the task's images again only when the image patterns changed since the task was made.
-Creation needs no engine here; the tasks are made, not run."""
+the owner's configuration decides (the worker, its metadata, the images the task names), every
+time, against the configuration now. Creation needs no engine here; the tasks are made, not
+run."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -28,17 +30,40 @@ def made(home: Path, repo: Path):
     bridge.close()
 
 
-def test_a_start_under_the_same_image_patterns_does_not_read_the_task_s_images_again(
-    made, monkeypatch
-):
+def test_a_row_recorded_without_image_patterns_is_checked_against_todays(made, home):
+    """A row from a version that recorded no `allowed_images` reads back with today's default
+    (none): the same patterns as a strict owner's now, yet never checked against them. A start
+    checks its images all the same, and refuses one the owner does not allow."""
     bridge, record = made
-    import bridge.environments.task as environment
+    with sqlite3.connect(bridge.config.store_path) as conn:
+        (raw,) = conn.execute("SELECT config FROM tasks WHERE task_id = ?", (record.task_id,))
+        recorded = json.loads(raw[0])
+        del recorded["allowed_images"]
+        conn.execute(
+            "UPDATE tasks SET config = ? WHERE task_id = ?",
+            (json.dumps(recorded), record.task_id),
+        )
+    old = bridge.store.load_task(record.task_id)
+    strict = bridge.config.model_copy(update={"allowed_images": []})
+    assert old.config.allowed_images == strict.allowed_images == []
+    with pytest.raises(InvalidSpec, match=f"verification.image '{ALLOWED}'.*allowed_images"):
+        recheck_permissions(strict, bridge.sandbox, old, worker_turn=True)
 
-    def read_again(*args: object) -> None:
-        raise AssertionError("creation checked these images against the same patterns")
 
-    monkeypatch.setattr(environment, "check_images", read_again)
-    recheck_permissions(bridge.config, bridge.sandbox, record, worker_turn=True)
+def test_a_spec_model_changed_after_it_was_made_is_validated_again_and_nothing_written(home, repo):
+    """A library caller's TaskSpec is a mutable model: a value set on it afterwards is checked
+    like any other, and a refused one writes no task."""
+    from bridge.models import TaskSpec
+
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    try:
+        spec = TaskSpec.model_validate(bare_spec(repo))
+        spec.priority = 1000
+        with pytest.raises(InvalidSpec, match="priority"):
+            bridge.create_task(spec)
+        assert bridge.list_tasks() == []
+    finally:
+        bridge.close()
 
 
 def test_a_start_after_the_owner_narrowed_the_images_reads_them_again_and_is_refused(made):

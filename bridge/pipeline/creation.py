@@ -20,7 +20,7 @@ from bridge.models import TaskSpec, parse_spec
 from bridge.records import NewTask, TaskRecord
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import require_repository
-from bridge.scope import RepositoryScope, image_patterns
+from bridge.scope import RepositoryScope
 from bridge.store import Store
 from bridge.workers import get_worker
 from bridge.workers.circuit import admission
@@ -36,7 +36,9 @@ def typed_spec(
     is validated (a field left out or null is unset); a `TaskSpec` counts only the fields it
     set."""
     if isinstance(given, TaskSpec):
-        return fill_profile(config, given)
+        # A caller's model may have been changed after it was made (pydantic models are
+        # mutable): validated again from the fields it set, and carried as our own copy.
+        return fill_profile(config, parse_spec(given.model_dump(mode="json", exclude_unset=True)))
     filled, profile = apply_profile(config, dict(given))
     return parse_spec(filled), profile
 
@@ -94,19 +96,18 @@ def recheck_permissions(
     `allowed_images` would not reach tasks made before.
 
     Only what the owner's configuration decides is asked again: the worker (still one here)
-    and its metadata (its mock routes, say) against the configuration now; the images the task
-    names against the image patterns now, when those are not the ones creation checked them
-    against (then the definition is read again, as the task will run it: with its recorded
-    configuration, at its base commit). What creation checked that no setting changes (the
-    spec's shape, the repository, the base commit, the devcontainer.json at that commit) is
-    not checked again, and neither is what the engine holds: the runner finds that out."""
+    and its metadata (its mock routes, say) against the configuration now, and the images the
+    task names against the image patterns now (the definition read as the task will run it:
+    with its recorded configuration, at its base commit). The images are checked every time,
+    even when the patterns are the ones recorded: a row written by an earlier version may have
+    been checked by fewer rules (before the Dockerfile's own base images were). What no
+    setting changes (the spec's shape, the repository, the base commit) is not checked again,
+    and neither is what the engine holds: the runner finds that out."""
     spec = record.spec
     worker = get_worker(config, record.worker)
     if worker_turn:
         worker.check_metadata(spec.metadata, config)
     recorded = record.config
-    if image_patterns(config) == image_patterns(recorded):
-        return
     from bridge.environments.task import check_images
 
     git = Git(record.repository)
