@@ -235,8 +235,9 @@ def cmd_tasks_accept(bridge: WorkerBridge, args: argparse.Namespace) -> int:
 def cmd_tasks_follow_up(bridge: WorkerBridge, args: argparse.Namespace) -> int:
     if args.wait:  # the turn runs in this process: Ctrl-C cancels it, as for `tasks run`
         try:
-            with _live(bridge, args.task_id, args):
-                result = bridge.follow_up(args.task_id, args.message, wait=True)
+            with _live(bridge, args.task_id, args) as view:
+                start = view.start if view else None
+                result = bridge.follow_up(args.task_id, args.message, wait=True, on_claimed=start)
         except KeyboardInterrupt:
             result = bridge.cancel_task(args.task_id)
         return _finish(result, args)

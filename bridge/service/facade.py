@@ -177,11 +177,18 @@ class WorkerBridge:
         self.store.transition(task_id, Status.QUEUED, expect={Status.CREATED})
         return self.get_task(task_id)
 
-    def follow_up(self, task_id: str, message: str, *, wait: bool = False) -> TaskResult:
+    def follow_up(
+        self,
+        task_id: str,
+        message: str,
+        *,
+        wait: bool = False,
+        on_claimed: Callable[[], None] | None = None,
+    ) -> TaskResult:
         """Queue another worker turn on the task's worktree (earlier changes kept), then collect
         and verify again, in a detached runner; returns the task result (status `queued`).
         ``wait``: run that turn here instead, until the task ends (no second process, as for
-        `run_task`), and return the final result."""
+        `run_task`, whose ``on_claimed`` it takes), and return the final result."""
         from bridge.pipeline.follow_up import queue_follow_up
 
         if not message.strip():
@@ -191,7 +198,7 @@ class WorkerBridge:
             self._still_allowed(task, worker_turn=True)
         runner_id = queue_follow_up(self.context(), task_id, message, launch=not wait)
         if wait:  # the reservation is ours: a crash here leaves it for recovery, as a runner's
-            return self.run_task(task_id, runner_id=runner_id)
+            return self.run_task(task_id, runner_id=runner_id, on_claimed=on_claimed)
         return self.get_task(task_id)
 
     def cancel_task(self, task_id: str) -> TaskResult:

@@ -129,3 +129,13 @@ def test_a_request_is_shown_whole_so_a_long_name_cannot_hide_where_it_leads():
     shown = out.getvalue()
     assert f"reach {host}:443" in shown and "tasks answer t1 r1" in shown
     assert shown.count("\n") == 1  # still one line
+
+
+def test_a_follow_up_waited_for_shows_its_turn_live(docker_images, cli, repo):
+    mock = {"write": {"a.txt": "x"}, "on_follow_up": {"script": "echo second-turn-done"}}
+    flags = task_flags(repo, "live", metadata={"mock": mock})
+    task_id = cli("tasks", "run", *flags, "--json").json()["task_id"]
+    res = cli("tasks", "follow-up", task_id, "once more", "--wait")
+    assert res.code == 0, res.stderr
+    assert "second-turn-done" in res.stderr and "worker mock started" in res.stderr
+    assert "second-turn-done" not in res.stdout
