@@ -18,6 +18,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── ImageMissing                 (LookupError)   an image a task needs is not built  -> exit 1
     ├── GitError                                     a git command failed unexpectedly
     ├── StoreUnavailable             (OSError)       the store cannot be opened or written -> exit 1
+    ├── RecordUnreadable                             a stored row this version cannot read -> exit 1
     ├── EnvironmentFailed                            the project's environment could not be made
     └── SandboxError                                 the engine refused or failed a container op
 
@@ -123,6 +124,27 @@ class GitError(BridgeError):
 class StoreUnavailable(BridgeError, OSError):
     """The SQLite store could not be opened or written (its folder's permissions, a read-only
     file system, a confined caller)."""
+
+
+class RecordUnreadable(BridgeError):
+    """A task's or job's stored row that this version cannot read: damaged, or written by a
+    version that stored it otherwise."""
+
+    @classmethod
+    def of(cls, what: str, exc: Exception) -> RecordUnreadable:
+        return cls(
+            f"{what}'s stored record cannot be read ({_first_problem(exc)}): it was damaged or "
+            "written by another version of worker-bridge."
+        )
+
+
+def _first_problem(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # pydantic's ValidationError, described without importing pydantic
+        first = errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "the row"
+        return f"{where}: {first.get('msg', 'not valid')}"
+    return f"{exc.__class__.__name__}: {str(exc)[:120]}"
 
 
 class SandboxError(BridgeError):

@@ -6,8 +6,9 @@ and JSON edges (`TaskResult.document()`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, model_serializer, model_validator
 
@@ -30,7 +31,10 @@ from bridge.documents import (
     UsageDoc,
     WorkerExit,
 )
+from bridge.errors import RecordUnreadable
 from bridge.models import Status, TaskSpec
+
+Parsed = TypeVar("Parsed")
 
 
 class ErrorInfo(StoredDoc):
@@ -160,21 +164,34 @@ class TaskRecord(_StoredRow):
 
     @cached_property
     def spec(self) -> TaskSpec:
-        return TaskSpec.model_validate(self.spec_doc)
+        return self._parsed(lambda: TaskSpec.model_validate(self.spec_doc))
 
     @cached_property
     def changed_files(self) -> list[ChangedFile]:
-        return [ChangedFile.model_validate(entry) for entry in self.changed_files_doc]
+        return self._parsed(
+            lambda: [ChangedFile.model_validate(entry) for entry in self.changed_files_doc]
+        )
 
     @cached_property
     def config(self) -> Config:
         data = {k: v for k, v in self.config_doc.items() if k != "effective_limits"}
-        return Config.from_record({"home": "/", **data})
+        return self._parsed(lambda: Config.from_record({"home": "/", **data}))
 
     @cached_property
     def limits(self) -> LimitDefaults:
         recorded = self.config_doc.get("effective_limits")
-        return LimitDefaults.model_validate(recorded) if recorded else self.config.limits
+        if not recorded:
+            return self.config.limits
+        return self._parsed(lambda: LimitDefaults.model_validate(recorded))
+
+    def _parsed(self, parse: Callable[[], Parsed]) -> Parsed:
+        """A column read on first use; RecordUnreadable when it does not read (ConfigError
+        and pydantic's ValidationError are ValueErrors), rather than a traceback or an error
+        about the caller's own config.yaml."""
+        try:
+            return parse()
+        except ValueError as exc:
+            raise RecordUnreadable.of(f"Task {self.task_id}", exc) from exc
 
     @property
     def profile(self) -> AppliedProfile | None:

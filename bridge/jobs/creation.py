@@ -192,7 +192,7 @@ def new_review_row(
     """A new review job and its `job.created` event, or InvalidSpec."""
     document = _task_document(task)
     most = config.jobs.max_rounds
-    if not 1 <= rounds <= most:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= most:
         raise InvalidSpec(
             f"--rounds must be between 1 and {most} (config jobs.max_rounds); it was {rounds}."
         )

@@ -39,7 +39,7 @@ def job_result(job: JobRecord, tasks: list[TaskRecord]) -> JobResult:
         summary=JobSummary(
             candidates=len(candidates),
             eligible=sum(1 for c in candidates if c.get("eligible")),
-            judge=judge["problem"] if (judge := result.get("judge")) else None,
+            judge=judge.get("problem") if (judge := result.get("judge")) else None,
         ),
         skipped=[*job.spec.get("skipped", []), *result.get("skipped", [])],
         error=job.error,

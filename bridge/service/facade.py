@@ -27,6 +27,7 @@ from bridge.scope import RepositoryScope
 from bridge.service.jobs import JobVerbs
 from bridge.store import Store
 from bridge.store.db import now_iso
+from bridge.store.rows import readable
 
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
@@ -313,10 +314,11 @@ class WorkerBridge:
         ids = [r.task_id for r in records]
         artifacts = self.store.artifacts_of(ids) if records else {}
         requests = self.store.requests.of(ids)
-        return [
-            task_result(r, artifacts.get(r.task_id, {}), requests=requests.get(r.task_id))
-            for r in records
-        ]
+
+        def result(r: TaskRecord) -> TaskResult:
+            return task_result(r, artifacts.get(r.task_id, {}), requests=requests.get(r.task_id))
+
+        return readable(records, result)
 
     def task_logs(self, task_id: str, after: int = 0, limit: int = 200) -> EventPage:
         self._task(task_id)  # TaskNotFound for an unknown id, or one outside the scope

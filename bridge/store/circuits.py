@@ -173,6 +173,24 @@ def repositories_used(conn: sqlite3.Connection, worker: str, after: float) -> in
     return int(found[0] or 0)
 
 
+def _error_kind(text: str | None) -> str | None:
+    try:
+        error = json.loads(text) if text else None
+    except ValueError:
+        return None
+    kind = error.get("kind") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _worker_exit(text: str | None) -> WorkerExit | None:
+    """The recorded worker exit; None when there is none or it does not read (a damaged row is
+    an outcome that says nothing, not a breaker that cannot decide)."""
+    try:
+        return WorkerExit.model_validate_json(text) if text else None
+    except ValueError:  # pydantic's ValidationError is one
+        return None
+
+
 def _iso(at: float) -> str:  # the form of the tasks' timestamps (store.db.now_iso)
     return datetime.fromtimestamp(max(at, 0.0), UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
@@ -200,8 +218,8 @@ def task_outcome(conn: sqlite3.Connection, task_id: str) -> TaskOutcome | None:
         repository=repository,
         status=status,
         turn=turn or 0,
-        error_kind=(json.loads(error) or {}).get("kind") if error else None,
-        worker_exit=WorkerExit.model_validate_json(worker_exit) if worker_exit else None,
+        error_kind=_error_kind(error),
+        worker_exit=_worker_exit(worker_exit),
         timeout_seconds=deadline,
         ended_at=ended_at,
         runner_live=runner_id is not None and owner_live(expires, host, pid, pid_started),

@@ -29,6 +29,7 @@ from bridge.store.requests import Requests
 from bridge.store.rows import (
     JSON_COLUMNS,
     applied_migrations,
+    readable,
     rows_of,
     sqlite_uri,
     task_record,
@@ -233,7 +234,7 @@ class Store:
         """Tasks newest first; ``under``: only those whose repository is one of these folders
         or inside one."""
         sql, params = tasks_query(status, limit, under)
-        return [task_record(row) for row in self.query(sql, params)]
+        return readable(self.query(sql, params), task_record)
 
     def status(self, task_id: str) -> str:
         """Just the status: what polling loops need, without decoding the whole row."""

@@ -10,16 +10,17 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, NotRequired, Protocol, cast
 
+from pydantic import ValidationError
 from typing_extensions import TypedDict
 
 from bridge.config.settings import Config
 from bridge.documents import ErrorDoc, JobFindings, JobSpec
-from bridge.errors import JobNotFound
+from bridge.errors import JobNotFound, RecordUnreadable
 from bridge.events import EventData
 from bridge.models import JOB_TERMINAL, JobStatus
 from bridge.records import JobRecord
 from bridge.store.encode import encode
-from bridge.store.rows import decode_columns
+from bridge.store.rows import decode_columns, readable
 from bridge.store.sql import insert, marks
 
 JOB_JSON = ("spec", "config", "result", "error")
@@ -71,6 +72,13 @@ def _decode(row: sqlite3.Row) -> JobRow:
     return cast(JobRow, decode_columns(row, JOB_JSON))
 
 
+def _record(row: sqlite3.Row) -> JobRecord:
+    try:
+        return JobRecord.model_validate(_decode(row))
+    except (ValidationError, ValueError) as exc:
+        raise RecordUnreadable.of(f"Job {row['job_id']}", exc) from exc
+
+
 class Jobs:
     """Rows of the jobs table, as JobRecord (`record`, `records`) or as decoded rows."""
 
@@ -100,12 +108,15 @@ class Jobs:
             self._event(conn, job["job_id"], "job.created", created)
 
     def record(self, job_id: str) -> JobRecord:
-        """The job's record; JobNotFound naming the id."""
-        return JobRecord.model_validate(self.load(job_id))
+        """The job's record; JobNotFound naming the id, RecordUnreadable for a damaged row."""
+        rows = self.store.query("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            raise JobNotFound.of(job_id)
+        return _record(rows[0])
 
     def records(self, limit: int | None = None) -> builtins.list[JobRecord]:
-        """Jobs newest first, as records."""
-        return [JobRecord.model_validate(row) for row in self.list(limit)]
+        """Jobs newest first, as records (a damaged row left out with a warning)."""
+        return readable(self._rows(limit), _record)
 
     def load(self, job_id: str) -> JobRow:
         rows = self.store.query("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
@@ -114,12 +125,15 @@ class Jobs:
         return _decode(rows[0])
 
     def list(self, limit: int | None = None) -> builtins.list[JobRow]:
+        return [_decode(row) for row in self._rows(limit)]
+
+    def _rows(self, limit: int | None) -> builtins.list[sqlite3.Row]:
         sql = "SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC"
         params: list[Any] = []
         if limit:
             sql += " LIMIT ?"
             params.append(limit)
-        return [_decode(row) for row in self.store.query(sql, params)]
+        return self.store.query(sql, params)
 
     def update(self, job_id: str, **fields: object) -> None:
         """Write non-status fields (the result so far)."""

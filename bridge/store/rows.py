@@ -6,15 +6,24 @@ reads through these."""
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from bridge.documents import RequestRecord
+from bridge.errors import RecordUnreadable
 from bridge.records import TaskRecord
 from bridge.store.migrations import MIGRATION_SET
 from bridge.store.sql import marks
+
+log = logging.getLogger("worker_bridge.store")
+
+Item = TypeVar("Item")
+Record = TypeVar("Record")
 
 JSON_COLUMNS = (
     "spec",
@@ -42,8 +51,25 @@ def decode_columns(row: sqlite3.Row, columns: tuple[str, ...]) -> dict[str, obje
 
 
 def task_record(row: sqlite3.Row) -> TaskRecord:
-    """A tasks row as its record."""
-    return TaskRecord.model_validate(decode_columns(row, JSON_COLUMNS))
+    """A tasks row as its record; RecordUnreadable (one sentence naming the task and the first
+    field that does not read) for a row damaged or written by a version that stored it
+    otherwise."""
+    try:
+        return TaskRecord.model_validate(decode_columns(row, JSON_COLUMNS))
+    except (ValidationError, ValueError) as exc:
+        raise RecordUnreadable.of(f"Task {row['task_id']}", exc) from exc
+
+
+def readable(items: Iterable[Item], decode: Callable[[Item], Record]) -> list[Record]:
+    """Each row (or record) decoded, one that cannot be (RecordUnreadable) left out with a
+    warning: one damaged row does not hide every other task or job from a listing."""
+    records = []
+    for item in items:
+        try:
+            records.append(decode(item))
+        except RecordUnreadable as exc:
+            log.warning("%s It is left out of this listing.", exc)
+    return records
 
 
 def request_record(row: sqlite3.Row) -> RequestRecord:

@@ -55,3 +55,13 @@ def test_a_reviews_bad_reviewer_input_is_refused_before_anything_is_made(
         with pytest.raises(InvalidSpec, match=words):
             bridge.review(_spec(repo, {"reviewer": reviewer}), "mock", "mock", rounds=2)
         _nothing_made(bridge, repo)
+
+
+@pytest.mark.parametrize("rounds", [True, "2", 2.0])
+def test_a_reviews_rounds_that_are_not_a_whole_number_are_refused_before_anything_is_made(
+    bridge: WorkerBridge, repo: Path, rounds
+):
+    # True passed `1 <= rounds <= most` as 1 and "2" failed with a TypeError, not a sentence.
+    with pytest.raises(InvalidSpec, match=r"^--rounds must be between 1 and \d+"):
+        bridge.review(_spec(repo, {}), "mock", "mock", rounds=rounds)
+    _nothing_made(bridge, repo)
