@@ -79,9 +79,11 @@ def page(browser, ui, site):
 
 
 def sign_in(tab, url: str, token: str) -> None:
-    """As the URL `worker-bridge ui` prints: the token in the login's fragment, posted by the
-    login page's script; the list then takes the session's key out of its own fragment."""
-    tab.goto(f"{url}/ui/login#token={token}")
+    """As a person with the token does: pasted into the login form; the list then takes the
+    session's key out of its own fragment."""
+    tab.goto(f"{url}/ui/login")
+    tab.fill("input[name=token]", token)
+    tab.click("button[type=submit]")
     _expect()(tab.locator("#live")).to_have_text("live")
     assert tab.url == f"{url}/ui/"  # neither the token nor the key stays in the address bar
     assert token not in tab.content()
@@ -127,6 +129,40 @@ def test_signing_in_with_the_form_lands_on_the_list_with_no_token_in_url_or_page
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert cookie["value"] != site.token
         assert tab.evaluate("document.cookie") == ""  # out of the page's scripts' reach
+    finally:
+        context.close()
+
+
+def test_the_printed_link_signs_one_browser_in_and_no_other(browser, site):
+    """The link `worker-bridge ui` printed is in the argv and history of the browser opened
+    with it: its code made that browser's session and is void for anyone who reads it there."""
+    expect = _expect()
+    [link] = re.findall(r"open (http://\S+#code=\S+)", site.server.log_text())
+    assert site.token not in link
+    first, second = browser.new_context(), browser.new_context()
+    try:
+        tab = first.new_page()
+        tab.goto(link)
+        expect(tab.locator("#live")).to_have_text("live")
+        assert tab.url == f"{site.url}/ui/"  # neither the code nor the key stays in the bar
+        late = second.new_page()
+        late.goto(link)
+        expect(late.locator(".error")).to_have_text(
+            "That sign-in link was used already or has expired: sign in with the token."
+        )
+        assert late.url == f"{site.url}/ui/login" and second.cookies() == []
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_token_in_the_url_signs_nobody_in_and_leaves_the_address_bar(browser, site):
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(f"{site.url}/ui/login#token={site.token}")
+        _expect()(tab).to_have_url(f"{site.url}/ui/login")  # the fragment taken out
+        assert context.cookies() == [] and tab.locator("input[name=token]").input_value() == ""
     finally:
         context.close()
 
