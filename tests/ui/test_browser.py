@@ -315,6 +315,44 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     screenshot(page, "ui-hostile")
 
 
+SHOWN_NAMES = """(where) => [...document.querySelectorAll(`#diff ${where} .d2h-file-name`)]
+  .map((n) => {
+    const from = n.querySelector(".file-from"), path = n.querySelector(".file-path");
+    return [from ? from.textContent : null, path ? path.textContent : n.textContent];
+  })"""
+
+
+@pytest.mark.usefixtures("docker_images")
+def test_each_changed_files_name_shows_in_the_diff_exactly_as_the_result_lists_it(
+    page, ui, bridge, repo
+):
+    """diff2html reads names out of git's headers: it keeps the C escapes of a name git quotes
+    and turns their backslashes into slashes, keeps the tab git puts after a name with a space,
+    cuts a header with no ---/+++ lines at the first ` b/`, drops what looks like a timestamp,
+    and joins a rename's names with an arrow a name may hold too. Every name, in the file list
+    and each file's header, in both views, is the one the task result lists."""
+    expect = _expect()
+    names = ["with space.txt", 'quote".txt', "back\\slash.txt", "tab\there.txt"]
+    names += ["new\nline.txt", "café ü.txt", "x b/y.txt", "a -> b.txt", "{curly}.txt"]
+    names += ["x 2016-10-25 11:37:14.000000000 +0200"]
+    write = {**dict.fromkeys(names, "1\n"), "e b/e b": ""}  # empty: no ---/+++ lines
+    script = "mv README.md 'read me → now.md'; echo x > \"$(printf 'bad\\377.txt')\""
+    task = bridge.create_task(mock_task(repo, {"write": write, "script": script}))
+    bridge.start_detached(task.task_id)
+    result = _ended(bridge, task.task_id).document()
+    listed = sorted((f.get("from", ""), f["path"]) for f in result["changed_files"])
+    assert ("README.md", "read me → now.md") in listed and ("", "bad\\xff.txt") in listed
+    assert len(listed) == len(names) + 3
+    page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
+    for view in ("#view-unified", "#view-split"):
+        page.click(view)
+        expect(page.locator("#diff .d2h-file-wrapper")).to_have_count(len(listed))
+        for where in (".d2h-file-header", ".d2h-file-list-line"):
+            shown = sorted((old or "", new) for old, new in page.evaluate(SHOWN_NAMES, where))
+            assert shown == listed, (view, where)
+    screenshot(page, "ui-names")
+
+
 @pytest.mark.usefixtures("docker_images")
 def test_a_review_jobs_page_shows_its_rounds_with_their_findings_as_text(page, ui, bridge, repo):
     expect = _expect()
