@@ -557,7 +557,7 @@ def test_a_burst_of_stream_opens_gets_no_more_than_the_clients_share(ui, token):
 def test_the_diff_comes_with_whether_it_was_cut_and_its_size(ui, token, created):
     with signed_in(ui.url, token) as browser:
         doc = browser.client.get(f"/ui/api/tasks/{created}/diff").json()
-        assert doc == {"text": "", "truncated": False, "total_bytes": 0}
+        assert doc == {"text": "", "truncated": False, "total_bytes": 0, "files": []}
 
 
 def test_a_diff_over_the_cap_comes_cut_at_a_whole_file_and_says_so(ui, token, site):
@@ -569,6 +569,7 @@ def test_a_diff_over_the_cap_comes_cut_at_a_whole_file_and_says_so(ui, token, si
         doc = browser.client.get(f"/ui/api/tasks/{task_id}/diff").json()
     assert doc["truncated"] is True and doc["total_bytes"] == len(first + second)
     assert doc["text"].encode() == first  # the first file whole, none of the second
+    assert doc["files"] == [{"path": "a.txt"}]  # the names of the files shown
 
 
 def test_a_diff_over_the_limit_is_cut_at_the_last_whole_file_or_line(tmp_path):
