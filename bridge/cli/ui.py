@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--token-file",
         metavar="PATH",
         help="file holding the token to sign in with (default: the MCP server's token "
-        "variables, else one made for this run and printed in the login URL)",
+        "variables, else one made for this run and printed; the link printed signs in once)",
     )
     parser.add_argument(
         "--no-token", action="store_true", help="sign in without a token; only on loopback"

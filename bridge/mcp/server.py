@@ -103,8 +103,9 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
         ui = None
         if bridge.config.http.ui:  # the web view under /ui, same token (config http.ui)
             from bridge.ui.app import build_app
+            from bridge.ui.security import Sessions
 
-            ui = build_app(bridge, token=http.token, host=http.host, port=http.port)
+            ui = build_app(bridge, Sessions(http.token, http.port), host=http.host)
         from bridge.mcp.http import serve
 
         return serve(server, http, bridge.config.http, ui)

@@ -8,10 +8,12 @@ It runs with the task's recorded configuration; each phase has its own module an
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
@@ -78,8 +80,10 @@ class TaskRunner:
 
     def run(self, on_claimed: Callable[[], None] | None = None) -> TaskRecord:
         """Run (or resume) to a terminal status; returns the stored record. ``on_claimed`` is
-        called once the claim is this runner's. A BaseException (an interrupt) leaves the task
-        as a crash would, for recovery or a cancel to resolve."""
+        called once the claim is this runner's. An interrupt (KeyboardInterrupt: Ctrl-C) takes
+        the task's containers and what this runner mounted away, then goes on: the task is left
+        for a cancel (`tasks run` cancels it) or recovery to resolve; any other BaseException
+        leaves it as a crash would."""
         if not self.store.runners.claim(self.task_id, self.owner, LEASE_TTL):
             return self.store.load_task(self.task_id)  # another live runner has it
         if on_claimed is not None:
@@ -125,10 +129,16 @@ class TaskRunner:
 
     def _outcome(self, handle: PhaseHandle) -> Outcome | None:
         """The outcome to finish with (None: someone else ended the task), after cleaning up.
-        A BaseException skips the clean-up, as the death of the process would."""
+        An interrupt cleans up and is raised again (the process lives on: nothing it made is
+        left for the next recovery); any other BaseException skips the clean-up, as the death
+        of the process would."""
         outcome: Outcome | None = None
         try:
             outcome = self._run_claimed(handle)
+        except KeyboardInterrupt:
+            with interrupts_held():  # a second Ctrl-C would leave half of it
+                self._clean_up()
+            raise
         except Superseded:
             pass
         except SetupTimedOut:
@@ -151,6 +161,8 @@ class TaskRunner:
         return outcome
 
     def _clean_up(self) -> None:
+        """Remove the task's containers, then what they had mounted (never the other way: a
+        checkout a container still holds is never moved into the trash)."""
         if not self._lost:  # a runner that lost its claim leaves the containers alone
             try:
                 self.ctx.sandbox.remove_by_labels({"io.worker-bridge.task": self.task_id})
@@ -430,3 +442,17 @@ class TaskRunner:
             session_id=self.store.load_task(self.task_id).session_id,  # the earlier turn's
             permission=spec.permission,
         )
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT ignored for the block when this is the main thread (the only one Python delivers
+    it to); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -27,6 +27,7 @@ from bridge.ui.security import SECURITY_HEADERS, HostPolicy, Sessions, origin_re
 log = logging.getLogger("worker_bridge.ui")
 
 MAX_LOGIN_BODY = 4096
+SPENT_CODE = "That sign-in link was used already or has expired: sign in with the token."
 
 
 class Gate:
@@ -66,10 +67,10 @@ class Gate:
         await self.app(scope, receive, send_with_headers)
 
 
-def build_app(bridge: WorkerBridge, *, token: str | None, host: str, port: int) -> ASGIApp:
-    """The web view for ``bridge`` on a listener at ``host``:``port``: its data needs a session,
-    got with ``token`` (None: `--no-token`, loopback only: the one shared session)."""
-    sessions = Sessions(token, port)
+def build_app(bridge: WorkerBridge, sessions: Sessions, *, host: str) -> ASGIApp:
+    """The web view for ``bridge`` on a listener at ``host``: its data needs one of
+    ``sessions``, got with their token or a one-time code they issued (no token: `--no-token`,
+    loopback only: the one shared session)."""
     refusals = RefusalLog()
     state = routes.UiState(bridge=bridge, sessions=sessions, refusals=refusals)
 
@@ -90,18 +91,25 @@ def build_app(bridge: WorkerBridge, *, token: str | None, host: str, port: int) 
 
 
 async def _login(request: Request, sessions: Sessions, refusals: RefusalLog) -> Response:
-    """GET: the login page (its script posts a token given in the URL's fragment, or, under
-    `--no-token`, signs in at once). POST of its form: the token exchanged for a session, then
-    a redirect to the list with the session's key in the fragment (no server, log or Referer
-    sees a fragment; the page moves it into sessionStorage and out of the URL)."""
+    """GET: the login page (its script posts a one-time code given in the URL's fragment, or,
+    under `--no-token`, signs in at once). POST of its form: the token, or a code, exchanged for
+    a session, then a redirect to the list with the session's key in the fragment (no server,
+    log or Referer sees a fragment; the page moves it into sessionStorage and out of the URL)."""
     if request.method != "POST":
         return _login_page(open_server=not sessions.needs_token)
     body = await read_body(request, MAX_LOGIN_BODY) or b""
-    presented = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0]
-    if sessions.needs_token and not presented.strip():
+    fields = parse_qs(body.decode("utf-8", "replace"))
+    presented, code = ((fields.get(name) or [""])[0] for name in ("token", "code"))
+    client = request.client.host if request.client else "?"
+    if code:
+        if not sessions.redeem_code(code):
+            refusals.warn(
+                client, "ui code", f"ui: refused a login from {client}: a spent or unknown code"
+            )
+            return _login_page(SPENT_CODE, status=401)
+    elif sessions.needs_token and not presented.strip():
         return _login_page("Give the token.", status=401)
-    if not sessions.token_matches(presented):
-        client = request.client.host if request.client else "?"
+    elif not sessions.token_matches(presented):
         refusals.warn(client, "ui login", f"ui: refused a login from {client}: wrong token")
         return _login_page("That is not this server's token.", status=401)
     session_id, session = sessions.open()

@@ -1,8 +1,10 @@
 """What stands between a browser and the verbs that change a user's working tree.
 
 - The token (bridge/mcp/http.py's, from the same token file) is presented once, by POST to
-  `/ui/login` (the login page's form, or its script taking it from the URL's fragment, which
-  no server sees), and exchanged for a session of two halves: a random id in an HttpOnly,
+  `/ui/login` (the login page's form; never in a URL), or instead a one-time code from the link
+  `worker-bridge ui` prints (`/ui/login#code=...`: a browser opened with it keeps it in its
+  argv and history, so it makes one session, within CODE_TTL_S, and is void after), and
+  exchanged for a session of two halves: a random id in an HttpOnly,
   SameSite=Strict cookie named for the port (`wb_ui_<port>`), and a random key the browser
   gets once in the fragment of the redirect (`/ui/#k=...`). The page moves the key into
   sessionStorage (its origin's, port included) and sends it as `X-UI-Key` with every read,
@@ -23,6 +25,7 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bridge.listener.gate import token_matches
@@ -30,6 +33,7 @@ from bridge.listener.options import LOOPBACK_NAMES, is_loopback
 
 KEY_HEADER = "x-ui-key"
 SESSION_TTL_S = 12 * 3600
+CODE_TTL_S = 300  # a printed sign-in link is opened when printed, or never
 MAX_SESSIONS = 256  # the oldest is dropped past this: logging in again and again grows nothing
 
 CSP = "; ".join(
@@ -64,9 +68,13 @@ class Session:
 class Sessions:
     """The live sessions of one server, in memory (a restart logs everyone out)."""
 
-    def __init__(self, token: str | None, port: int) -> None:
+    def __init__(
+        self, token: str | None, port: int, clock: Callable[[], float] = time.time
+    ) -> None:
         self._token = token.encode() if token is not None else None
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._codes: dict[str, float] = {}  # one-time sign-in codes -> when each expires
+        self._clock = clock
         self.cookie = f"wb_ui_{port}"  # `ui` and `mcp --http` on one host keep their own
 
     @property
@@ -76,6 +84,23 @@ class Sessions:
     def token_matches(self, presented: str) -> bool:
         return token_matches(presented.encode(), self._token)
 
+    def issue_code(self) -> str:
+        """A new one-time sign-in code (for the link `worker-bridge ui` prints)."""
+        code = secrets.token_urlsafe(32)
+        self._codes[code] = self._clock() + CODE_TTL_S
+        return code
+
+    def redeem_code(self, presented: str) -> bool:
+        """Whether ``presented`` is a live code; the code is void from then on, used or not."""
+        now = self._clock()
+        found = None
+        for code, expires in list(self._codes.items()):  # every one compared, in constant time
+            if expires < now:
+                del self._codes[code]
+            elif hmac.compare_digest(presented.encode(), code.encode()):
+                found = code
+        return found is not None and self._codes.pop(found, None) is not None
+
     def open(self) -> tuple[str, Session]:
         """A session for a login: a new one (its id is the cookie's value), or under
         `--no-token` the one shared session."""
@@ -84,7 +109,7 @@ class Sessions:
                 if (shared := self._live(session_id)) is not None:
                     return session_id, shared
         session_id = secrets.token_urlsafe(32)
-        session = Session(secrets.token_urlsafe(32), time.time() + SESSION_TTL_S)
+        session = Session(secrets.token_urlsafe(32), self._clock() + SESSION_TTL_S)
         self._sessions[session_id] = session
         while len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
@@ -92,7 +117,7 @@ class Sessions:
 
     def _live(self, session_id: str | None) -> Session | None:
         session = self._sessions.get(session_id or "")
-        if session is not None and session.expires < time.time():
+        if session is not None and session.expires < self._clock():
             self._sessions.pop(session_id or "", None)
             return None
         return session

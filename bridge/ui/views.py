@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 from bridge.display import describe, describe_request, one_line, terminal_safe
 from bridge.documents import RequestDoc
 from bridge.records import AcceptResult, Event, JobResult, TaskResult
+from bridge.ui.diff_names import DiffFile, diff_files
 
 SHOWN_WIDTH = 2000  # characters of one event line on the page
 
@@ -55,6 +56,7 @@ class DiffText(TypedDict):
     text: str
     truncated: bool
     total_bytes: int
+    files: list[DiffFile | None]  # each file's name as git wrote it, read exactly
 
 
 class EventLine(TypedDict):
@@ -122,7 +124,8 @@ def job_page(result: JobResult) -> dict[str, Any]:
 
 def diff_document(result: TaskResult, limit: int) -> DiffText:
     """The task's diff (base to snapshot) as git wrote it, for the page: ``text`` (empty when
-    there is none yet), whether it was ``truncated`` and the diff's ``total_bytes``. A diff over
+    there is none yet), whether it was ``truncated``, the diff's ``total_bytes``, and each
+    shown file's name read exactly (``files``: the renderer reads them its own way). A diff over
     ``limit`` bytes is cut at the last whole file within it (the start of a `diff --git` line),
     or, when the first file alone is over it, at the last whole line: what is shown is always
     whole hunks' lines the renderer can read. Accept writes all of it: the page says so."""
@@ -144,6 +147,7 @@ def diff_document(result: TaskResult, limit: int) -> DiffText:
         "text": data.decode("utf-8", "replace"),
         "truncated": truncated,
         "total_bytes": max(total, len(data)),
+        "files": diff_files(data),
     }
 
 

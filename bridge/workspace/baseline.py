@@ -111,13 +111,18 @@ def layered_candidates(
     looked at in the merged view, never through a link; only those are stat'ed, and only the
     start's entries at those paths are listed (for a small change)."""
     try:
-        folders, others = upper_entries(upper)
+        upper_found = upper_entries(upper)
+        # A folder renamed in place holds lower files the upper dir does not: all it holds, read
+        # in the merged view (the folder and those above it are folders of the upper dir there,
+        # so no link is on the way).
+        moved = {f"{m}/{rel}" for m in upper_found.moved for rel, _ in fs.walk_all(ws.worktree / m)}
     except fs.TreeTooDeep as exc:
         raise DiskFull(f"The worker made a folder tree too deep to collect: {exc}.") from exc
+    folders, others = upper_found.folders, upper_found.others
     if start != base:
         out = Git(ws.repository).run("diff", "--name-only", "--no-renames", "-z", base, start)
         others += [fs.decode(p) for p in out.stdout.split(b"\0") if p]
-    candidates = set(folders) | set(others)
+    candidates = set(folders) | set(others) | moved
     if len(candidates) > entries:
         raise DiskFull(
             f"{ws.worktree} holds more than {entries} changed files (limits.files); "

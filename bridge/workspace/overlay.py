@@ -3,10 +3,11 @@ host, whose lower dir is a read-only checkout of the base commit kept once per c
 (`bridge.workspace.bases`) and whose upper dir holds everything the task wrote.
 
 Making one costs a mount, not a write of every file; the upper dir *is* the change set (files
-written or copied up, whiteouts for deletions, opaque folders for folders made anew), so the
-snapshot and the disk watchdog look at what changed instead of walking the whole tree. The
-kernel never writes a lower dir through an overlay (writes, links, chmod, renames and deletes
-all land in the upper dir), and containers only ever see the merged folder, never the layers.
+written or copied up, whiteouts for deletions, opaque folders for folders made anew, marked
+folders for lower folders renamed), so the snapshot and the disk watchdog look at what changed
+instead of walking the whole tree. The kernel never writes a lower dir through an overlay
+(writes, links, chmod, renames and deletes all land in the upper dir), and containers only ever
+see the merged folder, never the layers.
 Where overlay mounts are unavailable (not root, a bridge in a container without the right, a
 path the mount options cannot carry), callers fall back to full checkouts.
 
@@ -36,9 +37,14 @@ from bridge.host.mountinfo import (
 from bridge.workspace import fs
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
-# redirect_dir/metacopy off: every change is a whole entry in the upper dir (a renamed folder is
-# copied, a chmod copies the data), which is what reading the change set relies on.
-_OPTIONS = "redirect_dir=off,metacopy=off,index=off"
+REDIRECT_XATTR = "trusted.overlay.redirect"
+# redirect_dir on: a folder of the base renamed in place (rename(2), as `git mv` and Python's
+# os.rename do) is a folder in the upper dir marked with where its lower files are, instead of
+# EXDEV, which only tools that fall back to a copy (`mv`) survive; reading the change set walks
+# such a folder in the merged view (`upper_entries`). metacopy off: every other change is a whole
+# entry in the upper dir (a chmod copies the data). The kernel alone sets these marks: set
+# through a mount they are refused without CAP_SYS_ADMIN and kept escaped even for root.
+_OPTIONS = "redirect_dir=on,metacopy=off,index=off"
 _UNSAFE = (",", ":", "\\", "\n", "=")
 _PAGE = 4096  # what mount(2) reads of its options
 NO_OVERLAY = "this process cannot make overlay mounts (not root, or not allowed to mount)"
@@ -189,28 +195,51 @@ def changed_candidates(upper: Path, tracked: Iterable[str]) -> set[str]:
     for rel, st in fs.walk_all(upper, skip=frozenset({".git"})):
         found.add(rel)
         if stat.S_ISDIR(st.st_mode):
-            if _opaque(upper / rel):
+            if _opaque(upper / rel) or _redirected(upper / rel):
                 under(rel)
         else:  # a whiteout, a file or a link: whatever was below it is gone
             under(rel)
     return found
 
 
-def upper_entries(upper: Path) -> tuple[list[str], list[str]]:
-    """The upper dir's entries (but top-level `.git`) as (plain folders: only their own entry
-    may differ below them, others: files, links, whiteouts and opaque folders, which hide
-    whatever the lower dirs hold at or under them)."""
-    folders: list[str] = []
-    others: list[str] = []
+@dataclass
+class UpperEntries:
+    """The upper dir's entries (but top-level `.git`): ``folders``, plain ones (only their own
+    entry may differ below them); ``others``: files, links, whiteouts, opaque and moved folders,
+    which hide whatever the lower dirs hold at or under their path; ``moved``, the folders
+    renamed in place (their files are lower ones from elsewhere, absent from the upper dir:
+    everything under them in the merged view may differ), outermost only."""
+
+    folders: list[str]
+    others: list[str]
+    moved: list[str]
+
+
+def upper_entries(upper: Path) -> UpperEntries:
+    found = UpperEntries([], [], [])
     for rel, st in fs.walk_all(upper, skip=frozenset({".git"})):
-        plain = stat.S_ISDIR(st.st_mode) and not _opaque(upper / rel)
-        (folders if plain else others).append(rel)
-    return folders, others
+        if not stat.S_ISDIR(st.st_mode) or _opaque(upper / rel):
+            found.others.append(rel)
+        elif _redirected(upper / rel):
+            found.others.append(rel)
+            if not any(rel.startswith(f"{m}/") for m in found.moved):  # each before its own
+                found.moved.append(rel)
+        else:
+            found.folders.append(rel)
+    return found
 
 
 def _opaque(folder: Path) -> bool:
     try:
         return os.getxattr(folder, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _redirected(folder: Path) -> bool:
+    """Whether ``folder`` (in an upper dir) is a lower folder renamed in place."""
+    try:
+        return bool(os.getxattr(folder, REDIRECT_XATTR, follow_symlinks=False))
     except OSError:
         return False
 

@@ -13,6 +13,7 @@ from support.repos import git
 from support.tasks import TERMINAL, mock_task
 
 from bridge import WorkerBridge
+from bridge.host.mountinfo import mount_points
 from bridge.phase.handle import PhaseHandle, PipelineHooks
 from bridge.sandbox import ContainerSpec
 from bridge.sandbox.fake import FakeSandbox, Scripted
@@ -252,6 +253,27 @@ def test_a_runner_that_died_during_the_worker_is_resumed_and_adopts_its_containe
     assert sandbox.containers({}) == []
     crashing.close()
     survivor.close()
+
+
+def test_an_interrupt_removes_the_tasks_containers_and_verification_checkout_then_goes_on(
+    home, repo
+):
+    sandbox = FakeSandbox(lambda spec: Scripted(run_for=30) if role(spec) == "worker" else None)
+
+    class InterruptWhenStarted(PipelineHooks):
+        def container_started(self, handle, role, container_id):  # noqa: ANN001
+            raise KeyboardInterrupt  # Ctrl-C while the worker runs and the checkout is made
+
+    bridge = fake_bridge(home, sandbox, hooks=InterruptWhenStarted())
+    task_id = bridge.create_task(mock_task(repo, {}, verify=["true"])).task_id
+    with pytest.raises(KeyboardInterrupt):
+        bridge.run_task(task_id)
+    assert not (home / "tasks" / task_id / "verify-0").exists()
+    assert [p for p in mount_points() if "/mounts/" in p and p.startswith(f"{home}/")] == []
+    assert sandbox.containers({}) == []
+    assert bridge.store.status(task_id) == "running"  # for the caller to cancel, or recovery
+    assert bridge.cancel_task(task_id).status == "cancelled"
+    bridge.close()
 
 
 def _run_as(bridge: WorkerBridge, task_id: str, owner: Owner) -> None:

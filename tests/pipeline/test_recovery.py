@@ -203,6 +203,45 @@ def test_cancelling_a_wait_run_from_another_process_ends_it_with_exit_1(
     wait_no_containers(task_id)
 
 
+def test_ctrl_c_of_tasks_run_cancels_the_task_and_leaves_nothing_mounted_or_running(
+    cli, repo, workdir, home, docker_images
+):
+    from bridge.workspace import overlay
+
+    spec = write_spec(workdir / "spec.json", mock_task(repo, {"sleep": 120}, verify=["true"]))
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    proc = subprocess.Popen(
+        [*cli_prefix(), "tasks", "run", "--spec", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    root = Path(overlay.real(home))  # as mountinfo names it
+    try:
+        # While the worker sleeps, verification's checkout is prepared: mounted (layered).
+        [point] = poll(
+            lambda: overlay.mount_points(root / "mounts") - {str(root / "mounts")},
+            "the verification checkout to be mounted",
+            120,
+        )
+        task_id = Path(point).name.partition(overlay.MOUNT_SEP)[0]
+        poll(lambda: task_containers(task_id, role="worker"), "the worker container", 60)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    assert f"task {task_id} cancelled" in err
+    # Read before any command that acts (its recovery would undo what was left): the only
+    # mount under the state root is the task's worktree, kept like any ended task's until prune.
+    assert overlay.mount_points(root) == {str(root / "worktrees" / task_id)}
+    assert not task_containers(task_id)
+    assert show_task(cli, task_id)["status"] == "cancelled"
+
+
 def test_cancelling_during_verification_removes_the_verify_container(
     cli, repo, workdir, home, docker_images
 ):

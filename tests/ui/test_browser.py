@@ -79,9 +79,11 @@ def page(browser, ui, site):
 
 
 def sign_in(tab, url: str, token: str) -> None:
-    """As the URL `worker-bridge ui` prints: the token in the login's fragment, posted by the
-    login page's script; the list then takes the session's key out of its own fragment."""
-    tab.goto(f"{url}/ui/login#token={token}")
+    """As a person with the token does: pasted into the login form; the list then takes the
+    session's key out of its own fragment."""
+    tab.goto(f"{url}/ui/login")
+    tab.fill("input[name=token]", token)
+    tab.click("button[type=submit]")
     _expect()(tab.locator("#live")).to_have_text("live")
     assert tab.url == f"{url}/ui/"  # neither the token nor the key stays in the address bar
     assert token not in tab.content()
@@ -127,6 +129,40 @@ def test_signing_in_with_the_form_lands_on_the_list_with_no_token_in_url_or_page
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert cookie["value"] != site.token
         assert tab.evaluate("document.cookie") == ""  # out of the page's scripts' reach
+    finally:
+        context.close()
+
+
+def test_the_printed_link_signs_one_browser_in_and_no_other(browser, site):
+    """The link `worker-bridge ui` printed is in the argv and history of the browser opened
+    with it: its code made that browser's session and is void for anyone who reads it there."""
+    expect = _expect()
+    [link] = re.findall(r"open (http://\S+#code=\S+)", site.server.log_text())
+    assert site.token not in link
+    first, second = browser.new_context(), browser.new_context()
+    try:
+        tab = first.new_page()
+        tab.goto(link)
+        expect(tab.locator("#live")).to_have_text("live")
+        assert tab.url == f"{site.url}/ui/"  # neither the code nor the key stays in the bar
+        late = second.new_page()
+        late.goto(link)
+        expect(late.locator(".error")).to_have_text(
+            "That sign-in link was used already or has expired: sign in with the token."
+        )
+        assert late.url == f"{site.url}/ui/login" and second.cookies() == []
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_token_in_the_url_signs_nobody_in_and_leaves_the_address_bar(browser, site):
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(f"{site.url}/ui/login#token={site.token}")
+        _expect()(tab).to_have_url(f"{site.url}/ui/login")  # the fragment taken out
+        assert context.cookies() == [] and tab.locator("input[name=token]").input_value() == ""
     finally:
         context.close()
 
@@ -277,6 +313,44 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     sources = page.evaluate("[...document.scripts].map((s) => s.src)")
     assert all(src.startswith(f"{ui.url}/ui/static/") for src in sources), sources
     screenshot(page, "ui-hostile")
+
+
+SHOWN_NAMES = """(where) => [...document.querySelectorAll(`#diff ${where} .d2h-file-name`)]
+  .map((n) => {
+    const from = n.querySelector(".file-from"), path = n.querySelector(".file-path");
+    return [from ? from.textContent : null, path ? path.textContent : n.textContent];
+  })"""
+
+
+@pytest.mark.usefixtures("docker_images")
+def test_each_changed_files_name_shows_in_the_diff_exactly_as_the_result_lists_it(
+    page, ui, bridge, repo
+):
+    """diff2html reads names out of git's headers: it keeps the C escapes of a name git quotes
+    and turns their backslashes into slashes, keeps the tab git puts after a name with a space,
+    cuts a header with no ---/+++ lines at the first ` b/`, drops what looks like a timestamp,
+    and joins a rename's names with an arrow a name may hold too. Every name, in the file list
+    and each file's header, in both views, is the one the task result lists."""
+    expect = _expect()
+    names = ["with space.txt", 'quote".txt', "back\\slash.txt", "tab\there.txt"]
+    names += ["new\nline.txt", "café ü.txt", "x b/y.txt", "a -> b.txt", "{curly}.txt"]
+    names += ["x 2016-10-25 11:37:14.000000000 +0200"]
+    write = {**dict.fromkeys(names, "1\n"), "e b/e b": ""}  # empty: no ---/+++ lines
+    script = "mv README.md 'read me → now.md'; echo x > \"$(printf 'bad\\377.txt')\""
+    task = bridge.create_task(mock_task(repo, {"write": write, "script": script}))
+    bridge.start_detached(task.task_id)
+    result = _ended(bridge, task.task_id).document()
+    listed = sorted((f.get("from", ""), f["path"]) for f in result["changed_files"])
+    assert ("README.md", "read me → now.md") in listed and ("", "bad\\xff.txt") in listed
+    assert len(listed) == len(names) + 3
+    page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
+    for view in ("#view-unified", "#view-split"):
+        page.click(view)
+        expect(page.locator("#diff .d2h-file-wrapper")).to_have_count(len(listed))
+        for where in (".d2h-file-header", ".d2h-file-list-line"):
+            shown = sorted((old or "", new) for old, new in page.evaluate(SHOWN_NAMES, where))
+            assert shown == listed, (view, where)
+    screenshot(page, "ui-names")
 
 
 @pytest.mark.usefixtures("docker_images")

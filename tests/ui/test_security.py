@@ -8,6 +8,7 @@ subprocess and plain HTTP; the browser tests are in test_browser.py."""
 from __future__ import annotations
 
 import argparse
+import re
 import uuid
 
 import httpx2
@@ -21,7 +22,7 @@ from support.waiting import poll
 
 from bridge.errors import ConfigError
 from bridge.models import JobStatus
-from bridge.ui.security import HostPolicy
+from bridge.ui.security import CODE_TTL_S, HostPolicy, Sessions
 from bridge.ui.serve import login_url, ui_options
 
 ACTIONS = ("accept", "reject", "cancel", "follow-up", "answer")
@@ -74,6 +75,42 @@ def test_the_token_in_a_query_signs_nobody_in(ui, token):
         answer = client.get("/ui/login", params={"token": token})
         assert answer.status_code == 200 and "set-cookie" not in answer.headers
         assert token not in answer.text
+
+
+def test_the_link_worker_bridge_ui_prints_signs_in_once_and_never_carries_the_token(home):
+    """A browser started with the printed link has it in its argv (which every local user can
+    read in /proc) and its history: the link carries a code that makes one session and is void
+    after; the reusable token made for the run is in no URL, and the form still takes it."""
+    with ui_server(
+        home, env={"WORKER_BRIDGE_MCP_TOKEN": "", "WORKER_BRIDGE_MCP_TOKEN_FILE": ""}
+    ) as ui:
+        printed = poll(lambda: "open http" in ui.log_text() and ui.log_text(), "the link", 30)
+        [link] = re.findall(r"open (http://\S+)", printed)
+        assert link.startswith(f"{ui.url}/ui/login#code=") and "token" not in link
+        code = link.partition("#code=")[2]
+        with httpx2.Client(base_url=ui.url) as client:
+            first = client.post("/ui/login", data={"code": code}, headers={"origin": ui.url})
+            assert first.status_code == 303 and first.headers["location"].startswith("/ui/#k=")
+            key = first.headers["location"].removeprefix("/ui/#k=")
+            assert client.get("/ui/api/tasks", headers={"x-ui-key": key}).status_code == 200
+        with httpx2.Client(base_url=ui.url) as reader:  # who read the link in the browser's argv
+            again = reader.post("/ui/login", data={"code": code}, headers={"origin": ui.url})
+            assert again.status_code == 401 and "set-cookie" not in again.headers
+            assert "used already or has expired" in again.text
+            [token] = re.findall(r"token made for this run[^:]*: (\S+)", printed)
+            assert len(token) >= 32 and token not in link and token != code
+            assert log_in(reader, ui.url, token)  # the form, as before
+
+
+def test_a_sign_in_code_is_void_once_used_or_expired_and_a_guess_is_refused():
+    clock = [1000.0]
+    sessions = Sessions("a-token-of-enough-length", 8770, clock=lambda: clock[0])
+    used, late = sessions.issue_code(), sessions.issue_code()
+    assert used != late and len(used) >= 32
+    assert not sessions.redeem_code(used + "x") and not sessions.redeem_code("")
+    assert sessions.redeem_code(used) and not sessions.redeem_code(used)
+    clock[0] += CODE_TTL_S + 1
+    assert not sessions.redeem_code(late)
 
 
 def test_the_login_form_takes_the_token_by_post_and_refuses_a_wrong_one(ui, token):
@@ -337,8 +374,8 @@ def test_no_token_is_refused_off_loopback_and_a_missing_token_is_made_for_the_ru
     assert options().token != made.token
     with pytest.raises(ConfigError, match="--listen wants HOST:PORT"):
         options(listen="nowhere")
-    url = login_url(made, with_token=True)  # the token in the fragment: no server sees it
-    assert url == f"http://127.0.0.1:8770/ui/login#token={made.token}" and "?" not in url
+    url = login_url(made, code="c0de")  # a one-time code in the fragment, never the token
+    assert url == "http://127.0.0.1:8770/ui/login#code=c0de" and made.token not in url
 
 
 def test_without_a_token_every_login_gets_the_one_shared_session_and_pages_make_none(
@@ -520,7 +557,7 @@ def test_a_burst_of_stream_opens_gets_no_more_than_the_clients_share(ui, token):
 def test_the_diff_comes_with_whether_it_was_cut_and_its_size(ui, token, created):
     with signed_in(ui.url, token) as browser:
         doc = browser.client.get(f"/ui/api/tasks/{created}/diff").json()
-        assert doc == {"text": "", "truncated": False, "total_bytes": 0}
+        assert doc == {"text": "", "truncated": False, "total_bytes": 0, "files": []}
 
 
 def test_a_diff_over_the_cap_comes_cut_at_a_whole_file_and_says_so(ui, token, site):
@@ -532,6 +569,7 @@ def test_a_diff_over_the_cap_comes_cut_at_a_whole_file_and_says_so(ui, token, si
         doc = browser.client.get(f"/ui/api/tasks/{task_id}/diff").json()
     assert doc["truncated"] is True and doc["total_bytes"] == len(first + second)
     assert doc["text"].encode() == first  # the first file whole, none of the second
+    assert doc["files"] == [{"path": "a.txt"}]  # the names of the files shown
 
 
 def test_a_diff_over_the_limit_is_cut_at_the_last_whole_file_or_line(tmp_path):
@@ -582,7 +620,8 @@ def test_recursion_and_overflow_while_handling_are_a_400_in_one_sentence(bridge,
     from bridge.ui.routes import UNREADABLE
 
     created = bridge.create_task(bare_spec(repo)).task_id
-    app = build_app(bridge, token="a-token-of-enough-length", host="127.0.0.1", port=8770)
+    sessions = Sessions("a-token-of-enough-length", 8770)
+    app = build_app(bridge, sessions, host="127.0.0.1")
 
     def deep(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")

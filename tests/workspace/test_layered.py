@@ -93,7 +93,7 @@ def tricky_repo(workdir):
 
 
 def _tricky_edit(root: Path) -> None:
-    """Deletions, renames (a folder's too: EXDEV through an overlay, copied by `mv`), mode
+    """Deletions, renames (a folder's too, by `mv`), mode
     changes, links, a folder replaced by a file and a file by a folder, a folder deleted and
     made again (opaque), ignored files and a changed ignore rule."""
     (root / "a.txt").write_text("A\n")
@@ -147,6 +147,42 @@ def test_collect_from_the_upper_dir_equals_collect_by_a_full_walk(home, tricky_r
     assert "flat/f2.txt" in names and "dir/one.txt" in names
 
 
+def _rename_edit(root: Path) -> None:
+    """Base folders renamed by rename(2) itself, as `git mv` and `os.rename` do (no copy when
+    the kernel says EXDEV): in place, into another folder, into a folder the task made, twice,
+    onto a deleted folder's place, and then written in."""
+    os.rename(root / "moved", root / "renamed")
+    os.rename(root / "dir" / "sub", root / "flat" / "sub2")
+    (root / "made").mkdir()
+    os.rename(root / "opaque", root / "made" / "opaque")
+    os.rename(root / "renamed", root / "again")
+    shutil.rmtree(root / "gone")
+    os.rename(root / "becomes_file", root / "gone")
+    (root / "again" / "m.txt").write_text("M\n")
+    (root / "flat" / "sub2" / "added.txt").write_text("added\n")
+    (root / "made" / "opaque" / "o1.txt").unlink()
+
+
+def test_base_folders_renamed_in_place_are_collected_as_by_a_full_walk(home, tricky_repo, listing):
+    layered, base = _workspace(home, tricky_repo, "layered", layered=True)
+    full, _ = _workspace(home, tricky_repo, "full", layered=False)
+    for ws in (layered, full):
+        _rename_edit(ws.worktree)  # EXDEV in an overlay that cannot redirect a folder
+    snaps = [snapshot_worktree(ws, base, base, "m", LIMITS) for ws in (layered, full)]
+    assert _tree(tricky_repo, snaps[0].commit) == _tree(tricky_repo, snaps[1].commit)
+    names = git(tricky_repo, "ls-tree", "-r", "--name-only", snaps[0].commit).split()
+    assert "again/m.txt" in names and "moved/m.txt" not in names
+    assert git(tricky_repo, "show", f"{snaps[0].commit}:again/m.txt") == "M\n"
+    assert {"flat/sub2/two.txt", "flat/sub2/added.txt"} <= set(names)
+    assert "dir/sub/two.txt" not in names and "dir/one.txt" in names
+    assert "made/opaque/o2.txt" in names and "made/opaque/o1.txt" not in names
+    assert "gone/y.txt" in names and "gone/x.txt" not in names
+    # The base's own checkout is untouched: another task still sees every folder where it was.
+    other, _ = _workspace(home, tricky_repo, "other", layered=True)
+    assert (other.worktree / "moved" / "m.txt").read_text() == "m\n"
+    assert (other.worktree / "dir" / "sub" / "two.txt").read_text() == "2\n"
+
+
 def test_a_changed_ignore_rule_and_a_later_turn_are_collected_as_by_a_full_walk(
     home, tricky_repo, listing
 ):
@@ -186,12 +222,13 @@ def test_writes_through_a_layered_worktree_never_reach_the_base_or_the_user(home
     (root / "link").unlink()
     os.symlink(str(folder / "tree" / "a.txt"), root / "link")  # a link to the base itself
     (root / "dir" / "sub").mkdir(exist_ok=True)
-    try:  # the overlay's own marks are refused or kept escaped, never obeyed (even as root)
-        os.setxattr(root / "dir", overlay.OPAQUE_XATTR, b"y")
-    except OSError:
-        pass
-    assert (root / "dir" / "one.txt").exists()
-    assert not overlay._opaque(one.upper / "dir")
+    for mark, value in ((overlay.OPAQUE_XATTR, b"y"), (overlay.REDIRECT_XATTR, b"/gone")):
+        try:  # the overlay's own marks are refused or kept escaped, never obeyed (even as root)
+            os.setxattr(root / "dir", mark, value)
+        except OSError:
+            pass
+    assert (root / "dir" / "one.txt").exists() and not (root / "dir" / "x.txt").exists()
+    assert not overlay._opaque(one.upper / "dir") and not overlay._redirected(one.upper / "dir")
     assert _digest(folder / "tree") == before[0]
     assert (_digest(two.worktree), _digest(tricky_repo)) == before[1:]
     assert (two.worktree / "opaque" / "o1.txt").read_text() == "o1\n"
@@ -309,6 +346,41 @@ def test_a_hostile_worker_and_verifier_in_layered_checkouts_change_only_their_ow
     assert git(repo, "show", f"{snapshot}:hard") == "through-a-hard-link\n"
     # Both names are one inode of this task's own (copied up), as in a full checkout.
     assert git(repo, "show", f"{snapshot}:README.md") == "through-a-hard-link\n"
+
+
+def test_a_worker_renaming_base_folders_in_place_gets_exactly_that_change(
+    docker_images, bridge, workdir
+):
+    from support.tasks import mock_task
+
+    repo = workdir / "moves"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write_files(repo, {"src/app.py": "app\n", "src/sub/deep.py": "deep\n", "pkg/mod.py": "mod\n"})
+    write_files(repo, {"docs/guide.md": "guide\n", "README.md": "r\n"})
+    commit_all(repo, "base")
+    # `mv` copies on EXDEV; `git mv` and os.rename do not: each renames a base folder in place.
+    script = (
+        "set -e; mv src lib; git mv pkg pkg2; "
+        "python3 -c \"import os; os.rename('docs', 'manual')\"; echo more >> lib/app.py"
+    )
+    verify = ["test -f lib/sub/deep.py && test ! -e src && mv lib/sub lib/sub2 && ls lib/sub2"]
+    spec = mock_task(repo, {"script": script}, verify=verify)
+    result = bridge.run_task(bridge.create_task(spec).task_id).document()
+    assert result["status"] == "succeeded", result["error"]
+    checkouts = [e.data.get("checkout") for e in bridge.task_logs(result["task_id"]).events]
+    assert checkouts.count("layered") == 2  # the worktree and verification's checkout
+    changed = {(c["path"], c.get("from")): c["change"] for c in result["changed_files"]}
+    assert changed == {
+        ("lib/app.py", None): "added",  # changed as well: a rename git does not pair
+        ("src/app.py", None): "deleted",
+        ("lib/sub/deep.py", "src/sub/deep.py"): "renamed",
+        ("pkg2/mod.py", "pkg/mod.py"): "renamed",
+        ("manual/guide.md", "docs/guide.md"): "renamed",
+    }
+    snapshot = bridge.store.load_task(result["task_id"]).snapshot_commit
+    assert git(repo, "show", f"{snapshot}:lib/app.py") == "app\nmore\n"
+    assert git(repo, "show", f"{snapshot}:lib/sub/deep.py") == "deep\n"
 
 
 def home_of(bridge) -> Path:

@@ -253,7 +253,7 @@ export const HIGHLIGHT_LIMIT = 500_000;
 // file's own line end) is left to diff2html, which drops it.
 const LONE_CR = /\r(?!\n)/g;
 
-export function drawDiff(target, diffText, outputFormat) {
+export function drawDiff(target, diffText, outputFormat, files = []) {
   target.replaceChildren();
   if (!diffText.trim()) {
     target.append(el("p", { className: "muted" }, "No changes."));
@@ -270,4 +270,28 @@ export function drawDiff(target, diffText, outputFormat) {
   });
   ui.draw();
   if (diffText.length <= HIGHLIGHT_LIMIT) ui.highlightCode();
+  nameFiles(target, files);
+}
+
+// diff2html reads file names out of git's headers its own way (git's quoting left in, a
+// backslash made a slash, a header cut at its first " b/", a name that looks like a timestamp
+// dropped...): each file's name, in the file list and its header, is put back as the server
+// read it from git's header (`files`, in the diff's order: diff2html makes one file of each
+// `diff --git` line), as text; a rename's two names are two elements with an arrow apart.
+function nameFiles(target, files) {
+  const headers = target.querySelectorAll(".d2h-file-wrapper .d2h-file-header .d2h-file-name");
+  const listed = target.querySelectorAll(".d2h-file-list .d2h-file-name");
+  if (headers.length !== files.length || listed.length !== files.length) {
+    if (files.length) showError("The diff's files could not be matched with their names: the names above the files may be cut or escaped; the changed files list has them exactly.");
+    return;
+  }
+  files.forEach((file, i) => {
+    if (file === null) return;
+    for (const node of [headers[i], listed[i]]) {
+      node.replaceChildren(...(file.from === undefined ? [] : [
+        el("span", { className: "file-from" }, file.from),
+        el("span", { className: "file-arrow", title: "renamed to" }, " → "),
+      ]), el("span", { className: "file-path" }, file.path));
+    }
+  });
 }

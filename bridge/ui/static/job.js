@@ -74,9 +74,9 @@ async function compare() {
     const taskId = document.getElementById(side).value;
     const c = job.candidates.find((x) => x.task_id === taskId);
     text(`${side}-title`, c ? `${candidateName(c)} (rank ${c.rank ?? "–"})` : "");
-    const shown = taskId ? await diffOf(taskId) : { text: "", truncated: false };
+    const shown = taskId ? await diffOf(taskId) : { text: "", truncated: false, files: [] };
     text(`${side}-cut`, shown.truncated ? `Cut: only the first whole files of a ${Math.round(shown.total_bytes / 2 ** 20)} MiB diff are shown.` : "");
-    drawDiff(document.getElementById(`${side}-diff`), shown.text, "line-by-line");
+    drawDiff(document.getElementById(`${side}-diff`), shown.text, "line-by-line", shown.files);
   }
 }
 

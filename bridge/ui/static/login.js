@@ -1,13 +1,17 @@
-// The login page's one script: a token given in the URL's fragment (`/ui/login#token=...`, the
-// URL `worker-bridge ui` prints; no server sees a fragment) is taken out of the address bar and
-// posted with the form; under `--no-token` (data-open) the form is posted at once.
+// The login page's one script: a one-time sign-in code given in the URL's fragment
+// (`/ui/login#code=...`, the link `worker-bridge ui` prints; no server sees a fragment) is taken
+// out of the address bar and posted with the form; under `--no-token` (data-open) the form is
+// posted at once. The token itself is never taken from a URL: whatever else a fragment holds
+// (an old `#token=` link) only leaves the address bar.
 const form = document.getElementById("login");
-const match = location.hash.match(/^#token=(.+)$/);
-if (match) {
+const match = location.hash.match(/^#code=(.+)$/);
+if (location.hash) {
   history.replaceState(null, "", location.pathname);
-  let token = match[1];
-  try { token = decodeURIComponent(token); } catch { /* a stray %: posted as given */ }
-  form.elements.token.value = token;
+}
+if (match) {
+  let code = match[1];
+  try { code = decodeURIComponent(code); } catch { /* a stray %: posted as given */ }
+  form.elements.code.value = code;
   form.submit();
 } else if (document.body.dataset.open === "1") {
   form.submit();

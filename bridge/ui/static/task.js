@@ -9,7 +9,7 @@ const taskId = decodeURIComponent(location.pathname.split("/").pop());
 const base = `/ui/api/tasks/${encodeURIComponent(taskId)}`;
 const MAX_EVENT_ROWS = 2000;  // the page keeps the newest; `worker-bridge tasks logs` has all
 let format = "line-by-line";
-let diff = { text: "", truncated: false, total_bytes: 0 };
+let diff = { text: "", truncated: false, total_bytes: 0, files: [] };
 let shownSnapshot = null;
 let shownRequests = null;
 let current = null;
@@ -129,7 +129,7 @@ async function drawChanges(task) {
   banner.textContent = diff.truncated
     ? `The diff is ${mib(diff.total_bytes)}: only its first ${mib(diff.text.length)} (whole files) are shown. Accept writes all of it; see the rest with git diff in the task's worktree or branch.`
     : "";
-  drawDiff(document.getElementById("diff"), diff.text, format);
+  drawDiff(document.getElementById("diff"), diff.text, format, diff.files);
 }
 
 function waiting(task) {
@@ -188,7 +188,7 @@ function wireActions() {
     document.getElementById(id).addEventListener("click", () => {
       format = value;
       document.body.dataset.diffFormat = value;
-      drawDiff(document.getElementById("diff"), diff.text, format);
+      drawDiff(document.getElementById("diff"), diff.text, format, diff.files);
     });
   }
 }
