@@ -22,6 +22,7 @@ from support.mcp_session import REQUEST_TIMEOUT_S, server_env
 
 START_DEADLINE_S = 30
 POLL_S = 0.1
+PORT_ATTEMPTS = 4
 
 
 def free_port() -> int:
@@ -49,19 +50,37 @@ class HttpServer:
 def http_server(home: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[HttpServer]:
     """`worker-bridge-mcp --http 127.0.0.1:PORT ARGS...` until /healthz answers; always stopped
     by its pid on the way out."""
-    port = free_port()
-    stderr_path = home.parent / f"mcp-http-{port}.log"
-    with open(stderr_path, "wb") as stderr:
-        proc = subprocess.Popen(
-            [*MCP_SERVER, "--http", f"127.0.0.1:{port}", *args],
-            env=server_env(home, env),
-            stdin=subprocess.DEVNULL,
-            stdout=stderr,
-            stderr=stderr,
-        )
-    server = HttpServer(proc, f"http://127.0.0.1:{port}", home, stderr_path)
-    with serving(server, _healthy, "the server") as running:
+
+    def start(port: int) -> HttpServer:
+        stderr_path = home.parent / f"mcp-http-{port}.log"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(
+                [*MCP_SERVER, "--http", f"127.0.0.1:{port}", *args],
+                env=server_env(home, env),
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+            )
+        return HttpServer(proc, f"http://127.0.0.1:{port}", home, stderr_path)
+
+    with serving(on_free_port(start, _healthy), _healthy, "the server") as running:
         yield running
+
+
+def on_free_port(start: Callable[[int], Any], ready: Callable[[str], bool]) -> Any:
+    """``start(port)`` on a port free a moment ago, started again on another one when it could
+    not listen because another process (a test running alongside) took that port meanwhile.
+    Returns the server unchecked otherwise: `serving` says what went wrong."""
+    for _ in range(PORT_ATTEMPTS - 1):
+        server = start(free_port())
+        deadline = time.monotonic() + START_DEADLINE_S
+        while server.proc.poll() is None and not ready(server.url):
+            if time.monotonic() > deadline:
+                return server
+            time.sleep(POLL_S)
+        if server.proc.poll() is None or "address already in use" not in server.log_text():
+            return server
+    return start(free_port())
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from support.cli import CLI
-from support.mcp_http_server import free_port, serving
+from support.mcp_http_server import on_free_port, serving
 from support.scratch import TEST_ROOT
 
 REQUIRE_BROWSER = os.environ.get("WORKER_BRIDGE_REQUIRE_BROWSER") == "1"
@@ -41,19 +41,21 @@ class UiServer:
 def ui_server(home: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[UiServer]:
     """`worker-bridge ui --listen 127.0.0.1:PORT ARGS...` against HOME until its login page
     answers; stopped by its pid (SIGTERM, then SIGKILL) on the way out."""
-    port = free_port()
-    log_path = home.parent / f"ui-{port}.log"
     full_env = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*CLI, "ui", "--listen", f"127.0.0.1:{port}", *args],
-            env=full_env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-    server = UiServer(proc, f"http://127.0.0.1:{port}", log_path)
-    with serving(server, _answers, "the ui") as running:
+
+    def start(port: int) -> UiServer:
+        log_path = home.parent / f"ui-{port}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [*CLI, "ui", "--listen", f"127.0.0.1:{port}", *args],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        return UiServer(proc, f"http://127.0.0.1:{port}", log_path)
+
+    with serving(on_free_port(start, _answers), _answers, "the ui") as running:
         yield running
 
 

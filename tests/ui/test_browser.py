@@ -420,8 +420,6 @@ class _Collector:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from support.mcp_http_server import free_port
-
         cookies: list[str] = []
         self.cookies = cookies
         page = _THIEF_PAGE.replace("VIEW", view_url).encode()
@@ -438,7 +436,7 @@ class _Collector:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
