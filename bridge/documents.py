@@ -58,15 +58,27 @@ class EnvironmentDoc(StoredDoc):
 
 
 @with_config(_KEEP)
+@with_config(_KEEP)
+class Coverage(TypedDict):
+    """What one glob of a paths request would excuse: how many protected files of the base
+    commit it matches, how many the worker's snapshot added that it matches, and the first of
+    those paths (the added first)."""
+
+    base: int
+    added: int
+    paths: list[str]
+
+
 class RequestDetail(TypedDict, total=False):
-    """What a request asks, by kind: network (host, port), paths (paths, reason, and how many
-    protected files each glob covers), question (text, choices)."""
+    """What a request asks, by kind: network (host, port), paths (paths, reason, and what each
+    glob covers; an int, the base's count alone, in a request an older version recorded),
+    question (text, choices)."""
 
     host: str
     port: int
     paths: list[str]
     reason: str
-    covers: dict[str, int]
+    covers: dict[str, Coverage | int]
     text: str
     choices: list[str]
 
