@@ -58,7 +58,6 @@ class EnvironmentDoc(StoredDoc):
 
 
 @with_config(_KEEP)
-@with_config(_KEEP)
 class Coverage(TypedDict):
     """What one glob of a paths request would excuse: how many protected files of the base
     commit it matches, how many the worker's snapshot added that it matches, and the first of
@@ -69,6 +68,7 @@ class Coverage(TypedDict):
     paths: list[str]
 
 
+@with_config(_KEEP)
 class RequestDetail(TypedDict, total=False):
     """What a request asks, by kind: network (host, port), paths (paths, reason, and what each
     glob covers; an int, the base's count alone, in a request an older version recorded),
