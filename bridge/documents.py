@@ -58,6 +58,20 @@ class EnvironmentDoc(StoredDoc):
 
 
 @with_config(_KEEP)
+class BinaryNote(TypedDict):
+    """A changed file git shows as binary (a NUL in its first 8,000 bytes, or the repository's
+    attributes): ``flagged`` when it is new or was text in the base (the readable diff shows its
+    text, escaped), ``holds_nul`` when it is flagged and its content holds a NUL there (the
+    change made it binary: what `verification.allow_binary: false` refuses), and the lines it
+    counts: its text's, added and removed, a line counted once per 80 bytes started."""
+
+    flagged: bool
+    holds_nul: bool
+    lines_added: int
+    lines_removed: int
+
+
+@with_config(_KEEP)
 class Coverage(TypedDict):
     """What one glob of a paths request would excuse: how many protected files of the base
     commit it matches, how many the worker's snapshot added that it matches, and the first of
