@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pydantic there
-    from bridge.documents import AskedRequest, RequestDetail
+    from bridge.documents import AskedRequest, Coverage, RequestDetail
     from bridge.records import Event
 
 # What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts
@@ -44,12 +44,27 @@ def describe_request(request: AskedRequest, attempts: int = 1) -> str:
     if request["kind"] == "paths":
         covered = detail.get("covers") or {}
         paths = [
-            f"{p} ({covered[p]} protected file(s))" if p in covered else p
+            f"{p} ({_coverage(covered[p])})" if p in covered else p
             for p in detail.get("paths") or []
         ]
         return f"change {', '.join(paths)}: {detail.get('reason', '')}"
     choices = detail.get("choices")
     return str(detail.get("text", "")) + (f" [{' | '.join(choices)}]" if choices else "")
+
+
+def _coverage(covered: Coverage | int) -> str:
+    """What one glob covers: the base's protected files it matches, those the worker added,
+    and the paths the request names (a request an older version recorded has the count)."""
+    if isinstance(covered, int):
+        return f"{covered} protected file(s)"
+    words = f"{covered['base']} protected file(s) in the base"
+    if covered["added"]:
+        words += f", {covered['added']} the worker added"
+    paths = covered["paths"]
+    unnamed = covered["base"] + covered["added"] - len(paths)
+    if paths:
+        words += ": " + ", ".join(paths) + (f" and {unnamed} more" if unnamed > 0 else "")
+    return words
 
 
 def describe(event: Event) -> str | None:

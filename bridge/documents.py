@@ -58,15 +58,41 @@ class EnvironmentDoc(StoredDoc):
 
 
 @with_config(_KEEP)
+class BinaryNote(TypedDict):
+    """A changed file git shows as binary (a NUL in its first 8,000 bytes, or the repository's
+    attributes): ``flagged`` when it is new or was text in the base (the readable diff shows its
+    text, escaped), ``holds_nul`` when it is flagged and its content holds a NUL there (the
+    change made it binary: what `verification.allow_binary: false` refuses), and the lines it
+    counts: its text's, added and removed, a line counted once per 80 bytes started."""
+
+    flagged: bool
+    holds_nul: bool
+    lines_added: int
+    lines_removed: int
+
+
+@with_config(_KEEP)
+class Coverage(TypedDict):
+    """What one glob of a paths request would excuse: how many protected files of the base
+    commit it matches, how many the worker's snapshot added that it matches, and the first of
+    those paths (the added first)."""
+
+    base: int
+    added: int
+    paths: list[str]
+
+
+@with_config(_KEEP)
 class RequestDetail(TypedDict, total=False):
-    """What a request asks, by kind: network (host, port), paths (paths, reason, and how many
-    protected files each glob covers), question (text, choices)."""
+    """What a request asks, by kind: network (host, port), paths (paths, reason, and what each
+    glob covers; an int, the base's count alone, in a request an older version recorded),
+    question (text, choices)."""
 
     host: str
     port: int
     paths: list[str]
     reason: str
-    covers: dict[str, int]
+    covers: dict[str, Coverage | int]
     text: str
     choices: list[str]
 

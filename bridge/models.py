@@ -40,6 +40,12 @@ class Verification(_Strict):
     protected_paths: list[str] = Field(
         default_factory=list, description="Glob patterns the worker must not change."
     )
+    allow_binary: bool | None = Field(
+        None,
+        description="Whether the change may make a file binary (a NUL byte in its first 8000 "
+        "bytes, in a file new or text in the base): false fails the task (`binary_change`) "
+        "before verification. Default: allowed for a task of its own, refused for a job's tasks.",
+    )
 
 
 class Limits(_Strict):
@@ -267,6 +273,7 @@ ERROR_KINDS = (
     "verification_failed",
     "protected_path",
     "symlink_escape",
+    "binary_change",
     "timeout",
     "out_of_memory",
     "cancelled",

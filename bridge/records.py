@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SkipValidation, model_seriali
 from bridge.config.profiles import AppliedProfile
 from bridge.config.settings import Config, LimitDefaults
 from bridge.documents import (
+    BinaryNote,
     CircuitDoc,
     EnvironmentDoc,
     HeldOutcome,
@@ -70,6 +71,7 @@ class ChangedFile(StoredDoc):
     path: str
     change: str
     from_: str | None = Field(None, alias="from")
+    binary: SkipValidation[BinaryNote] | None = None  # git shows it as binary
 
     @model_serializer(mode="wrap")
     def _without_empty_from(self, handler: Any) -> dict[str, Any]:
@@ -79,6 +81,8 @@ class ChangedFile(StoredDoc):
             data["from"] = self.from_
         else:
             data.pop("from", None)
+        if self.binary is None:
+            data.pop("binary", None)
         return data
 
 

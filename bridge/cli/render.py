@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from bridge.display import describe_request, one_line, terminal_safe
 
 if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pydantic there
+    from bridge.documents import BinaryNote
     from bridge.records import CommandResult, Event, TaskResult
 
 
@@ -54,6 +55,16 @@ def print_tasks(tasks: list[TaskResult], as_json: bool) -> None:
         )
 
 
+def _binary(note: BinaryNote | None) -> str:
+    """What a changed file git shows as binary says beside its name."""
+    if note is None:
+        return ""
+    counted = f"+{note['lines_added']} -{note['lines_removed']} lines counted"
+    if note["flagged"]:
+        return f"  [binary: its text, escaped, is in artifacts.readable; {counted}]"
+    return f"  [binary, as in the base; {counted}]"
+
+
 def print_result(result: TaskResult) -> None:
     f = one_line
     print(f"task {result.task_id}: {result.status}")
@@ -70,7 +81,7 @@ def print_result(result: TaskResult) -> None:
         print("  changed files:")
         for entry in result.changed_files:
             extra = f" (from {f(entry.from_)})" if entry.from_ else ""
-            print(f"    {entry.change:<12} {f(entry.path)}{extra}")
+            print(f"    {entry.change:<12} {f(entry.path)}{extra}{_binary(entry.binary)}")
     for dropped in result.dropped:
         print(f"  left out: {f(dropped['path'])} ({f(dropped['reason'])})")
     verification = result.verification

@@ -19,6 +19,7 @@ from bridge.jobs.judge import assign_labels, judge_prompt, parse_ranking
 from bridge.jobs.ranking import rank
 from bridge.jobs.slots import candidate_label, candidate_spec, judge_spec
 from bridge.models import JobStatus, Status
+from bridge.workspace.readable import readable_text
 
 
 def run_compete(co: JobCoordinator) -> None:
@@ -48,6 +49,7 @@ def run_compete(co: JobCoordinator) -> None:
     artifacts = co.store.artifacts_of(task_ids)
     diffs = {t: artifacts.get(t, {}).get("diff") for t in task_ids}
     ranked = rank([candidate_of(r, diffs[r.task_id]) for r in records])
+    readable = {t: shown_diff(artifacts.get(t, {})) for t in task_ids}
     eligible = [c["task_id"] for c in ranked if c["eligible"]]
     result["candidates"] = ranked
     result["ordering"] = {"deterministic": eligible}
@@ -64,7 +66,7 @@ def run_compete(co: JobCoordinator) -> None:
         )
         return
     if job.spec.get("judge") and len(eligible) >= 2:
-        verdict = ask_judge(co, eligible, diffs)
+        verdict = ask_judge(co, eligible, readable)
         result["judge"] = verdict
         result["ordering"]["judge"] = verdict["ordering"]
         co.store.add_event(job.job_id, "job.ranked", {"by": "judge", **verdict})
@@ -78,12 +80,19 @@ def run_compete(co: JobCoordinator) -> None:
     co.finish(JobStatus.SUCCEEDED, result)
 
 
+def shown_diff(artifacts: dict[str, str]) -> str | None:
+    """The diff a judge or reviewer reads: the readable one (a file git shows as binary given
+    as its text, escaped), or, for a task collected before there was one, the diff itself."""
+    return artifacts.get("readable") or artifacts.get("diff")
+
+
 def read_diff(path: str | None, bound: int) -> tuple[str, int]:
-    """The first part of a diff file (enough for ``bound`` characters) and its whole size."""
+    """The first part of a diff file (enough for ``bound`` characters, what is not text
+    escaped) and its whole size."""
     if not path or not Path(path).is_file():
         return "", 0
-    with open(path, encoding="utf-8", errors="replace") as diff:
-        return diff.read(bound + 1), Path(path).stat().st_size
+    with open(path, "rb") as diff:
+        return readable_text(diff.read(4 * (bound + 1)))[: bound + 1], Path(path).stat().st_size
 
 
 def ask_judge(co: JobCoordinator, eligible: list[str], diffs: dict[str, str | None]) -> Verdict:

@@ -1,5 +1,6 @@
 """A candidate's figures, read from its finished task: status, our verification per check, the
-lines and files its diff changed, how long it ran and the tokens its model route reported."""
+lines and files its diff changed (a file git shows as binary counted by its text, as collect
+noted it: never as 0), how long it ran and the tokens its model route reported."""
 
 from __future__ import annotations
 
@@ -8,20 +9,22 @@ from pathlib import Path
 from bridge.documents import Check
 from bridge.jobs.ranking import Candidate
 from bridge.records import TaskRecord
+from bridge.workspace.readable import changed_lines
 
 
 def diff_lines(path: Path | None) -> tuple[int, int]:
-    """(added, removed) lines of a unified diff file; (0, 0) when there is none."""
+    """(added, removed) lines of a unified diff file (a binary file's base85 counts none);
+    (0, 0) when there is none."""
     if path is None or not path.is_file():
         return 0, 0
-    added = removed = 0
     with path.open("rb") as diff:
-        for line in diff:
-            if line.startswith(b"+") and not line.startswith(b"+++ "):
-                added += 1
-            elif line.startswith(b"-") and not line.startswith(b"--- "):
-                removed += 1
-    return added, removed
+        return changed_lines(diff)
+
+
+def binary_lines(record: TaskRecord) -> tuple[int, int]:
+    """(added, removed) lines of the files git shows as binary, as collect counted their text."""
+    notes = [f.binary for f in record.changed_files if f.binary]
+    return sum(n["lines_added"] for n in notes), sum(n["lines_removed"] for n in notes)
 
 
 def _tokens(record: TaskRecord) -> int:
@@ -35,6 +38,8 @@ def _tokens(record: TaskRecord) -> int:
 
 def candidate_of(record: TaskRecord, diff: str | None) -> Candidate:
     added, removed = diff_lines(Path(diff) if diff else None)
+    hidden_added, hidden_removed = binary_lines(record)
+    added, removed = added + hidden_added, removed + hidden_removed
     verification = record.verification
     checks = [
         Check(command=c.command, exit_code=c.exit_code, passed=c.passed)

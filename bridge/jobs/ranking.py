@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bridge.documents import Check, RankedCandidate
 
 # The error kinds that mean the candidate broke a rule, not merely failed.
-POLICY_KINDS = ("protected_path", "symlink_escape", "network", "disk")
+POLICY_KINDS = ("protected_path", "symlink_escape", "binary_change", "network", "disk")
 
 TIE_BREAKS = (
     ("changed_lines", "fewer changed lines"),

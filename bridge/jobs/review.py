@@ -10,7 +10,7 @@ after round N is queued only while the implementer's task is still before turn N
 from __future__ import annotations
 
 from bridge.documents import Finding, JobFindings, ReviewRound
-from bridge.jobs.compete import read_diff
+from bridge.jobs.compete import read_diff, shown_diff
 from bridge.jobs.coordinator import JobCoordinator
 from bridge.jobs.review_answer import follow_up_message, parse_review, review_prompt
 from bridge.jobs.slots import implementer_spec, reviewer_spec
@@ -29,7 +29,7 @@ def _review_round(
     """One review of the implementer's verified snapshot: the reviewer's task run read-only on
     the quoted diff, its answer parsed (its new findings counted by the caller)."""
     bounds = job.config.jobs
-    diff, total = read_diff(co.store.artifacts(impl).get("diff"), bounds.quoted_diff_chars)
+    diff, total = read_diff(shown_diff(co.store.artifacts(impl)), bounds.quoted_diff_chars)
     prompt = review_prompt(job.spec["task"]["objective"], diff, total, bounds)
     spec = reviewer_spec(job.spec, job.job_id, round_no, record.snapshot_commit or "", prompt)
     reviewer = co.ensure_task(spec, "reviewer", f"review-{round_no}")

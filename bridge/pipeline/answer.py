@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bridge.asking import resume_message
-from bridge.documents import HeldOutcome, RequestAnswer, RequestDetail, RequestRecord
+from bridge.documents import Coverage, HeldOutcome, RequestAnswer, RequestRecord
 from bridge.errors import BridgeError, InvalidSpec, TaskStateError
 from bridge.models import Status
 from bridge.phase.context import Context
@@ -23,11 +23,14 @@ from bridge.pipeline.results import redactor_for
 from bridge.store.db import now_iso
 from bridge.workers.circuit import record_task_outcome
 from bridge.workspace.baseline import tree_entries
-from bridge.workspace.diff import path_matches
+from bridge.workspace.diff import list_changes, path_matches
+from bridge.workspace.fs import display
 
 DECISIONS = ("approve", "deny")
 MAX_ANSWER = 4000  # characters of an answer's text
 ANSWERABLE = (Status.QUEUED, Status.RUNNING, Status.VERIFYING, Status.WAITING_INPUT)
+COVERS_PATHS = 10  # paths a paths request names per glob
+NEW_PATHS = ("added", "renamed")  # changes that leave a path the base does not have
 
 
 def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
@@ -46,7 +49,9 @@ def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
         protected = handle.spec.verification.protected_paths
         if not protected:
             return None  # nothing is protected: there is nothing to allow
-        detail["covers"] = covers(record.repository, record.base_commit, protected, detail)
+        found_in = (record.repository, record.base_commit, record.snapshot_commit)
+        coverage = covers(*found_in, protected, detail.get("paths", []))
+        detail["covers"] = handle.redactor.redact_data(coverage)  # the worker's file names
     return handle.ctx.store.requests.add(
         handle.task_id,
         found["kind"],
@@ -57,18 +62,28 @@ def record_final_request(handle: PhaseHandle, turn: int) -> str | None:
 
 
 def covers(
-    repository: str, base: str | None, protected: list[str], detail: RequestDetail
-) -> dict[str, int]:
-    """How many protected files of the base commit each glob of a path request matches (what
-    the caller sees before approving: `tests/**` may be 3 files or 3,000). Empty when the
-    base cannot be read (the request is shown without it)."""
+    repository: str, base: str | None, snapshot: str | None, protected: list[str], globs: list[str]
+) -> dict[str, Coverage]:
+    """What each glob of a path request would excuse, as the caller sees it before approving:
+    the protected files of the base commit it matches (`tests/**` may be 3 files or 3,000) and
+    those the worker's snapshot added (a `conf*` that matches nothing of the base still excuses
+    the conftest.py the worker wrote), with the first few of their paths, the added first.
+    Empty when the commits cannot be read (the request is shown without it)."""
+    repo = Path(repository)
     try:
-        tree = tree_entries(Path(repository), base or "HEAD", False)
+        tree = tree_entries(repo, base or "HEAD", False)
+        changes = list_changes(repo, base, snapshot, sizes=False) if base and snapshot else []
     except BridgeError:
         return {}
-    files = [p for p in tree if path_matches(p, protected)]
-    globs = detail.get("paths", [])
-    return {glob: sum(path_matches(p, [glob]) for p in files) for glob in globs}
+    in_base = [p for p in tree if path_matches(p, protected)]
+    added = [c.path for c in changes if c.change in NEW_PATHS and path_matches(c.path, protected)]
+    coverage = {}
+    for glob in globs:
+        theirs = [p for p in added if path_matches(p, [glob])]
+        ours = [p for p in in_base if path_matches(p, [glob])]
+        shown = [display(p) for p in (theirs + ours)[:COVERS_PATHS]]
+        coverage[glob] = Coverage(base=len(ours), added=len(theirs), paths=shown)
+    return coverage
 
 
 def asked(handle: PhaseHandle, turn: int) -> bool:

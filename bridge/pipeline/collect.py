@@ -1,14 +1,17 @@
 """Collect: snapshot the worktree on the host as a commit on the task branch (see
-`workspace.snapshot` for what is read and what is left out), and write the diff and manifest
-(base -> snapshot) as the task's artifacts."""
+`workspace.snapshot` for what is read and what is left out), and write the diff, its readable
+form (`workspace.readable`: what git shows as binary given as text) and the manifest (base ->
+snapshot) as the task's artifacts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from bridge.documents import BinaryNote
 from bridge.phase.handle import PhaseHandle
 from bridge.workspace.baseline import Stat
-from bridge.workspace.diff import Change, list_changes, write_diff, write_manifest
+from bridge.workspace.diff import Change, ChangedEntry, list_changes, write_diff, write_manifest
+from bridge.workspace.readable import write_readable
 from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree
 from bridge.workspace.worktree import TaskWorkspace
 
@@ -31,6 +34,20 @@ class Collected:
     snapshot: str
     changes: list[Change]
     dropped: list[Dropped]
+    binary: dict[str, BinaryNote] = field(default_factory=dict)  # by path: git shows as binary
+
+    def changed_files(self) -> list[ChangedEntry]:
+        """The changed paths as the result lists them, a binary one with its note."""
+        entries = [c.result_entry() for c in self.changes]
+        for change, entry in zip(self.changes, entries, strict=True):
+            if change.path in self.binary:
+                entry["binary"] = self.binary[change.path]
+        return entries
+
+    @property
+    def made_binary(self) -> list[str]:
+        """The paths the change made binary (new, or text in the base, and holding a NUL)."""
+        return [path for path, note in self.binary.items() if note["holds_nul"]]
 
 
 def collect_changes(
@@ -67,6 +84,10 @@ def collect_changes(
     store = handle.ctx.store
     size, digest = write_diff(ws.repository, base, snapshot.commit, diff_path)
     store.add_artifact(task_id, "diff", diff_path, size, digest)
+    readable = write_readable(
+        ws.repository, base, snapshot.commit, diff_path, out / "readable.diff", changes
+    )
+    store.add_artifact(task_id, "readable", readable.path, readable.size, readable.sha256)
     size, digest = write_manifest(changes, base, snapshot.commit, manifest_path)
     store.add_artifact(task_id, "manifest", manifest_path, size, digest)
-    return Collected(snapshot.commit, changes, snapshot.dropped)
+    return Collected(snapshot.commit, changes, snapshot.dropped, readable.binary)

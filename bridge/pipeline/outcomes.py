@@ -1,6 +1,6 @@
 """How a task ends: the outcome record, and the verdicts on a worker turn (recorded exit,
-deadline, out of memory, exit status, protected paths) and on its verification, each with one
-sentence a person can act on."""
+deadline, out of memory, exit status, protected paths, a file made binary) and on its
+verification, each with one sentence a person can act on."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bridge.models import Status, TaskSpec
 from bridge.records import CommandResult, ErrorInfo, VerificationDoc
 from bridge.store import Store
 from bridge.workspace.diff import Change, protected_violations
+from bridge.workspace.fs import display
 
 
 class OutcomeFields(TypedDict, total=False):
@@ -103,6 +104,27 @@ def judge_worker(
             ),
         )
     return None
+
+
+def binary_refusal(made_binary: list[str], spec: TaskSpec, in_job: bool) -> Outcome | None:
+    """The outcome of a change that made a file binary when the spec does not allow it
+    (`verification.allow_binary`; unset, a job's tasks refuse it, since a ranking or a judge
+    reads their changes, and a task of its own allows it, flagged for the caller)."""
+    allowed = spec.verification.allow_binary
+    if allowed is None:
+        allowed = not in_job
+    if allowed or not made_binary:
+        return None
+    why = "verification.allow_binary" + (" (false for a job's tasks)" if in_job else "")
+    return Outcome(
+        Status.FAILED,
+        error(
+            "binary_change",
+            f"The worker's change makes '{display(made_binary[0])}' a binary file (a NUL byte "
+            f"in its first 8000 bytes hides its text from the diff), which {why} refuses; the "
+            "change was not verified.",
+        ),
+    )
 
 
 def approved_paths(store: Store, task_id: str) -> list[str]:

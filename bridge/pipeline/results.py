@@ -31,7 +31,7 @@ def task_result(
         changed_files=record.changed_files,
         dropped=record.dropped,
         verification=record.verification,
-        artifacts={name: artifacts[name] for name in ("diff", "manifest") if name in artifacts},
+        artifacts={n: artifacts[n] for n in ("diff", "readable", "manifest") if n in artifacts},
         error=record.error,
         timings=record.timings,
         usage=record.usage,

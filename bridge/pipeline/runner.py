@@ -29,6 +29,7 @@ from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.outcomes import (
     Outcome,
     approved_paths,
+    binary_refusal,
     error,
     judge_worker,
     repair_message,
@@ -342,12 +343,14 @@ class TaskRunner:
             handle.update(
                 summary=exit_info.summary if exit_info else None,
                 snapshot_commit=snapshot,
-                changed_files=handle.redactor.redact_data([c.result_entry() for c in changes]),
+                changed_files=handle.redactor.redact_data(collected.changed_files()),
                 dropped=handle.redactor.redact_data([d.document() for d in collected.dropped]),
             )
             allowed = approved_paths(self.store, self.task_id)  # by the caller, when asked
             spec, limits = self.record.spec, handle.limits
-            verdict = judge_worker(exit_info, changes, spec, limits, self.task_id, allowed)
+            verdict = judge_worker(
+                exit_info, changes, spec, limits, self.task_id, allowed
+            ) or binary_refusal(collected.made_binary, spec, self.record.job_id is not None)
             if verdict is not None:
                 return verdict, None  # finish_task redacts the error
         else:

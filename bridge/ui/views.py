@@ -123,13 +123,15 @@ def job_page(result: JobResult) -> dict[str, Any]:
 
 
 def diff_document(result: TaskResult, limit: int) -> DiffText:
-    """The task's diff (base to snapshot) as git wrote it, for the page: ``text`` (empty when
-    there is none yet), whether it was ``truncated``, the diff's ``total_bytes``, and each
-    shown file's name read exactly (``files``: the renderer reads them its own way). A diff over
-    ``limit`` bytes is cut at the last whole file within it (the start of a `diff --git` line),
-    or, when the first file alone is over it, at the last whole line: what is shown is always
-    whole hunks' lines the renderer can read. Accept writes all of it: the page says so."""
-    path = result.artifacts.get("diff")
+    """The task's diff (base to snapshot) in its readable form, for the page (a file git shows
+    as binary given as its text, what is not text escaped; the diff as git wrote it for a task
+    collected before there was one): ``text`` (empty when there is none yet), whether it was
+    ``truncated``, the diff's ``total_bytes``, and each shown file's name read exactly
+    (``files``: the renderer reads them its own way). A diff over ``limit`` bytes is cut at the
+    last whole file within it (the start of a `diff --git` line), or, when the first file alone
+    is over it, at the last whole line: what is shown is always whole hunks' lines the renderer
+    can read. Accept writes all of it: the page says so."""
+    path = result.artifacts.get("readable") or result.artifacts.get("diff")
     data, total = b"", 0
     if path:
         try:

@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple, NotRequired, TypedDict
 
+from bridge.documents import BinaryNote
 from bridge.workspace import fs
 from bridge.workspace.fs import display
 from bridge.workspace.git import Git
@@ -27,13 +28,18 @@ _KINDS = {
 
 # A changed path as the task result lists it (`from`: a rename's source) and as the manifest
 # does, with the modes, size and blob. (`from` is a keyword, hence the functional form.)
-ChangedEntry = TypedDict("ChangedEntry", {"path": str, "change": str, "from": NotRequired[str]})
+# A file git shows as binary carries what the readable diff found of it (`binary`).
+ChangedEntry = TypedDict(
+    "ChangedEntry",
+    {"path": str, "change": str, "from": NotRequired[str], "binary": NotRequired[BinaryNote]},
+)
 ManifestEntry = TypedDict(
     "ManifestEntry",
     {
         "path": str,
         "change": str,
         "from": NotRequired[str],
+        "binary": NotRequired[BinaryNote],
         "mode": str | None,
         "old_mode": str | None,
         "size": int | None,
@@ -54,6 +60,7 @@ class Change(NamedTuple):
     mode: str | None = None
     sha: str | None = None
     size: int | None = None
+    old_sha: str | None = None  # the base's blob at the path (or a rename's source)
 
     def result_entry(self) -> ChangedEntry:
         """For the result and the manifest: names that are not UTF-8 shown with \\x escapes."""
@@ -85,8 +92,8 @@ class Change(NamedTuple):
 
 
 # One line of `git diff --raw`: status letter, source path of a rename, path, old mode, new
-# mode, new blob.
-_Raw = tuple[str, str | None, str, str, str, str]
+# mode, old blob, new blob.
+_Raw = tuple[str, str | None, str, str, str, str, str]
 
 
 def list_changes(repo: Path, base: str, snapshot: str, *, sizes: bool = True) -> list[Change]:
@@ -97,10 +104,10 @@ def list_changes(repo: Path, base: str, snapshot: str, *, sizes: bool = True) ->
         "diff", "--raw", "-z", "-M", "--no-abbrev", "--no-ext-diff", base, snapshot
     ).stdout
     lines = _parse_raw(fs.decode_fields(raw))
-    wanted = [sha for letter, _, _, _, mode, sha in lines if letter != "D" and mode != "160000"]
+    wanted = [sha for letter, _, _, _, mode, _, sha in lines if letter != "D" and mode != "160000"]
     known = _sizes(git, wanted) if sizes else {}
     changes = []
-    for letter, old_path, path, old_mode, new_mode, new_sha in lines:
+    for letter, old_path, path, old_mode, new_mode, old_sha, new_sha in lines:
         kept = letter != "D"
         changes.append(
             Change(
@@ -111,6 +118,7 @@ def list_changes(repo: Path, base: str, snapshot: str, *, sizes: bool = True) ->
                 new_mode if kept else None,
                 new_sha if kept else None,
                 known.get(new_sha) if kept else None,
+                None if old_mode == "000000" else old_sha,
             )
         )
     return changes
@@ -120,7 +128,7 @@ def _parse_raw(fields: list[str]) -> list[_Raw]:
     lines: list[_Raw] = []
     i, end = 0, len(fields)
     while i < end and fields[i]:
-        old_mode, new_mode, _old_sha, new_sha, status = fields[i].lstrip(":").split()
+        old_mode, new_mode, old_sha, new_sha, status = fields[i].lstrip(":").split()
         letter = status[0]
         if letter in "RC":
             old_path, path = fields[i + 1], fields[i + 2]
@@ -128,9 +136,8 @@ def _parse_raw(fields: list[str]) -> list[_Raw]:
         else:
             old_path, path = None, fields[i + 1]
             i += 2
-        lines.append(
-            (letter, old_path if letter == "R" else None, path, old_mode, new_mode, new_sha)
-        )
+        source = old_path if letter == "R" else None
+        lines.append((letter, source, path, old_mode, new_mode, old_sha, new_sha))
     return lines
 
 
@@ -150,27 +157,29 @@ def _sizes(git: Git, shas: list[str]) -> dict[str, int]:
     return sizes
 
 
+# `git diff`'s options for what a task changed, whatever the user's configuration says.
+_DIFF_OPTIONS = (
+    "--full-index",
+    "-M",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--src-prefix=a/",  # whatever diff.noprefix or diff.mnemonicPrefix the user set
+    "--dst-prefix=b/",
+    "--no-relative",
+)
+
+
+def git_diff(repo: Path, base: str, snapshot: str, form: str = "--binary") -> bytes:
+    """`git diff` base -> snapshot: ``--binary`` (the patch accept applies) or ``--text``
+    (every file as text, a binary one's bytes as they are)."""
+    return Git(repo).run("diff", form, *_DIFF_OPTIONS, base, snapshot).stdout
+
+
 def write_diff(repo: Path, base: str, snapshot: str, dest: Path) -> tuple[int, str]:
     """Write `git diff --binary` base -> snapshot to ``dest``; return (size, sha256)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    data = (
-        Git(repo)
-        .run(
-            "diff",
-            "--binary",
-            "--full-index",
-            "-M",
-            "--no-color",
-            "--no-ext-diff",
-            "--no-textconv",
-            "--src-prefix=a/",  # whatever diff.noprefix or diff.mnemonicPrefix the user set
-            "--dst-prefix=b/",
-            "--no-relative",
-            base,
-            snapshot,
-        )
-        .stdout
-    )
+    data = git_diff(repo, base, snapshot)
     dest.write_bytes(data)
     return len(data), hashlib.sha256(data).hexdigest()
 

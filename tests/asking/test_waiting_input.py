@@ -23,7 +23,12 @@ from support.tasks import (
 )
 from support.waiting import poll
 
+from bridge.ui.views import requests_of
+
 pytestmark = pytest.mark.usefixtures("docker_images", "no_task_outlives_the_test")
+
+# A conftest.py a worker writes to make every test pass on broken code.
+PASS_EVERYTHING = "def pytest_runtest_call(item):\n    item.runtest = lambda: None\n"
 
 
 @pytest.fixture
@@ -311,7 +316,8 @@ def test_an_approved_path_request_lets_exactly_those_protected_paths_change(
         assert request["detail"] == {
             "paths": ["checks/**"],
             "reason": "the test is wrong",
-            "covers": {"checks/**": 1},  # protected files of the base it matches
+            # the protected files of the base it matches (the worker added none)
+            "covers": {"checks/**": {"base": 1, "added": 0, "paths": ["checks/t.py"]}},
         }
         text = answer(cli, result["task_id"], request["request_id"], "--text", "yes")
         assert text.code == 2 and "approve or deny, not a text" in text.stderr
@@ -354,9 +360,52 @@ def test_a_wide_glob_shows_how_many_protected_files_it_covers(cli, repo, workdir
     result = run_spec(cli, workdir, mock_task(repo, mock, verification=protected))
     assert result["status"] == "waiting_input", result
     [request] = pending(result)
-    assert request["detail"]["covers"] == {"*": 4, "checks/t0.py": 1}  # `*` is everything
+    covered = request["detail"]["covers"]
+    assert {glob: c["base"] for glob, c in covered.items()} == {"*": 4, "checks/t0.py": 1}
+    assert covered["*"]["paths"] == ["checks/t0.py", "checks/t1.py", "checks/t2.py", "locked/l.txt"]
     shown = cli("tasks", "show", result["task_id"]).stdout
-    assert "* (4 protected file(s))" in shown and "checks/t0.py (1 protected file(s))" in shown
+    assert "* (4 protected file(s) in the base: checks/t0.py, checks/t1.py," in shown  # all
+    assert "checks/t0.py (1 protected file(s) in the base: checks/t0.py)" in shown
+    assert cli("tasks", "cancel", result["task_id"]).code == 0
+
+
+def test_a_path_request_covers_the_protected_files_the_worker_added_and_names_them(
+    cli, repo, workdir, bridge
+):
+    """`conf*` matches no protected file of the base, yet approving it excuses the conftest.py
+    the worker already wrote (one that makes every test pass on broken code): what the request
+    covers is counted in the worker's snapshot too, and the approver is shown the paths."""
+    ask = {"kind": "paths", "paths": ["conf*", "tests/**"], "reason": "tidy the test setup"}
+    protected = {"protected_paths": ["conftest.py", "tests/**"], "commands": ["true"]}
+    mock = {"write": {"conftest.py": PASS_EVERYTHING}, "summary": block(ask)}
+    result = run_spec(cli, workdir, mock_task(repo, mock, verification=protected))
+    assert result["status"] == "waiting_input", result
+    [request] = pending(result)
+    assert request["detail"]["covers"] == {
+        "conf*": {"base": 0, "added": 1, "paths": ["conftest.py"]},
+        "tests/**": {"base": 1, "added": 0, "paths": ["tests/test_calc.py"]},
+    }
+    shown = cli("tasks", "show", result["task_id"]).stdout
+    assert "conf* (0 protected file(s) in the base, 1 the worker added: conftest.py)" in shown
+    assert "tests/** (1 protected file(s) in the base: tests/test_calc.py)" in shown
+    # The web view shows the same words (MCP's worker_status is the result shown above).
+    [on_page] = requests_of(bridge.get_task(result["task_id"]))
+    assert "1 the worker added: conftest.py" in on_page["what"]
+    assert cli("tasks", "cancel", result["task_id"]).code == 0
+
+
+def test_what_a_path_request_covers_names_a_bounded_number_of_paths(cli, repo, workdir):
+    files = {f"tests/t{n:02}.py": "x = 1\n" for n in range(30)}
+    ask = {"kind": "paths", "paths": ["tests/**"], "reason": "many"}
+    protected = {"protected_paths": ["tests/**"], "commands": ["true"]}
+    mock = {"write": files, "summary": block(ask)}
+    result = run_spec(cli, workdir, mock_task(repo, mock, verification=protected))
+    [request] = pending(result)
+    covered = request["detail"]["covers"]["tests/**"]
+    assert (covered["base"], covered["added"]) == (1, 30)
+    assert covered["paths"] == [f"tests/t{n:02}.py" for n in range(10)], "the added first"
+    shown = cli("tasks", "show", result["task_id"]).stdout
+    assert "tests/t09.py and 21 more)" in shown
     assert cli("tasks", "cancel", result["task_id"]).code == 0
 
 

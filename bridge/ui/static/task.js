@@ -69,8 +69,19 @@ function usage(task) {
     ...tokens.map((line) => el("p", {}, line)));
 }
 
+// A file git shows as binary: its diff below is its text (escaped) when it is new or was text in
+// the base, and the lines counted are its text's either way.
+function binaryNote(f) {
+  if (!f.binary) return null;
+  const counted = `+${f.binary.lines_added} −${f.binary.lines_removed} counted`;
+  const words = f.binary.flagged
+    ? `binary: git shows no text for it; its text is shown below, NULs and other bytes that are not text escaped (${counted})`
+    : `binary, as in the base (${counted})`;
+  return el("span", { className: `binary-note${f.binary.flagged ? " flagged" : ""}` }, ` · ${words}`);
+}
+
 function changedFiles(task) {
-  const items = (task.changed_files || []).map((f) => el("li", {}, el("span", { className: `change change-${f.change}` }, f.change), " ", f.path, f.from ? ` (from ${f.from})` : ""));
+  const items = (task.changed_files || []).map((f) => el("li", {}, el("span", { className: `change change-${f.change}` }, f.change), " ", f.path, f.from ? ` (from ${f.from})` : "", binaryNote(f)));
   for (const d of task.dropped || []) items.push(el("li", { className: "muted" }, `left out: ${d.path} (${d.reason})`));
   document.getElementById("changed-files").replaceChildren(...items);
 }
