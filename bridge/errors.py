@@ -20,6 +20,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── StoreUnavailable             (OSError)       the store cannot be opened or written -> exit 1
     ├── EnvironmentFailed                            the project's environment could not be made
     └── SandboxError                                 the engine refused or failed a container op
+        └── ImageMismatch            (ValueError)    a node's image is not the control host's
 
 Third-party errors (docker-py, sqlite, subprocess) are translated at the edge that calls them,
 with ``raise ... from exc``.
@@ -127,6 +128,11 @@ class StoreUnavailable(BridgeError, OSError):
 
 class SandboxError(BridgeError):
     kind = "sandbox"
+
+
+class ImageMismatch(SandboxError, ValueError):
+    """A node's engine holds, under an image's name, another image than the control host's
+    (their ids differ): a task is never run on it (bridge/cluster/images.py)."""
 
 
 class EnvironmentFailed(BridgeError):

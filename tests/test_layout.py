@@ -215,6 +215,7 @@ LAYERS = [
         "bridge.asking",  # a worker's block and prompt text: read by workers and the store
     },
     {"bridge.workers", "bridge.phase"},  # the workers (and their circuit breaker); a phase's kit
+    {"bridge.cluster"},  # the cluster's pieces (issue 44): for now, images onto nodes by id
     {"bridge.environments"},
     {"bridge.pipeline"},  # task creation, the runner and its phases
     {"bridge.jobs"},  # several tasks advanced together, through the pipeline
