@@ -56,13 +56,19 @@ def namespaces(layout: ClusterLayout) -> list[str]:
     return sorted(found, key=lambda n: n.endswith("-hub"))
 
 
+def is_cgroup_parent(layout: ClusterLayout, folder: str, node: str | None = None) -> bool:
+    """``folder`` is the cgroup parent of one of the cluster's nodes (of ``node`` when given):
+    never another cluster's, even one whose name begins as this one's (`wbc` and `wbc-n1`)."""
+    wanted = re.escape(node) if node else "n[1-9][0-9]*"
+    return re.fullmatch(rf"wbc-{re.escape(layout.name)}-{wanted}", folder) is not None
+
+
 def cgroup_parents(layout: ClusterLayout, node: str | None = None) -> list[Path]:
     """The cgroup folders of the cluster's engines (one node's when ``node``), every hierarchy."""
-    stem = f"wbc-{layout.name}-{node or 'n'}"
     found = []
     for mount in procs.cgroup_mounts():
         for path in mount.glob(f"wbc-{layout.name}-n*"):
-            if path.is_dir() and (path.name == stem if node else path.name.startswith(stem)):
+            if path.is_dir() and is_cgroup_parent(layout, path.name, node):
                 found.append(path)
     return found
 

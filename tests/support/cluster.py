@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -197,14 +198,18 @@ def leftovers(cluster: LocalCluster, recorded: list[dict], extra_pids: list[int]
     cgroups = [
         str(path)
         for mount in _cgroup_mounts()
-        for path in mount.glob(f"wbc-{cluster.name}-*")
-        if path.is_dir()
+        for path in mount.glob(f"wbc-{cluster.name}-n*")
+        if path.is_dir() and re.fullmatch(rf"wbc-{cluster.name}-n[0-9]+", path.name)
     ]
     return {
         "processes": [p["pid"] for p in recorded if _alive(p["pid"], p["start"])]
         + _naming(cluster.scratch)
         + running(extra_pids),
-        "namespaces": sorted(p.name for p in Path("/run/netns").glob(f"{cluster.name}-*")),
+        "namespaces": sorted(
+            p.name
+            for p in Path("/run/netns").glob(f"{cluster.name}-*")
+            if re.fullmatch(rf"{cluster.name}-(n[0-9]+|ctl|hub)", p.name)
+        ),
         "mounts": _mounts_under(cluster.scratch),
         "cgroups": cgroups,
         "scratch": [str(cluster.scratch)] if cluster.scratch.exists() else [],
