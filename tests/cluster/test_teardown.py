@@ -35,7 +35,7 @@ def test_down_after_an_up_killed_half_way_leaves_nothing_and_may_run_twice():
     argv = [sys.executable, str(SCRIPT), "--name", cluster.name]
     argv += ["--scratch-root", str(cluster.scratch_root), "--venv", str(VENV)]
     up = subprocess.Popen(
-        [*argv, "up", "3", "--no-ray", "--no-registry"],
+        [*argv, "up", "3", "--no-ray", "--no-registry", "--owner-pid", str(os.getpid())],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
