@@ -14,12 +14,12 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 export WORKER_BRIDGE_EXTRA_CA_FILE ?= $(firstword $(wildcard $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
 LINT_PATHS := bridge tests scripts $(wildcard bench/*.py bench/*/)
 
-.PHONY: install base-image images images-all test-deps demo test test-fast lint format bench bench-quick clean-containers
+.PHONY: install base-image images images-all test-deps demo test test-fast lint format bench bench-quick clean-containers cluster-up cluster-down cluster-status
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[test,cluster]' --config-settings editable_mode=compat
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,12 +40,14 @@ images-all: install base-image
 	@tail -1 .images-build.log
 
 # What the tests need besides the images: docker-compose (the compose tests), chromium (the web
-# view's browser tests) and the TypeScript MCP client's packages (the interop test), so a fresh
-# `make test` skips nothing.
+# view's browser tests), the TypeScript MCP client's packages (the interop test) and Debian's
+# docker-registry and socat (the cluster tests' registry), so a fresh `make test` skips nothing.
 test-deps: install tests/interop/node_modules/.package-lock.json
 	@command -v docker-compose >/dev/null 2>&1 || scripts/install-test-deps docker-compose
 	@command -v chromium >/dev/null 2>&1 || scripts/install-test-deps chromium
 	@command -v mkfs.erofs >/dev/null 2>&1 || scripts/install-test-deps erofs-utils
+	@command -v docker-registry >/dev/null 2>&1 || scripts/install-test-deps docker-registry
+	@command -v socat >/dev/null 2>&1 || scripts/install-test-deps socat
 
 tests/interop/node_modules/.package-lock.json: tests/interop/package-lock.json
 	npm ci --prefix tests/interop --no-audit --no-fund --loglevel=error
@@ -82,3 +84,17 @@ bench-quick: images-all
 
 clean-containers:
 	docker ps -aq --filter label=io.worker-bridge.task | xargs -r docker rm -f
+
+# A cluster of simulated nodes on this machine (scripts/local-cluster; root): `make cluster-up
+# NODES=3` prints the address to use; `make cluster-down` leaves nothing of it behind.
+NODES ?= 2
+cluster-up: install
+	@command -v docker-registry >/dev/null 2>&1 || scripts/install-test-deps docker-registry
+	@command -v socat >/dev/null 2>&1 || scripts/install-test-deps socat
+	scripts/local-cluster up $(NODES)
+
+cluster-down:
+	scripts/local-cluster down
+
+cluster-status:
+	scripts/local-cluster status

@@ -21,6 +21,7 @@ not exceptions. Exceptions are for bad input and for the unexpected::
     ├── RecordUnreadable                             a stored row this version cannot read -> exit 1
     ├── EnvironmentFailed                            the project's environment could not be made
     └── SandboxError                                 the engine refused or failed a container op
+        └── ImageMismatch            (ValueError)    a node's image is not the control host's
 
 Third-party errors (docker-py, sqlite, subprocess) are translated at the edge that calls them,
 with ``raise ... from exc``.
@@ -149,6 +150,11 @@ def _first_problem(exc: Exception) -> str:
 
 class SandboxError(BridgeError):
     kind = "sandbox"
+
+
+class ImageMismatch(SandboxError, ValueError):
+    """A node's engine holds, under an image's name, another image than the control host's
+    (their ids differ): a task is never run on it (bridge/cluster/images.py)."""
 
 
 class EnvironmentFailed(BridgeError):

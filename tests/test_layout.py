@@ -214,7 +214,9 @@ LAYERS = [
         "bridge.gateway",
         "bridge.asking",  # a worker's block and prompt text: read by workers and the store
     },
-    {"bridge.workers", "bridge.phase"},  # the workers (and their circuit breaker); a phase's kit
+    # The workers (and their circuit breaker); a phase's kit; the cluster's pieces (issue 44:
+    # for now, images onto nodes by id; the node agent, which runs phases, will sit higher).
+    {"bridge.workers", "bridge.phase", "bridge.cluster"},
     {"bridge.environments"},
     {"bridge.pipeline"},  # task creation, the runner and its phases
     {"bridge.jobs"},  # several tasks advanced together, through the pipeline
