@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridge.phase.handle import PhaseHandle
+from bridge.workspace import fs
 from bridge.workspace.baseline import Stat
 from bridge.workspace.diff import Change, list_changes, write_diff, write_manifest
+from bridge.workspace.modes import disarm
 from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree
 from bridge.workspace.worktree import TaskWorkspace
 
@@ -33,6 +35,21 @@ class Collected:
     dropped: list[Dropped]
 
 
+def disarm_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, worktree: bool = True) -> None:
+    """Clear the set-user-id and set-group-id bits, and remove the devices, the worker left in
+    its private git dir and CLI home, and (``worktree``) in its worktree: whatever stays on the
+    host after a turn is nobody's way to the worker's uid (bridge/workspace/modes.py). The
+    worktree's own are cleared by the snapshot, which reads its files' modes anyway; a turn that
+    ends without one (a disk limit passed, the deadline) has it walked here (a layered one's
+    upper dir only: the base's files hold no such bit)."""
+    disarm(ws.private_gitdir)
+    disarm(handle.ctx.task_dir(handle.task_id) / "home")  # the CLI's home (worker_turn.cli_home)
+    if worktree:
+        upper = ws.upper
+        walked = fs.walk_all(upper if upper is not None else ws.worktree, strict=False)
+        disarm(ws.worktree, ((rel, st.st_mode) for rel, st in walked if rel != ".git"))
+
+
 def collect_changes(
     handle: PhaseHandle, ws: TaskWorkspace, start: str, baseline: dict[str, Stat] | None
 ) -> Collected:
@@ -41,6 +58,7 @@ def collect_changes(
     this turn's worker started (None: every file is compared). Idempotent."""
     base, task_id = handle.record.base_commit or "", handle.task_id
     limits = handle.limits
+    disarm_workspace(handle, ws, worktree=False)  # the worktree's files: in the snapshot
     snapshot = snapshot_worktree(
         ws,
         base,
