@@ -159,7 +159,8 @@ class Gateway:
             task.add_done_callback(connections.discard)
 
     def stop(self) -> None:
-        """Close the sockets, end every connection, remove the sockets. Idempotent."""
+        """Close the sockets, end every connection, remove the sockets and the folder (the
+        container that had it mounted is gone). Idempotent."""
         loop = self._loop
         if loop is None:
             return
@@ -174,6 +175,10 @@ class Gateway:
         self._loop = None
         for name in (ROUTES_SOCKET, PROXY_SOCKET):
             (self.folder / name).unlink(missing_ok=True)
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass  # gone already, or holding what is not ours: prune's to look at
 
     async def _close(self) -> None:
         for listener in self._listeners:
