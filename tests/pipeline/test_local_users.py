@@ -109,3 +109,73 @@ def test_a_worker_s_setuid_python_gives_another_local_user_nothing(cli, workdir,
         mine = f"{other.pw_uid} {other.pw_gid}"
         for where, path in helpers.items():
             assert run_as(other.pw_uid, other.pw_gid, _run_helper(path)) == mine, where
+
+
+# The worker breaks calc.py, says it is ready and waits for the test's `go`; verification runs
+# the repository's own check.sh on the snapshot, which must fail.
+BREAK = (
+    "printf 'def add(a, b):\\n    return a - b\\n' > calc.py; "
+    "touch ready; while [ ! -e go ]; do sleep 0.05; done; rm -f go ready"
+)
+
+
+def test_a_host_process_as_the_sandbox_uid_touches_none_of_a_running_task_s_inputs(
+    cli, workdir, repo
+):
+    """An account with the sandbox uid, while a worker runs: it tries to rewrite the check of
+    the verification checkout prepared meanwhile (so that the broken change passes), to write
+    into the worktree, and to reach the task's gateway (model routes carry the host's key). By
+    path, the state root lets it reach none of them; verification fails as it should."""
+    from support.repos import commit_files
+
+    commit_files(repo, {"check.sh": 'grep -q "a + b" calc.py\n'}, "the check")
+    home = workdir / "home"
+    home.rmdir()  # the bridge makes its state root, as on a first run
+    spec = mock_task(
+        repo,
+        {"script": BREAK},
+        verify=["sh check.sh"],
+        network={"mode": "allowlist", "domains": ["example.com"]},
+    )
+    task_id = start_spec(cli, workdir, spec)
+    worktree, gateway = home / "worktrees" / task_id, home / "gateways" / task_id
+    prepared = home / "mounts" / f"{task_id}--verify-0"
+    poll(lambda: (worktree / "ready").exists(), "the worker", 120)
+    poll(lambda: (prepared / "check.sh").exists(), "the prepared verification checkout", 120)
+    assert (gateway / "routes.sock").exists() and (gateway / "proxy.sock").exists()
+
+    def attack() -> dict[str, str]:
+        import socket
+
+        tried: dict[str, str] = {}
+
+        def attempt(name: str, action) -> None:
+            try:
+                action()
+                tried[name] = "done"
+            except OSError as exc:
+                tried[name] = exc.strerror or str(exc)
+
+        def write(path: Path, text: str) -> None:
+            with open(path, "w") as file:
+                file.write(text)
+
+        def connect(path: Path) -> None:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(str(path))
+
+        attempt("prepared check", lambda: write(prepared / "check.sh", "exit 0\n"))
+        attempt("prepared conftest", lambda: write(prepared / "conftest.py", ""))
+        attempt("worktree", lambda: write(worktree / "check.sh", "exit 0\n"))
+        attempt("routes socket", lambda: connect(gateway / "routes.sock"))
+        attempt("proxy socket", lambda: connect(gateway / "proxy.sock"))
+        attempt("state root", lambda: os.listdir(home))
+        return tried
+
+    tried = run_as(SANDBOX_UID, SANDBOX_UID, attack)
+    assert tried == dict.fromkeys(tried, "Permission denied") and len(tried) == 6, tried
+    (worktree / "go").touch()
+    result = wait_until_done(cli, task_id, deadline_s=300)
+    assert result["status"] == "failed", result
+    assert result["verification"]["ok"] is False
+    assert not gateway.exists()  # no empty gateway folder is left behind
