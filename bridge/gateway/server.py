@@ -158,9 +158,10 @@ class Gateway:
             connections.add(task)
             task.add_done_callback(connections.discard)
 
-    def stop(self) -> None:
-        """Close the sockets, end every connection, remove the sockets and the folder (the
-        container that had it mounted is gone). Idempotent."""
+    def stop(self, *, keep_folder: bool = False) -> None:
+        """Close the sockets, end every connection, remove the sockets and the folder, unless
+        ``keep_folder``: a container that may still run has it bound, and the gateway of the
+        runner adopting that container listens in the same folder. Idempotent."""
         loop = self._loop
         if loop is None:
             return
@@ -175,6 +176,8 @@ class Gateway:
         self._loop = None
         for name in (ROUTES_SOCKET, PROXY_SOCKET):
             (self.folder / name).unlink(missing_ok=True)
+        if keep_folder:
+            return
         try:
             self.folder.rmdir()
         except OSError:
