@@ -68,6 +68,12 @@ class WorkerBridge:
         self.hooks = hooks
         self._jobs = JobVerbs(self)
 
+    def private_home(self) -> Path:
+        """The state root, made private first (bridge/host/state_root.py): for a front end that
+        writes there itself before any verb runs (the MCP server's log)."""
+        make_private(self.config.home)
+        return self.config.home
+
     @property
     def store(self) -> Store:
         """The store, opened once; the state root is made private first (this user's alone,

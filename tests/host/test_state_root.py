@@ -131,3 +131,23 @@ def _account(uid: int) -> bool:
     except KeyError:
         return False
     return True
+
+
+def test_the_mcp_server_makes_it_private_before_it_writes_its_log_there(workdir):
+    """The MCP server writes its log under the state root before any tool runs: a state root
+    it makes is private from the start, with no warning about an open one."""
+    import subprocess
+    import sys
+
+    home = workdir / "new-home"
+    env = {**os.environ, "WORKER_BRIDGE_HOME": str(home)}
+    served = subprocess.run(
+        [sys.executable, "-m", "bridge.mcp.server"],
+        stdin=subprocess.DEVNULL,  # the stdio session ends at once
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert (home / "logs" / "mcp-server.log").exists(), served.stderr
+    assert _private(home) == [] and OPEN not in served.stderr
