@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
+from bridge.errors import DiskFull
 from bridge.phase.handle import PhaseHandle
 from bridge.workspace import fs
 from bridge.workspace.baseline import Stat
@@ -59,20 +61,27 @@ def collect_changes(
     base, task_id = handle.record.base_commit or "", handle.task_id
     limits = handle.limits
     disarm_workspace(handle, ws, worktree=False)  # the worktree's files: in the snapshot
-    snapshot = snapshot_worktree(
-        ws,
-        base,
-        start,
-        f"worker-bridge snapshot of task {task_id}",
-        SnapshotLimits(
-            file_bytes=limits.file_mb * 2**20,
-            change_bytes=limits.change_mb * 2**20,
-            entries=limits.files,
-        ),
-        baseline,
-        stop=lambda: _stop_check(handle),
-        timeout=max(handle.remaining(), 1.0),
-    )
+    try:
+        snapshot = snapshot_worktree(
+            ws,
+            base,
+            start,
+            f"worker-bridge snapshot of task {task_id}",
+            SnapshotLimits(
+                file_bytes=limits.file_mb * 2**20,
+                change_bytes=limits.change_mb * 2**20,
+                entries=limits.files,
+            ),
+            baseline,
+            stop=lambda: _stop_check(handle),
+            timeout=max(handle.remaining(), 1.0),
+        )
+    except DiskFull:
+        # Refused before its files were looked at (more than `limits.files`, a tree too deep):
+        # the worktree is walked for its bits all the same, as deep as a walk goes.
+        with contextlib.suppress(DiskFull):
+            disarm_workspace(handle, ws)
+        raise
     if snapshot.dropped:
         handle.emit(
             "workspace.dropped",

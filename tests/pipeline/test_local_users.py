@@ -179,3 +179,21 @@ def test_a_host_process_as_the_sandbox_uid_touches_none_of_a_running_task_s_inpu
     assert result["status"] == "failed", result
     assert result["verification"]["ok"] is False
     assert not gateway.exists()  # no empty gateway folder is left behind
+
+
+def test_a_change_too_big_to_snapshot_still_leaves_no_setuid_file(cli, workdir, repo):
+    """More files than `limits.files`: the task fails before a snapshot is made (which is where
+    a full worktree's bits are cleared), and the worker's setuid python loses its bit all the
+    same."""
+    home = workdir / "home"
+    plant = (
+        "cp /usr/bin/python3.11 .helper && chmod 4755 .helper; "
+        "mkdir many; for i in $(seq 1 150); do : > many/f$i; done"
+    )
+    spec = mock_task(repo, {"script": plant}, verify=["true"], limits={"files": 100})
+    env = {"WORKER_BRIDGE_LAYERED_CHECKOUTS": "false"}
+    task_id = start_spec(cli, workdir, spec, env)
+    result = wait_until_done(cli, task_id, env, deadline_s=300)
+    assert result["status"] == "failed" and result["error"]["kind"] == "disk", result
+    mode = (home / "worktrees" / task_id / ".helper").lstat().st_mode
+    assert not mode & (stat.S_ISUID | stat.S_ISGID), oct(mode)
