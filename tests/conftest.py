@@ -70,8 +70,9 @@ def workdir(request):
 
 @pytest.fixture
 def home(workdir: Path) -> Path:
+    """The test's state root, private as the bridge makes one (0700)."""
     path = workdir / "home"
-    path.mkdir()
+    path.mkdir(mode=0o700)
     return path
 
 

@@ -158,8 +158,10 @@ class Gateway:
             connections.add(task)
             task.add_done_callback(connections.discard)
 
-    def stop(self) -> None:
-        """Close the sockets, end every connection, remove the sockets. Idempotent."""
+    def stop(self, *, keep_folder: bool = False) -> None:
+        """Close the sockets, end every connection, remove the sockets and the folder, unless
+        ``keep_folder``: a container that may still run has it bound, and the gateway of the
+        runner adopting that container listens in the same folder. Idempotent."""
         loop = self._loop
         if loop is None:
             return
@@ -174,6 +176,12 @@ class Gateway:
         self._loop = None
         for name in (ROUTES_SOCKET, PROXY_SOCKET):
             (self.folder / name).unlink(missing_ok=True)
+        if keep_folder:
+            return
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass  # gone already, or holding what is not ours: prune's to look at
 
     async def _close(self) -> None:
         for listener in self._listeners:

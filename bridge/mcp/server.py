@@ -92,6 +92,7 @@ def run(args: argparse.Namespace, bridge: WorkerBridge | None = None) -> int:
         http = options.resolve_options(args)
         bridge = bridge or WorkerBridge()
         bridge.check_state_root()  # in a container: shared with the host?
+        bridge.private_home()  # before its log is written there
     except BridgeError as exc:
         print(f"worker-bridge-mcp: {exc.message}", file=sys.stderr)
         return exc.exit_code

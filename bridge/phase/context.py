@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.config.settings import Config
+from bridge.host.state_root import make_private
 from bridge.sandbox import LABEL, Sandbox, home_id
 from bridge.store import Store
 
@@ -20,6 +21,9 @@ class Context:
     sandbox: Sandbox
 
     def __post_init__(self) -> None:
+        # A detached runner or coordinator starts here, from a recorded configuration: the
+        # state root is made private before it is used, as the facade does.
+        make_private(self.config.home)
         # The engine's containers may come from the pool (bridge/sandbox/pool.py): whatever
         # the pool's size, claimed pooled containers are found by their task's labels.
         from bridge.sandbox.pool import pooled

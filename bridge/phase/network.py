@@ -192,10 +192,18 @@ def open_gateway(
         recorded_events=recorded,
         asker=asker,
     ).start()
+    # Its folder goes with it, unless the block leaves a container running to be adopted (an
+    # interrupt, a lost claim: as run_container decides), which is bound to that folder and
+    # will reach the adopting runner's gateway there; prune removes what stays.
+    left_running = True
     try:
         yield gateway
+        left_running = False
+    except Exception:
+        left_running = False
+        raise
     finally:
-        gateway.stop()
+        gateway.stop(keep_folder=left_running or handle.lost())
         usage = gateway.usage
         usage.merge(handle.ctx.store.load_task(handle.task_id).usage)
         handle.update(usage=usage.document())

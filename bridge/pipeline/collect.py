@@ -5,12 +5,16 @@ snapshot) as the task's artifacts."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from bridge.documents import BinaryNote
+from bridge.errors import DiskFull
 from bridge.phase.handle import PhaseHandle
+from bridge.workspace import fs
 from bridge.workspace.baseline import Stat
 from bridge.workspace.diff import Change, ChangedEntry, list_changes, write_diff, write_manifest
+from bridge.workspace.modes import disarm
 from bridge.workspace.readable import write_readable
 from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree
 from bridge.workspace.worktree import TaskWorkspace
@@ -50,6 +54,21 @@ class Collected:
         return [path for path, note in self.binary.items() if note["holds_nul"]]
 
 
+def disarm_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, worktree: bool = True) -> None:
+    """Clear the set-user-id and set-group-id bits, and remove the devices, the worker left in
+    its private git dir and CLI home, and (``worktree``) in its worktree: whatever stays on the
+    host after a turn is nobody's way to the worker's uid (bridge/workspace/modes.py). The
+    worktree's own are cleared by the snapshot, which reads its files' modes anyway; a turn that
+    ends without one (a disk limit passed, the deadline) has it walked here (a layered one's
+    upper dir only: the base's files hold no such bit)."""
+    disarm(ws.private_gitdir)
+    disarm(handle.ctx.task_dir(handle.task_id) / "home")  # the CLI's home (worker_turn.cli_home)
+    if worktree:
+        upper = ws.upper
+        walked = fs.walk_all(upper if upper is not None else ws.worktree, strict=False)
+        disarm(ws.worktree, ((rel, st.st_mode) for rel, st in walked if rel != ".git"))
+
+
 def collect_changes(
     handle: PhaseHandle, ws: TaskWorkspace, start: str, baseline: dict[str, Stat] | None
 ) -> Collected:
@@ -58,20 +77,28 @@ def collect_changes(
     this turn's worker started (None: every file is compared). Idempotent."""
     base, task_id = handle.record.base_commit or "", handle.task_id
     limits = handle.limits
-    snapshot = snapshot_worktree(
-        ws,
-        base,
-        start,
-        f"worker-bridge snapshot of task {task_id}",
-        SnapshotLimits(
-            file_bytes=limits.file_mb * 2**20,
-            change_bytes=limits.change_mb * 2**20,
-            entries=limits.files,
-        ),
-        baseline,
-        stop=lambda: _stop_check(handle),
-        timeout=max(handle.remaining(), 1.0),
-    )
+    disarm_workspace(handle, ws, worktree=False)  # the worktree's files: in the snapshot
+    try:
+        snapshot = snapshot_worktree(
+            ws,
+            base,
+            start,
+            f"worker-bridge snapshot of task {task_id}",
+            SnapshotLimits(
+                file_bytes=limits.file_mb * 2**20,
+                change_bytes=limits.change_mb * 2**20,
+                entries=limits.files,
+            ),
+            baseline,
+            stop=lambda: _stop_check(handle),
+            timeout=max(handle.remaining(), 1.0),
+        )
+    except DiskFull:
+        # Refused before its files were looked at (more than `limits.files`, a tree too deep):
+        # the worktree is walked for its bits all the same, as deep as a walk goes.
+        with contextlib.suppress(DiskFull):
+            disarm_workspace(handle, ws)
+        raise
     if snapshot.dropped:
         handle.emit(
             "workspace.dropped",

@@ -282,8 +282,11 @@ def _apply(ctx: Context, action: PruneAction) -> list[str]:
             failed = fs.remove_tree(Path(action.target))
             failed += fs.remove_tree(ctx.home / "gitdirs" / action.task_id)
             failed += fs.remove_tree(ctx.home / "layers" / action.task_id)  # names its base
-        # The CLI's home (its sessions) goes with the worktree they were about.
+        # The CLI's home (its sessions) goes with the worktree they were about, and so do the
+        # gateway folders a killed runner left (sockets no one listens on).
         failed += fs.remove_tree(ctx.task_dir(action.task_id) / "home")
+        for name in (action.task_id, f"{action.task_id}-setup"):
+            failed += fs.remove_tree(ctx.home / "gateways" / name)
         if not failed:
             ctx.store.update_task(action.task_id, pruned_at=now_iso())
         return failed

@@ -24,7 +24,7 @@ from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.pipeline.answer import asked, wait_for_input
 from bridge.pipeline.checkout import VerifyCheckout
-from bridge.pipeline.collect import CollectTimedOut, collect_changes
+from bridge.pipeline.collect import CollectTimedOut, collect_changes, disarm_workspace
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.outcomes import (
     Outcome,
@@ -328,6 +328,7 @@ class TaskRunner:
             handle.ensure_active()
             phase = "collecting"
         if exit_info is not None and exit_info.over_limit:
+            disarm_workspace(handle, ws)  # not collected: its set-user-id bits go all the same
             return Outcome(Status.FAILED, error("disk", exit_info.over_limit)), None
         if phase == "collecting":
             handle.enter_phase("collecting")
@@ -336,6 +337,7 @@ class TaskRunner:
             try:
                 collected = collect_changes(handle, ws, start, baseline)
             except CollectTimedOut:
+                disarm_workspace(handle, ws)
                 return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, "collecting")), None
             handle.timed("collect_s", t0)
             snapshot, changes = collected.snapshot, collected.changes

@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 from bridge.errors import BridgeError
 from bridge.host.mountinfo import mount_points
 from bridge.sandbox import mounts, pool_shape
-from bridge.sandbox.pool_shape import CONTROL, FIFO, POOLED_ROLES, TOKEN, Plan
+from bridge.sandbox.pool_shape import (
+    CONTROL,
+    FIFO,
+    POOLED_ROLES,
+    RELEASE,
+    RELEASE_TMP,
+    TOKEN,
+    Plan,
+)
 from bridge.sandbox.spec import LABEL, ContainerInfo, ContainerSpec, ExitInfo, home_id
 from bridge.store.owners import Owner, new_runner_id
 from bridge.store.pool import StoreError
@@ -181,7 +189,8 @@ class PooledSandbox:
 
     def _release(self, slot: PoolSlot, plan: Plan) -> None:
         """Attach the task's folders to the claimed slot's points and hand its container the
-        task's command (through its FIFO, removed afterwards)."""
+        task's command: the release script written into its control folder, then its FIFO
+        closed (and removed), which is when PID 1 reads the script (pool_shape's doc)."""
         folder = self.pool.root / slot.slot_id
         token = (folder / TOKEN).read_text()
         for index, mount in enumerate(plan.tops):
@@ -212,12 +221,10 @@ class PooledSandbox:
             self._check_reached(slot, plan, token)
             if not self.slots.released(slot.slot_id, at):
                 raise OSError(errno.ESTALE, "the slot was taken by another process")
-            os.set_blocking(fd, True)
-            view = memoryview(script)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:  # unlinked before the close: `cat` sees its end, and the command runs, only
-            _unlink(fifo)  # once the control folder is empty; nothing may send it elsewhere
+            # Last: whatever fails before leaves no script, and PID 1 runs nothing (125).
+            pool_shape.write_release(folder / "ctl", script)
+        finally:  # unlinked before the close: `cat` sees its end once nothing can open it
+            _unlink(fifo)
             os.close(fd)
 
     def _check_reached(self, slot: PoolSlot, plan: Plan, token: str) -> None:
@@ -288,7 +295,7 @@ class PooledSandbox:
 
     def _share_root(self) -> None:
         root = self.pool.root
-        root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         if mounts.shared(root):
             return
         with open(self.home / "pool.lock", "a") as lock:
@@ -398,7 +405,7 @@ class PooledSandbox:
         for name in _listdir(folder):
             path = folder / name
             if path.is_dir() and not path.is_symlink():
-                for inner in (token, FIFO):
+                for inner in (token, FIFO, RELEASE, RELEASE_TMP):
                     if inner:
                         _unlink(path / inner)
                 _rmdir(path)

@@ -5,12 +5,21 @@ and where each mount goes), the idle container of that shape, the slot folder it
 the release script that turns it into the task's container.
 
 A pooled container is created from the task's own spec with three differences only: its mounts
-are the slot's empty points (read-only, `rslave`), one more read-only folder holds a FIFO at
-`/run/worker-bridge-pool`, and its command waits on that FIFO. Claiming it, the host attaches
-the task's sources onto the slot's points (they appear at the same targets inside) and writes
-the task's command, environment and working folder into the FIFO; the container's PID 1 then
-`exec`s the command, so its exit, output, engine log, memory and the kill of a timeout are the
-container's own, as for a container made cold."""
+are the slot's empty points (read-only, `rslave`), one more read-only folder (the control
+folder, at `/run/worker-bridge-pool`) holds a FIFO, and its command waits on that FIFO.
+Claiming it, the host attaches the task's sources onto the slot's points (they appear at the
+same targets inside), writes the release script (the task's command, environment and working
+folder) into the control folder, and closes the FIFO; the container's PID 1 then reads the
+script and `exec`s the command, so its exit, output, engine log, memory and the kill of a
+timeout are the container's own, as for a container made cold.
+
+The release is the host's alone. The FIFO only says *when*: its end is the host closing it,
+and it carries nothing. *What* runs is read from the release file, which only the bridge can
+write: the control folder and both files are root's (0755, 0644), bound read-only. A process
+running as the sandbox uid, on the host or in the container, can read them (and the idle
+container's command line and environment, which hold no secret) but can neither write nor
+replace either; opening the FIFO to read it takes nothing from PID 1, which wakes when the
+host's writer closes, whatever other readers do."""
 
 from __future__ import annotations
 
@@ -27,10 +36,13 @@ from pathlib import Path
 from bridge.sandbox.spec import LABEL, ContainerSpec, Mount
 
 CONTROL = "/run/worker-bridge-pool"  # the control folder inside a pooled container
-FIFO = "go"
+FIFO = "go"  # when: PID 1 goes on once the host's writer closes it
+RELEASE = "release"  # what: the release script, written whole (renamed into place) first
+RELEASE_TMP = ".release.tmp"
 TOKEN = "token"  # in the slot folder (not mounted): the name of its points' sentinel
-# PID 1 of an idle pooled container: wait for the release script, run it; it ends in `exec`.
-INIT = f'eval "$(cat {CONTROL}/{FIFO})"; exit 125'
+# PID 1 of an idle pooled container: wait for the host, run its release script (which ends in
+# `exec`); without one (a host that died), nothing.
+INIT = f'cat {CONTROL}/{FIFO} >/dev/null; eval "$(cat {CONTROL}/{RELEASE})"; exit 125'
 NOT_MOUNTED = 125  # the release script's exit when a point still shows the slot's own entry
 POOLED_ROLES = ("worker", "verify")
 RUNC = (None, "runc", "io.containerd.runc.v2")  # where host mounts reach a started container
@@ -127,22 +139,19 @@ def make_plan(spec: ContainerSpec, image_id: str) -> Plan | str:
     return Plan(spec, image_id, tuple(points), tops, nested, key)
 
 
-def owner_of(spec: ContainerSpec) -> tuple[int, int]:
-    uid, _, gid = spec.user.partition(":")
-    return int(uid), int(gid)
-
-
 def make_slot(folder: Path, plan: Plan) -> None:
-    """The slot folder of a new pooled container of ``plan``'s shape: its control folder with
-    the FIFO (the container user's alone), one point per top-level mount, each holding the
-    slot's sentinel (a random name: no task's tree can be told it in advance)."""
+    """The slot folder of a new pooled container of ``plan``'s shape (the bridge's alone,
+    0700): its control folder with the FIFO (root's, 0755 and 0644: the container's user reads
+    them, only the bridge writes), one point per top-level mount, each holding the slot's
+    sentinel (a random name: no task's tree can be told it in advance)."""
     folder.mkdir(mode=0o700)
     token = f".worker-bridge-pool-{secrets.token_hex(8)}"
     (folder / TOKEN).write_text(token)
     control = folder / "ctl"
     control.mkdir(mode=0o755)
-    os.mkfifo(control / FIFO, 0o600)
-    os.chown(control / FIFO, *owner_of(plan.spec))
+    control.chmod(0o755)
+    os.mkfifo(control / FIFO, 0o644)
+    os.chmod(control / FIFO, 0o644)  # whatever the umask: read by the container, never written
     for index, point in enumerate(plan.points):
         path = folder / f"m{index}"
         if point.kind == "dir":
@@ -151,7 +160,21 @@ def make_slot(folder: Path, plan: Plan) -> None:
         else:
             path.write_text(token + "\n")
             path.chmod(0o644)
-    folder.chmod(0o755)
+
+
+def write_release(control: Path, script: bytes) -> None:
+    """The release script in the control folder, whole or not at all (written beside it, then
+    renamed into place): root's, 0644."""
+    tmp = control / RELEASE_TMP
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(script)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+    os.replace(tmp, control / RELEASE)
 
 
 def pooled_spec(plan: Plan, folder: Path, slot_id: str, owner: str) -> ContainerSpec:

@@ -4,11 +4,14 @@ taken and let go); `WorkerBridge.doctor` runs them and the CLI prints them."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 from typing import TypedDict
 
 from bridge.config.settings import Config
 from bridge.errors import BridgeError
+from bridge.host.state_root import exposure
 from bridge.sandbox import Sandbox
 from bridge.sandbox.host_paths import deployment_checks
 from bridge.sandbox.runtimes import runtime_check
@@ -35,7 +38,7 @@ def _check(name: str, ok: bool, detail: str, severity: str = "error") -> Check:
 
 def health_checks(config: Config, sandbox: Sandbox) -> list[Check]:
     engine = _engine(sandbox)
-    checks = [engine, _store(config)]
+    checks = [engine, _store(config), _state_root(config), _sandbox_uid(config)]
     if engine["ok"]:
         checks += _images(config, sandbox)
         checks += _runtime(config, sandbox)
@@ -64,6 +67,45 @@ def _store(config: Config) -> Check:
         False,
         f"store {config.store_path} is not writable ({problem}); fix its permissions or set "
         "WORKER_BRIDGE_STORE.",
+    )
+
+
+def _state_root(config: Config) -> Check:
+    """Whether other local users can enter the state root (said, not repaired: the bridge
+    repairs it on its next use)."""
+    home = config.home
+    problem = exposure(home)
+    if problem is None:
+        return _check("state_root", True, f"state root {home} is this user's alone (0700)")
+    return _check(
+        "state_root",
+        False,
+        f"other local users can reach into the state root ({problem}); the bridge makes it "
+        f"0700 on its next use, or run `chmod 700 {home}` (a folder of another user's: set "
+        "WORKER_BRIDGE_HOME to one of this user's own).",
+        "warning",
+    )
+
+
+def _sandbox_uid(config: Config) -> Check:
+    """A root bridge runs its containers as `sandbox_uid`: a host account with that uid has
+    what a process of a container's uid has over it (its files through /proc, signals, ptrace
+    where the kernel allows it), so no account should have it."""
+    uid = config.sandbox_uid
+    if os.geteuid() != 0:
+        detail = f"containers run as this user (uid {os.geteuid()}); sandbox_uid is a root bridge's"
+        return _check("sandbox_uid", True, detail)
+    try:
+        account = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return _check("sandbox_uid", True, f"sandbox_uid {uid} is no host account's")
+    return _check(
+        "sandbox_uid",
+        False,
+        f"sandbox_uid {uid} is the host account '{account}': its processes can reach a running "
+        "task's containers (their files through /proc, ptrace where the kernel allows it) and so "
+        "its checks; set `sandbox_uid` in config.yaml to a uid no account uses.",
+        "warning",
     )
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bridge.config.profiles import without_filled
 from bridge.config.settings import Config, load_config
 from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
+from bridge.host.state_root import make_private
 from bridge.models import Status, TaskSpec
 from bridge.pipeline.results import redactor_for, task_result
 from bridge.records import (
@@ -68,10 +69,20 @@ class WorkerBridge:
         self.hooks = hooks
         self._jobs = JobVerbs(self)
 
+    def private_home(self) -> Path:
+        """The state root, made private first (bridge/host/state_root.py): for a front end that
+        writes there itself before any verb runs (the MCP server's log)."""
+        make_private(self.config.home)
+        return self.config.home
+
     @property
     def store(self) -> Store:
+        """The store, opened once; the state root is made private first (this user's alone,
+        bridge/host/state_root.py): every verb of every front end comes through here before
+        it touches the state root."""
         with self._opening:  # tools calling from several threads open it once
             if self._store is None:
+                make_private(self.config.home)
                 self._store = Store(self.config.store_path)
         return self._store
 

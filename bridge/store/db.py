@@ -99,7 +99,13 @@ class Store:
     @staticmethod
     def _open(path: str) -> sqlite3.Connection:
         if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # A new store is this user's alone, wherever it is (`store:` outside the state
+            # root too); SQLite gives its -wal and -shm files the database file's mode.
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            except OSError:
+                pass  # there already, or not to be made here: SQLite's own error says which
         conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA busy_timeout = 30000")

@@ -47,6 +47,7 @@ REDIRECT_XATTR = "trusted.overlay.redirect"
 _OPTIONS = "redirect_dir=on,metacopy=off,index=off"
 _UNSAFE = (",", ":", "\\", "\n", "=")
 _PAGE = 4096  # what mount(2) reads of its options
+_MS_NOSUID, _MS_NODEV = 2, 4
 NO_OVERLAY = "this process cannot make overlay mounts (not root, or not allowed to mount)"
 MOUNT_SEP = "--"  # <home>/mounts/<task id>--<name>: a mount point outside the task's folders
 
@@ -120,8 +121,10 @@ def mount(layers: Layers, owner: tuple[int, int] | None = None) -> None:
 def _mount_overlay(options: bytes, target: bytes) -> None:
     """mount(2) of an overlay with ``options`` at ``target``: the system call itself (~0.05 ms),
     where the `mount` command costs a process and libmount's reading of the table (2-5 ms),
-    two or three times per task."""
-    if libc().mount(b"overlay", target, b"overlay", 0, options) != 0:
+    two or three times per task. Always nosuid and nodev: what a task writes is a worker's or
+    its code's, and its set-user-id bits and devices must mean nothing on the host, even to a
+    process that can reach the merged view."""
+    if libc().mount(b"overlay", target, b"overlay", _MS_NOSUID | _MS_NODEV, options) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"overlay mount failed: {os.strerror(code)}")
 

@@ -31,6 +31,7 @@ from bridge.workspace.baseline import (
     walked_candidates,
 )
 from bridge.workspace.git import Git, nul_join
+from bridge.workspace.modes import disarm
 from bridge.workspace.rawgit import object_format
 from bridge.workspace.worktree import TaskWorkspace, clear_stale_locks
 
@@ -80,6 +81,9 @@ def snapshot_worktree(
         candidates, current, tracked = layered_candidates(ws, upper, base, start, limits.entries)
     else:
         candidates, current, tracked = walked_candidates(ws, start, limits.entries, baseline)
+    # No set-user-id or set-group-id bit stays on the host (bridge/workspace/modes.py): of
+    # every file the worker touched, with the stat already taken.
+    disarm(ws.worktree, ((p, s[2]) for p, s in current.items() if stat.S_ISREG(s[2])))
     with fs.OpenDirs(ws.worktree) as dirs:
         plan = _Plan(ws, tracked, current, limits, dirs)
         plan.timeout = timeout

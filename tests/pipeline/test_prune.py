@@ -106,6 +106,11 @@ def test_a_dry_run_lists_failed_and_cancelled_workspaces_and_apply_removes_them(
 
     for task_id in (failed_id, cancelled_id):
         assert workspace_exists(home, repo, task_id)
+    # What a killed runner's gateways leave: their folders, with sockets no one listens on.
+    left = [home / "gateways" / failed_id, home / "gateways" / f"{failed_id}-setup"]
+    for folder in left:
+        folder.mkdir(parents=True)
+        (folder / "routes.sock").write_text("")
 
     dry = prune(cli)
     for task_id in (failed_id, cancelled_id):
@@ -118,6 +123,7 @@ def test_a_dry_run_lists_failed_and_cancelled_workspaces_and_apply_removes_them(
     for task_id in (failed_id, cancelled_id):
         assert [a["kind"] for a in actions_for(applied, task_id)] == ["workspace"]
         assert workspace_gone(home, repo, task_id)
+    assert not any(folder.exists() for folder in left)
     assert worktrees(repo) == [repo.resolve()]
     assert git(repo, "status", "--porcelain") == ""
 

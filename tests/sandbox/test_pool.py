@@ -109,9 +109,9 @@ def test_a_pooled_container_is_a_cold_one_in_all_but_its_mounts(docker_images, w
         assert "to-stderr" in every
         lines = [line for line in every if line != "to-stderr"]
         assert lines[:6] == ["/workspace", "content of two", "inner", "hook", "a b'c $x", "10001"]
-        # Its control folder is empty once the command runs (the next line is the marker),
-        # and of the pool's folders it sees its own slot's points only.
-        assert lines[6] == "---"
+        # Its control folder holds only the release script the host wrote (the FIFO is gone
+        # once the command runs), and of the pool's folders it sees its own slot's points only.
+        assert lines[6:8] == ["release", "---"]
         slot = sandbox.origin(pooled)["slot"]
         seen = lines[lines.index("---") + 1 :]
         assert len(seen) == 3 and all(f"/pool/{slot}/" in line for line in seen)
@@ -313,7 +313,9 @@ def test_tasks_take_fresh_pooled_containers_and_never_one_used(docker_images, ho
                 "verification": {
                     "commands": [
                         f"grep -qx secret-of-{n} secret.txt",
-                        f'test -z "$(ls -A {CONTROL})" && ! grep -rq secret-of-{n - 1} /tmp',
+                        # nothing of the pool's but its own release script
+                        f"! ls -A {CONTROL} 2>/dev/null | grep -vqx release"
+                        f" && ! grep -rq secret-of-{n - 1} /tmp",
                     ]
                 },
             }
@@ -594,3 +596,63 @@ def test_the_handover_check_never_follows_a_link_of_the_container_s_image(tmp_pa
     assert sentinel_shown(root, plan(Point("/workspace", "dir")), "t") == "/workspace"
     assert sentinel_shown(root, plan(Point("/etc/token", "file")), "t") == "/etc/token"
     assert sentinel_shown(root, plan(Point("/etc/token", "file")), "other") is None
+
+
+# A host process of the sandbox uid (an account with that uid): it reads the idle container's
+# command line and environment, then opens its control FIFO through /proc/PID/root and slips an
+# `exit 0` in ahead of the host's release, holding the FIFO open until told to let go.
+_FORGER = r"""
+pid=$1
+tr '\0' ' ' < /proc/$pid/cmdline; echo
+tr '\0' ' ' < /proc/$pid/environ; echo
+control=/proc/$pid/root{control}
+echo 'exit 0' > $control/release 2>/dev/null && echo planted-release
+if command exec 3>$control/go 2>/dev/null; then echo opened; printf 'exit 0\n' >&3
+else echo refused; fi
+read _
+"""
+
+
+@needs_root
+def test_a_host_process_as_the_sandbox_uid_cannot_hand_a_pooled_container_its_command(
+    docker_images, workdir, home, monkeypatch
+):
+    """Issue 43: a pooled container takes its command from the host alone. A process running
+    as the sandbox uid on the host can read all an idle container shows it (command line,
+    environment, its files through /proc/PID/root) and still cannot make a failing check pass:
+    the release comes from the bridge's own files, which that uid can read but never write."""
+    sandbox, store = _pool(home)
+    spec = _spec(home, _workspace(workdir, "forged"), "false", "t", docker_images.verify_image_ref)
+    assert sandbox.prefill(spec) == 1
+    monkeypatch.setattr(sandbox, "refill", lambda plan: None)
+    (idle,) = store.pool.rows()
+    pid = DockerSandbox().container_pid(str(idle.container_id))
+    forger = subprocess.Popen(
+        ["sh", "-c", _FORGER.format(control=CONTROL), "forger", str(pid)],
+        user=10001,
+        group=10001,
+        extra_groups=[],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert forger.stdin is not None and forger.stdout is not None
+    try:
+        assert "sh -c" in forger.stdout.readline()  # its command line, read
+        assert "PATH=" in forger.stdout.readline()  # its environment, read
+        said: list[str] = []  # "opened" (and its `exit 0` written), or "refused"
+        while not said or said[-1].strip() not in ("opened", "refused"):
+            said.append(forger.stdout.readline())
+            assert said[-1], said  # it always ends with one of the two
+        container = sandbox.start(spec)  # the host's release, while it may hold the FIFO
+    finally:
+        forger.stdin.close()
+        forger.wait(timeout=60)
+    try:
+        assert sandbox.origin(container)["pooled"] is True
+        assert sandbox.wait(container, timeout=60).exit_code == 1  # `false`, as it is
+        assert said[-1].strip() == "refused" and "planted-release\n" not in said
+    finally:
+        sandbox.remove(container)
+    assert store.pool.rows() == [] and _pool_mounts(home) == set()
+    store.close()

@@ -520,16 +520,28 @@ def test_a_state_root_reached_through_a_link_mounts_once_and_unmounts_before_rem
     assert (tricky_repo / "a.txt").read_text() == "a\n"
 
 
-def test_a_host_process_as_the_sandbox_uid_reaches_its_worktree_but_not_the_shared_layers(
+def test_a_host_process_as_the_sandbox_uid_reaches_neither_its_worktree_nor_the_shared_layers(
     home, tricky_repo
 ):
+    """By path, a host process running as the sandbox uid (an account that has it) reaches
+    nothing under the state root: not the base tree it owns, not a task's change set, and not
+    the worktree either, which only the task's containers reach, through their mounts. The
+    state root is made private by the bridge's entry, even where it was left open."""
+    from bridge import WorkerBridge
+    from bridge.sandbox.fake import FakeSandbox
+
+    home.chmod(0o755)  # a state root others could enter, as an older version made it
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    bridge.list_tasks()  # the facade's first use of the state root
+    bridge.close()
     uid = 10001  # the default sandbox_uid: what a root bridge hands the base tree to
     ws = TaskWorkspace.plan(home, tricky_repo, "one")
     base = Git(tricky_repo).resolve_commit("HEAD")
     assert create_workspace(home, ws, base, (uid, uid), layered=True).kind == "layered"
     folder = base_folder(home, tricky_repo, base, (uid, uid))
     assert (folder / "tree" / "a.txt").stat().st_uid == uid  # it may copy up any base file
-    for root in (home / "bases", home / "layers"):
+    assert (ws.worktree / "a.txt").stat().st_uid == uid
+    for root in (home, home / "bases", home / "layers", home / "worktrees"):
         st = root.stat()
         assert (st.st_mode & 0o7777, st.st_uid) == (0o700, os.geteuid()), root
 
@@ -541,15 +553,13 @@ def test_a_host_process_as_the_sandbox_uid_reaches_its_worktree_but_not_the_shar
     assert as_sandbox(f"echo pwn >> {folder}/tree/a.txt") != 0  # the shared base, in place
     assert as_sandbox(f"rm -f {folder}/tree/keep.txt") != 0
     assert as_sandbox(f"ln -s /etc {folder}/tree/dir/planted") != 0
-    assert as_sandbox(f"echo pwn > {ws.layers}/upper/planted.txt") != 0  # another's change set
+    assert as_sandbox(f"echo pwn > {ws.layers}/upper/planted.txt") != 0  # a task's change set
+    assert as_sandbox(f"echo pwn >> {ws.worktree}/a.txt") != 0  # its worktree, by path
+    assert as_sandbox(f"rm -f {ws.worktree}/keep.txt") != 0
+    assert as_sandbox(f"ls {home}") != 0
     assert _digest(folder / "tree") == before
+    assert (ws.worktree / "a.txt").read_text() == "a\n" and (ws.worktree / "keep.txt").exists()
     assert not (ws.worktree / "planted.txt").exists()
-    # Through the mount, as a sandbox sees it, the same uid works as before.
-    assert (
-        as_sandbox(f"cd {ws.worktree} && echo mine >> a.txt && rm keep.txt && cat dir/one.txt") == 0
-    )
-    assert (ws.worktree / "a.txt").read_text() == "a\nmine\n"
-    assert (folder / "tree" / "a.txt").read_text() == "a\n"
 
 
 @pytest.mark.parametrize("failure", ["base lock held", "mount refused"])
