@@ -30,6 +30,7 @@ OTHER_VARIABLES = {
     "REQUIRE_RUNSC": "tests: fail rather than skip without gVisor",
     "REQUIRE_BROWSER": "tests: fail rather than skip without chromium and Playwright",
     "REQUIRE_EROFS": "tests: fail rather than skip without mkfs.erofs (sealed views)",
+    "REQUIRE_CLUSTER": "tests: fail rather than skip without the simulated cluster's tools",
     "TEST_ARTIFACTS": "tests: where the browser tests' screenshots go",
     "UPDATE_DOCS": "tests: also copy the README's screenshot into docs/",
     "TEST_BASE_IMAGE": "tests and bench: the local base image",

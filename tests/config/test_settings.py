@@ -155,3 +155,19 @@ def test_nested_or_structured_variables_go_through_pydantic_settings(
     if isinstance(expected, dict):
         got = {k: got[k] for k in expected}
     assert got == expected
+
+
+def test_every_variable_ci_and_the_makefile_export_is_one_the_bridge_accepts(tmp_path):
+    # .ci/run exports them for the whole run, and the bridge refuses a WORKER_BRIDGE_* name it
+    # does not know: one missing from the list stops CI at its first worker-bridge command.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    exported = {
+        name
+        for path in (root / ".ci" / "run", root / "Makefile")
+        for name in re.findall(r"export (WORKER_BRIDGE_\w+)", path.read_text())
+    }
+    assert "WORKER_BRIDGE_REQUIRE_DOCKER" in exported, "the pattern finds them"
+    load_config(env={"WORKER_BRIDGE_HOME": str(tmp_path), **dict.fromkeys(exported, "1")})
