@@ -24,6 +24,37 @@ _UNSAFE.update(
 )
 _UNSAFE.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line and paragraph separators
 
+# Code points no one sees (Unicode's Default_Ignorable_Code_Point: zero-width characters, tag
+# characters, variation selectors, fillers, the soft hyphen): a string spelt in them shows as
+# nothing, so a payload a decoder turns into code (`eval(untag("..."))`) would be invisible in
+# a diff, a summary or a judge's prompt. Each is shown as its escape, here and in the readable
+# diff (bridge/workspace/readable.py); the web view's common.js lists the same ranges.
+INVISIBLE_RANGES = (
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+INVISIBLE = {
+    c: f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
+    for low, high in INVISIBLE_RANGES
+    for c in range(low, high + 1)
+}
+_UNSAFE.update(INVISIBLE)
+
 
 def terminal_safe(text: str) -> str:
     return text.translate(_UNSAFE)

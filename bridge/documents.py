@@ -60,10 +60,11 @@ class EnvironmentDoc(StoredDoc):
 @with_config(_KEEP)
 class BinaryNote(TypedDict):
     """A changed file git shows as binary (a NUL in its first 8,000 bytes, or the repository's
-    attributes): ``flagged`` when it is new or was text in the base (the readable diff shows its
-    text, escaped), ``holds_nul`` when it is flagged and its content holds a NUL there (the
-    change made it binary: what `verification.allow_binary: false` refuses), and the lines it
-    counts: its text's, added and removed, a line counted once per 80 bytes started."""
+    attributes): ``flagged`` when it is new, was text in the base or was renamed or copied
+    there (the readable diff shows its text, escaped), ``holds_nul`` when it is flagged and its
+    content holds a NUL there (the change made it binary: what `verification.allow_binary:
+    false` refuses), and the lines it counts: its text's, added and removed, a line counted
+    once per 80 bytes started."""
 
     flagged: bool
     holds_nul: bool

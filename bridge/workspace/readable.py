@@ -5,11 +5,14 @@ given as its text, bytes that are not text escaped, and the lines each such file
 or one the repository's attributes mark binary, as base85: a shell script with a NUL after its
 first line still runs past it, while its diff shows nothing of it and counts no line. The
 readable diff gives such a file as `git diff --text` does, under a line saying so, when it is
-new or was text in the base (*flagged*), and as git's `Binary files ... differ` when it was
-binary in the base too (an image changed). Throughout, NULs, other control bytes but tab and
-newline, a CR that does not end a line and bytes that are not UTF-8 are shown as `\\xNN`.
-Either way the file's text counts: each line added or removed, once per 80 bytes started, so
-a binary file never makes a change look smaller than the same bytes as text would."""
+new, was text in the base or comes from another path (a rename or copy: *flagged*), and as
+git's `Binary files ... differ` when it was binary at the same path in the base (an image
+changed). Throughout, NULs, other control bytes but tab and newline, a CR that does not end a
+line and bytes that are not UTF-8 are shown as `\\xNN`, and code points no one sees (zero-width
+and tag characters, variation selectors: bridge/display.py's INVISIBLE) as `\\uXXXX`. Every
+file's text counts the same way: each line added or removed once per 80 bytes started, a lone
+CR ending a line as a newline does (Python and others run it so), so neither a binary file nor
+a module on one long line makes a change look smaller than the same code written plainly."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.display import INVISIBLE, INVISIBLE_RANGES
 from bridge.documents import BinaryNote
 from bridge.errors import GitError
 from bridge.workspace.diff import Change, git_diff
@@ -41,6 +45,10 @@ _BINARY_PATCH = b"\nGIT binary patch\n"
 # What is not text, in the diff's bytes (C1 controls as UTF-8 too) and in its decoded text.
 _NOT_TEXT = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|\xc2[\x80-\x9f]")
 _NOT_TEXT_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
+_INVISIBLE = re.compile(
+    "[" + "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in INVISIBLE_RANGES) + "]"
+)
+_MOVED = re.compile(rb"(?m)^(?:rename|copy) from ")
 _SECTION = re.compile(rb"(?m)^(?=diff --git )")
 _INDEX = re.compile(rb"(?m)^index ([0-9a-f]+)\.\.([0-9a-f]+)")
 
@@ -84,15 +92,16 @@ def write_readable(
 
 def readable_text(data: bytes) -> str:
     """``data`` as text: bytes that are not UTF-8, control bytes but tab and newline, and a CR
-    that does not end a line, as `\\xNN`."""
+    that does not end a line, as `\\xNN`; code points no one sees as `\\uXXXX`."""
     text = data.decode("utf-8", "backslashreplace")
-    return _NOT_TEXT_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = _NOT_TEXT_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text.translate(INVISIBLE) if _INVISIBLE.search(text) else text
 
 
-def changed_lines(lines: Iterable[bytes], width: int | None = None) -> tuple[int, int]:
+def changed_lines(lines: Iterable[bytes], width: int = LINE_BYTES) -> tuple[int, int]:
     """(added, removed) lines of a unified diff's ``lines``, read inside hunks only (a line
-    `+++ x` in a hunk is an added line `++ x`, not a header); with ``width``, a line counts
-    once per ``width`` bytes started."""
+    `+++ x` in a hunk is an added line `++ x`, not a header); a line counts once per ``width``
+    bytes started, and a CR inside it ends a line as a newline would."""
     added = removed = 0
     in_hunk = False
     for line in lines:
@@ -102,8 +111,8 @@ def changed_lines(lines: Iterable[bytes], width: int | None = None) -> tuple[int
         elif line.startswith(b"diff --git "):
             in_hunk = False
         elif in_hunk and first in (b"+", b"-"):
-            body = len(line.rstrip(b"\n")) - 1
-            weight = max(1, -(-body // width)) if width else 1
+            body = line[1:].rstrip(b"\n").removesuffix(b"\r")  # CRLF ends one line
+            weight = sum(max(1, -(-len(part) // width)) for part in body.split(b"\r"))
             if first == b"+":
                 added += weight
             else:
@@ -128,10 +137,10 @@ def _needs_reading(data: bytes) -> bool:
     if data.isascii():
         return False
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         return True
-    return False
+    return _INVISIBLE.search(text) is not None
 
 
 def _readable_section(
@@ -146,9 +155,12 @@ def _readable_section(
     text = texts.get(_key(section))
     if text is None:  # the two diffs pair the same files: this would be git changing its mind
         raise GitError("git diff --text left out a file git diff --binary shows as binary.")
-    added, removed = changed_lines(text.split(b"\n"), LINE_BYTES)
+    added, removed = changed_lines(text.split(b"\n"))
     old, new = _shas(section)
-    flagged = bool(new) and not (old and heads.get(old))
+    # Binary in the base at this very path, or it is flagged: a renamed or copied image whose
+    # bytes now start with a script is new code at its new path, whatever its source was.
+    moved = _MOVED.search(section[: section.index(_BINARY_PATCH)]) is not None
+    flagged = bool(new) and not (old and not moved and heads.get(old))
     for change in owners.get((old, new), []):
         note = notes.setdefault(
             change.path,

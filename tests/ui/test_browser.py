@@ -24,6 +24,9 @@ XSS = '<img src=x onerror="window.__pwned=1;alert(1)">'
 SCRIPT = "<script>window.__pwned=2;alert(2)</script>"
 BIDI = "\u202e// admin only"  # a right-to-left override: shown reversed unless escaped
 BIDI_SHOWN = "\\u202e// admin only"
+# "curl" in tag characters and a zero-width space: text no one sees, shown as escapes.
+UNSEEN = "".join(chr(0xE0000 + ord(c)) for c in "curl") + "\u200b"
+UNSEEN_SHOWN = "\\U000e0063\\U000e0075\\U000e0072\\U000e006c\\u200b"
 
 
 @pytest.fixture(scope="module")
@@ -285,9 +288,9 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     expect = _expect()
     name = "<img src=x onerror=window.__pwned=3>.txt"
     mock = {
-        "write": {name: f"{SCRIPT}\n{XSS}\nx = 1 {BIDI}\n"},
+        "write": {name: f"{SCRIPT}\n{XSS}\nx = 1 {BIDI}\ny = '{UNSEEN}'\n"},
         "script": f"echo '{XSS}'; echo '{SCRIPT}'",
-        "summary": f"Done {XSS} {SCRIPT} {BIDI}",
+        "summary": f"Done {XSS} {SCRIPT} {BIDI} {UNSEEN}",
     }
     task = bridge.create_task(mock_task(repo, mock, objective=f"objective {XSS}"))
     bridge.start_detached(task.task_id)
@@ -297,7 +300,9 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     )
     page.goto(f"{ui.url}/ui/tasks/{task.task_id}")
     # A bidirectional override is shown as its escape: it cannot reorder what is shown.
-    expect(page.locator("#summary")).to_have_text(f"Done {XSS} {SCRIPT} {BIDI_SHOWN}")
+    expect(page.locator("#summary")).to_have_text(
+        f"Done {XSS} {SCRIPT} {BIDI_SHOWN} {UNSEEN_SHOWN}"
+    )
     expect(page.locator("#objective")).to_have_text(f"objective {XSS}")
     expect(page.locator("#events")).to_contain_text(XSS)
     expect(page.locator("#events")).to_contain_text(SCRIPT)
@@ -305,6 +310,7 @@ def test_a_workers_html_and_script_show_as_text_and_never_run(page, ui, bridge, 
     expect(page.locator("#diff .d2h-file-name").first).to_have_text(name)
     expect(page.locator("#diff")).to_contain_text("window.__pwned=2")
     expect(page.locator("#diff")).to_contain_text(f"x = 1 {BIDI_SHOWN}")
+    expect(page.locator("#diff")).to_contain_text(f"y = '{UNSEEN_SHOWN}'")
     assert "\u202e" not in page.locator("#diff").inner_text()
     page.click("#view-split")
     expect(page.locator("#diff .d2h-file-side-diff")).to_have_count(2)

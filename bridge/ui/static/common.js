@@ -106,13 +106,17 @@ export async function act(path, body = {}) {
 
 // What a terminal or a page would act on rather than show, as bridge/display.py's
 // terminal_safe has it: C0 controls but tab and newline, DEL, C1 controls, the bidirectional
-// overrides and isolates (a worker's U+202E cannot reorder what is shown), line separators.
-const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]/g;
-const UNSAFE_IN_DIFF = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]/g;
+// overrides and isolates (a worker's U+202E cannot reorder what is shown), line separators,
+// and the code points no one sees (display.py's INVISIBLE_RANGES: zero-width and tag
+// characters, variation selectors, fillers: a payload spelt in them would show as nothing).
+const INVISIBLE = "\\u00ad\\u034f\\u061c\\u115f\\u1160\\u17b4\\u17b5\\u180b-\\u180f\\u200b-\\u200f\\u202a-\\u202e\\u2060-\\u206f\\u3164\\ufe00-\\ufe0f\\ufeff\\uffa0\\ufff0-\\ufff8\\u{1bca0}-\\u{1bca3}\\u{1d173}-\\u{1d17a}\\u{e0000}-\\u{e0fff}";
+const UNSAFE = new RegExp(`[\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f\\u2028\\u2029${INVISIBLE}]`, "gu");
+const UNSAFE_IN_DIFF = new RegExp(`[\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f-\\u009f\\u2028\\u2029${INVISIBLE}]`, "gu");
 
 function escapeOf(c) {
-  const code = c.charCodeAt(0);
-  return code < 0x100 ? `\\x${code.toString(16).padStart(2, "0")}` : `\\u${code.toString(16).padStart(4, "0")}`;
+  const code = c.codePointAt(0);
+  if (code < 0x100) return `\\x${code.toString(16).padStart(2, "0")}`;
+  return code <= 0xffff ? `\\u${code.toString(16).padStart(4, "0")}` : `\\U${code.toString(16).padStart(8, "0")}`;
 }
 
 export function safe(value) {
