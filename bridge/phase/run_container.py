@@ -4,9 +4,11 @@ output to readers, wait for it against the task's deadline, and remove it."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from bridge.phase.handle import PhaseHandle
@@ -63,7 +65,10 @@ def run_container(
         handle.update(container_id=container_id)
         _note_origin(handle, spec, container_id)
     ended = threading.Event()
-    finished = False  # False on a BaseException: the container is left, as a crash would
+    # False on a BaseException but an interrupt: the container is left, as a crash would. An
+    # interrupt (Ctrl-C) removes it here, before the phase's own clean-up unwinding after this
+    # moves its checkout away (a checkout a container still holds is never trashed).
+    finished = False
     try:
         if on_start is not None:
             on_start(container_id, found is not None)
@@ -99,15 +104,30 @@ def run_container(
             on_exit(info)
         finished = True
         return ContainerRun(container_id, found is not None, info)
-    except Exception:
+    except (Exception, KeyboardInterrupt):
         finished = True
         raise
     finally:
         ended.set()
         # A runner that lost its claim (or died) leaves the container to the one that adopts it.
         if finished and not handle.lost():
-            sandbox.remove(container_id)
+            with interrupts_held():  # a second Ctrl-C would leave it running
+                sandbox.remove(container_id)
             handle.update(container_id=None)
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT ignored for the block when this is the main thread (the only one Python delivers
+    it to); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _note_origin(handle: PhaseHandle, spec: ContainerSpec, container_id: str) -> None:

@@ -6,7 +6,9 @@ snapshot) as the task's artifacts."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bridge.documents import BinaryNote
 from bridge.errors import DiskFull
@@ -14,7 +16,7 @@ from bridge.phase.handle import PhaseHandle
 from bridge.workspace import fs
 from bridge.workspace.baseline import Stat
 from bridge.workspace.diff import Change, ChangedEntry, list_changes, write_diff, write_manifest
-from bridge.workspace.modes import disarm
+from bridge.workspace.modes import disarm_all
 from bridge.workspace.readable import write_readable
 from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree
 from bridge.workspace.worktree import TaskWorkspace
@@ -61,12 +63,15 @@ def disarm_workspace(handle: PhaseHandle, ws: TaskWorkspace, *, worktree: bool =
     worktree's own are cleared by the snapshot, which reads its files' modes anyway; a turn that
     ends without one (a disk limit passed, the deadline) has it walked here (a layered one's
     upper dir only: the base's files hold no such bit)."""
-    disarm(ws.private_gitdir)
-    disarm(handle.ctx.task_dir(handle.task_id) / "home")  # the CLI's home (worker_turn.cli_home)
+    roots: list[tuple[Path, Iterable[tuple[str, int]] | None]] = [
+        (ws.private_gitdir, None),
+        (handle.ctx.task_dir(handle.task_id) / "home", None),  # the CLI's (worker_turn.cli_home)
+    ]
     if worktree:
         upper = ws.upper
         walked = fs.walk_all(upper if upper is not None else ws.worktree, strict=False)
-        disarm(ws.worktree, ((rel, st.st_mode) for rel, st in walked if rel != ".git"))
+        roots.append((ws.worktree, ((rel, st.st_mode) for rel, st in walked if rel != ".git")))
+    disarm_all(roots)  # each of them, even when one is too deep to walk (DiskFull after)
 
 
 def collect_changes(
@@ -77,8 +82,8 @@ def collect_changes(
     this turn's worker started (None: every file is compared). Idempotent."""
     base, task_id = handle.record.base_commit or "", handle.task_id
     limits = handle.limits
-    disarm_workspace(handle, ws, worktree=False)  # the worktree's files: in the snapshot
     try:
+        disarm_workspace(handle, ws, worktree=False)  # the worktree's files: in the snapshot
         snapshot = snapshot_worktree(
             ws,
             base,
@@ -94,8 +99,9 @@ def collect_changes(
             timeout=max(handle.remaining(), 1.0),
         )
     except DiskFull:
-        # Refused before its files were looked at (more than `limits.files`, a tree too deep):
-        # the worktree is walked for its bits all the same, as deep as a walk goes.
+        # Refused before its files were looked at (more than `limits.files`, a tree too deep
+        # here or in the git dir): the worktree is walked for its bits all the same, as deep as
+        # a walk goes.
         with contextlib.suppress(DiskFull):
             disarm_workspace(handle, ws)
         raise

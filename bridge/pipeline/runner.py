@@ -8,12 +8,10 @@ It runs with the task's recorded configuration; each phase has its own module an
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from bridge.errors import BridgeError, SandboxError
 from bridge.models import Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
+from bridge.phase.run_container import interrupts_held
 from bridge.pipeline.answer import asked, wait_for_input
 from bridge.pipeline.checkout import VerifyCheckout
 from bridge.pipeline.collect import CollectTimedOut, collect_changes, disarm_workspace
@@ -447,17 +446,3 @@ class TaskRunner:
             session_id=self.store.load_task(self.task_id).session_id,  # the earlier turn's
             permission=spec.permission,
         )
-
-
-@contextmanager
-def interrupts_held() -> Iterator[None]:
-    """SIGINT ignored for the block when this is the main thread (the only one Python delivers
-    it to); elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)

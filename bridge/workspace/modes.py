@@ -32,12 +32,35 @@ def disarm(root: Path, entries: Iterable[tuple[str, int]] | None = None) -> list
     raises DiskFull, as the snapshot does."""
     if entries is None:
         entries = ((rel, st.st_mode) for rel, st in fs.walk_all(root, strict=False))
+    wanted: list[str] = []
+    too_deep = None
     try:
-        wanted = [rel for rel, mode in entries if _armed(mode)]
-    except fs.TreeTooDeep as exc:  # what is below could not be checked: refused, as collect does
-        raise DiskFull(f"The worker made a folder tree too deep to check: {exc}.") from exc
-    if not wanted:
-        return []
+        for rel, mode in entries:
+            if _armed(mode):
+                wanted.append(rel)
+    except fs.TreeTooDeep as exc:  # below could not be checked: refused, as collect does
+        too_deep = exc  # after what the walk did reach is disarmed
+    changed = _disarm_listed(root, wanted) if wanted else []
+    if too_deep is not None:
+        message = f"The worker made a folder tree too deep to check: {too_deep}."
+        raise DiskFull(message) from too_deep
+    return changed
+
+
+def disarm_all(roots: Iterable[tuple[Path, Iterable[tuple[str, int]] | None]]) -> None:
+    """`disarm` each of ``roots`` (a folder, and its entries or None for a walk), every one
+    of them even when one is too deep to walk; then the first DiskFull, if any."""
+    refused: list[DiskFull] = []
+    for root, entries in roots:
+        try:
+            disarm(root, entries)
+        except DiskFull as exc:
+            refused.append(exc)
+    if refused:
+        raise refused[0]
+
+
+def _disarm_listed(root: Path, wanted: list[str]) -> list[str]:
     changed = []
     with fs.OpenDirs(root) as dirs:
         for rel in wanted:

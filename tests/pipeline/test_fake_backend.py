@@ -276,6 +276,38 @@ def test_an_interrupt_removes_the_tasks_containers_and_verification_checkout_the
     bridge.close()
 
 
+def test_an_interrupt_while_a_check_runs_removes_its_container_before_its_checkout(home, repo):
+    # The review's way: Ctrl-C while a check ran unwound through verification's clean-up first,
+    # which moved the checkout into the trash while the check's container still wrote into it.
+    mounts = f"{home}/mounts/"  # the check's layered checkout is mounted there
+
+    class Watching(FakeSandbox):
+        def remove(self, container_id: str) -> None:
+            found = [c for c in self.containers({}) if c.id == container_id]
+            if found and found[0].labels.get("io.worker-bridge.role") == "verify":
+                held.append(any("--verify-0" in p for p in mount_points() if p.startswith(mounts)))
+            super().remove(container_id)
+
+    held: list[bool] = []
+    sandbox = Watching(lambda spec: Scripted(run_for=30) if role(spec) == "verify" else None)
+
+    class InterruptWhenChecking(PipelineHooks):
+        def container_started(self, handle, role, container_id):  # noqa: ANN001
+            if role == "verify":
+                raise KeyboardInterrupt  # Ctrl-C while the check runs in its checkout
+
+    bridge = fake_bridge(home, sandbox, hooks=InterruptWhenChecking())
+    task_id = bridge.create_task(mock_task(repo, {}, verify=["true"])).task_id
+    with pytest.raises(KeyboardInterrupt):
+        bridge.run_task(task_id)
+    assert held and held[0], "the check's container went while its checkout was still there"
+    assert sandbox.containers({}) == []
+    assert not (home / "tasks" / task_id / "verify-0").exists()
+    assert [p for p in mount_points() if p.startswith(mounts)] == []
+    assert bridge.cancel_task(task_id).status == "cancelled"
+    bridge.close()
+
+
 def _run_as(bridge: WorkerBridge, task_id: str, owner: Owner) -> None:
     from bridge.pipeline.runner import TaskRunner
 

@@ -70,3 +70,23 @@ def test_a_non_root_owner_clears_the_bits_of_a_file_it_cannot_read(workdir: Path
     (root / "hidden").write_bytes(b"x")
     (root / "hidden").chmod(0o4111)
     assert disarm(root) == ["hidden"] and _mode(root / "hidden") == 0o111
+
+
+def test_a_tree_too_deep_in_one_folder_does_not_spare_the_others(workdir: Path, monkeypatch):
+    # The review's way: a git dir deeper than a walk goes raised before the CLI home and the
+    # worktree were looked at, so their set-user-id files kept their bits.
+    from bridge.errors import DiskFull
+    from bridge.workspace import fs
+    from bridge.workspace.modes import disarm_all
+
+    monkeypatch.setattr(fs, "MAX_DEPTH", 8)
+    gitdir, home, worktree = (workdir / name for name in ("gitdir", "home", "worktree"))
+    deep = gitdir.joinpath(*["d"] * 12)
+    deep.mkdir(parents=True)
+    for folder in (home, worktree):
+        folder.mkdir()
+        (folder / "python").write_bytes(b"\x7fELF")
+        (folder / "python").chmod(0o4755)
+    with pytest.raises(DiskFull, match="too deep"):
+        disarm_all([(gitdir, None), (home, None), (worktree, None)])
+    assert _mode(home / "python") == 0o755 and _mode(worktree / "python") == 0o755
