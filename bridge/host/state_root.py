@@ -52,8 +52,8 @@ _LOCK = threading.Lock()
 def make_private(home: Path) -> None:
     """Make ``home`` (resolved: a state root reached through a link is the folder it names) and
     the folders of `LAYOUT` 0700, creating what is missing; a state root others could enter is
-    repaired, with one warning. ConfigError when it is not a folder, or when it is open to
-    others and this user cannot close it (another user's folder)."""
+    repaired, with one warning. ConfigError when it is not a folder, or when it is another
+    user's."""
     real = os.path.realpath(home)
     if real in _DONE:
         return
@@ -62,6 +62,8 @@ def make_private(home: Path) -> None:
             return
         root = Path(real)
         made = _mkdir(root, parents=True)
+        if not made:
+            _require_own(root)
         repaired = [] if made else _close(root, f"{root} was")
         for name in LAYOUT:
             if not _mkdir(root / name, parents=False):
@@ -74,6 +76,22 @@ def make_private(home: Path) -> None:
                 ", ".join(repaired),
             )
         _DONE.add(real)
+
+
+def _require_own(root: Path) -> None:
+    """ConfigError unless this user owns the state root: another user's folder (one made
+    beforehand under /tmp, say) is theirs to open again, and to fill with links a root bridge
+    would follow, whatever mode the bridge gives it."""
+    st = os.stat(root)
+    if st.st_uid == os.geteuid():
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    opened = f" and open to other local users (mode {mode:04o})" if mode & 0o077 else ""
+    raise ConfigError(
+        f"The state root {root} belongs to uid {st.st_uid}, not to this user "
+        f"({os.geteuid()}){opened}; point WORKER_BRIDGE_HOME at a folder of this user's own, "
+        f"or have it made this user's with `chown -R {os.geteuid()} {root}`."
+    )
 
 
 def exposure(home: Path) -> str | None:

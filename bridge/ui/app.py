@@ -28,6 +28,10 @@ log = logging.getLogger("worker_bridge.ui")
 
 MAX_LOGIN_BODY = 4096
 SPENT_CODE = "That sign-in link was used already or has expired: sign in with the token."
+REUSED_CODE = (
+    "That sign-in link was used already, by another browser or program: the session it opened "
+    "is ended now; sign in with the token."
+)
 
 
 class Gate:
@@ -103,6 +107,13 @@ async def _login(request: Request, sessions: Sessions, refusals: RefusalLog) -> 
     client = request.client.host if request.client else "?"
     if code:
         if not sessions.redeem_code(code):
+            if sessions.revoke_spent(code):
+                log.warning(
+                    "ui: the sign-in link was used a second time (from %s): the session it "
+                    "had opened is ended; sign in with the token",
+                    client,
+                )
+                return _login_page(REUSED_CODE, status=401)
             refusals.warn(
                 client, "ui code", f"ui: refused a login from {client}: a spent or unknown code"
             )
@@ -113,6 +124,8 @@ async def _login(request: Request, sessions: Sessions, refusals: RefusalLog) -> 
         refusals.warn(client, "ui login", f"ui: refused a login from {client}: wrong token")
         return _login_page("That is not this server's token.", status=401)
     session_id, session = sessions.open()
+    if code:
+        sessions.spent(code, session_id)
     response = RedirectResponse(f"{PREFIX}/#k={session.key}", status_code=303)
     response.headers["set-cookie"] = sessions.cookie_header(session_id)
     response.headers["cache-control"] = "no-store"

@@ -74,6 +74,8 @@ class Sessions:
         self._token = token.encode() if token is not None else None
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._codes: dict[str, float] = {}  # one-time sign-in codes -> when each expires
+        # used codes -> the session each opened, and until when a second use ends that session
+        self._spent: dict[str, tuple[str, float]] = {}
         self._clock = clock
         self.cookie = f"wb_ui_{port}"  # `ui` and `mcp --http` on one host keep their own
 
@@ -100,6 +102,27 @@ class Sessions:
             elif hmac.compare_digest(presented.encode(), code.encode()):
                 found = code
         return found is not None and self._codes.pop(found, None) is not None
+
+    def spent(self, code: str, session_id: str) -> None:
+        """``code`` opened ``session_id``: presented again (within CODE_TTL_S), it ends it."""
+        self._spent[code] = (session_id, self._clock() + CODE_TTL_S)
+
+    def revoke_spent(self, presented: str) -> bool:
+        """Whether ``presented`` is a code used already; if so, the session it opened is ended.
+        Whoever read the link in a browser's argv and raced the browser to it gets a session
+        only until the browser presents the link in its turn."""
+        now = self._clock()
+        found = None
+        for code, (_, expires) in list(self._spent.items()):  # all compared, in constant time
+            if expires < now:
+                del self._spent[code]
+            elif hmac.compare_digest(presented.encode(), code.encode()):
+                found = code
+        if found is None:
+            return False
+        session_id, _ = self._spent.pop(found)
+        self._sessions.pop(session_id, None)
+        return True
 
     def open(self) -> tuple[str, Session]:
         """A session for a login: a new one (its id is the cookie's value), or under

@@ -101,9 +101,26 @@ def test_a_state_root_this_user_cannot_close_is_refused_in_one_sentence(workdir)
         return "used"
 
     said = run_as(runner.pw_uid, runner.pw_gid, use)
-    assert "open to other local users" in said and f"chmod 700 {home}" in said, said
+    assert f"belongs to uid {owner.pw_uid}" in said and "open to other local users" in said, said
     assert said.count(". ") == 0 and said.endswith(".")
     assert _mode(home) == 0o777
+
+
+def test_a_state_root_another_user_owns_is_refused_even_when_closed(workdir):
+    """The review's way: a folder another user made beforehand (mode 0700: root can enter it
+    all the same) stays theirs to open again and to fill with links a root bridge follows."""
+    from bridge import WorkerBridge
+    from bridge.errors import ConfigError
+
+    owner = pwd.getpwnam("nobody")
+    home = workdir / "planted"
+    home.mkdir(mode=0o700)
+    os.chown(home, owner.pw_uid, owner.pw_gid)
+    if os.geteuid() == owner.pw_uid:
+        pytest.skip("run as the folder's owner")
+    with pytest.raises(ConfigError, match=f"belongs to uid {owner.pw_uid}, not to this user"):
+        WorkerBridge(home=home).list_tasks()
+    assert not (home / "bridge.db").exists() and list(home.iterdir()) == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root bridge's sandbox uid")

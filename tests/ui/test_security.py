@@ -93,10 +93,17 @@ def test_the_link_worker_bridge_ui_prints_signs_in_once_and_never_carries_the_to
             assert first.status_code == 303 and first.headers["location"].startswith("/ui/#k=")
             key = first.headers["location"].removeprefix("/ui/#k=")
             assert client.get("/ui/api/tasks", headers={"x-ui-key": key}).status_code == 200
-        with httpx2.Client(base_url=ui.url) as reader:  # who read the link in the browser's argv
-            again = reader.post("/ui/login", data={"code": code}, headers={"origin": ui.url})
-            assert again.status_code == 401 and "set-cookie" not in again.headers
-            assert "used already or has expired" in again.text
+            with httpx2.Client(base_url=ui.url) as reader:  # the other one holding the link
+                again = reader.post("/ui/login", data={"code": code}, headers={"origin": ui.url})
+                assert again.status_code == 401 and "set-cookie" not in again.headers
+                assert "the session it opened is ended" in again.text
+                # Whoever won the race (another user reading the browser's argv, say) holds
+                # the session only until the browser presents the link in its turn.
+                ended = client.get("/ui/api/tasks", headers={"x-ui-key": key})
+                assert ended.status_code == 401, ended.text
+                third = reader.post("/ui/login", data={"code": code}, headers={"origin": ui.url})
+                assert "used already or has expired" in third.text
+        with httpx2.Client(base_url=ui.url) as reader:
             [token] = re.findall(r"token made for this run[^:]*: (\S+)", printed)
             assert len(token) >= 32 and token not in link and token != code
             assert log_in(reader, ui.url, token)  # the form, as before
