@@ -1,2 +1,3 @@
 """Running a task's containers on the nodes of a cluster (issue 44). For now, what every later
-part stands on: putting the control host's images onto a node's engine by id (images.py)."""
+part stands on: putting the control host's images onto a node's engine by id (images.py), and
+the git data that crosses the network, base in and snapshot out (bundles.py)."""

