@@ -220,7 +220,8 @@ def down(layout: ClusterLayout, state: State | None) -> list[str]:
 
 def clean_node(layout: ClusterLayout, state: State, node: str) -> None:
     """What a killed node left that would get in the way of starting it again: its mounts,
-    its shims' sockets and its (empty) cgroup folders; its data root and images are kept."""
+    its shims' sockets, its (empty) cgroup folders and its engine's pidfile; its data root and
+    images are kept."""
     home = layout.scratch / node
     if unmount_under(home):
         raise RuntimeError(f"{node}: mounts under {home} would not go")
@@ -228,3 +229,6 @@ def clean_node(layout: ClusterLayout, state: State, node: str) -> None:
     busy = remove_cgroups(cgroup_parents(layout, node))
     if busy:
         raise RuntimeError(f"{node}: cgroup folders still in use: {busy}")
+    # dockerd refuses to start while its pidfile names a live pid, and a killed dockerd that no
+    # one reaped (pid 1 here does not) is a zombie kill(2) still finds: the file goes.
+    (home / "docker" / "dockerd.pid").unlink(missing_ok=True)

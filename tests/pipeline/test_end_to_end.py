@@ -545,7 +545,12 @@ def test_modify_delete_rename_chmod_binary_and_symlink_are_each_reported_with_th
         "data.txt": {"path": "data.txt", "change": "deleted"},
         "docs/README.md": {"path": "docs/README.md", "change": "renamed", "from": "README.md"},
         "run.sh": {"path": "run.sh", "change": "modified"},
-        "bin.dat": {"path": "bin.dat", "change": "added"},
+        "bin.dat": {
+            "path": "bin.dat",
+            "change": "added",
+            # new, and git shows it as binary: flagged, its text in the readable diff
+            "binary": {"flagged": True, "holds_nul": True, "lines_added": 1, "lines_removed": 0},
+        },
         "link.py": {"path": "link.py", "change": "added"},
     }
 

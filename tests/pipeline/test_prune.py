@@ -207,13 +207,13 @@ def test_artifacts_are_removed_only_past_the_retention_period(
     assert failed["status"] == "failed", failed["error"]
     task_id = failed["task_id"]
     task_dir = home / "tasks" / task_id
-    assert set(failed["artifacts"]) == {"diff", "manifest"}
+    assert set(failed["artifacts"]) == {"diff", "manifest", "readable"}
     assert task_dir.is_dir()
 
     default = prune(cli, "--apply")  # retention_days defaults to 14
     assert [a["kind"] for a in actions_for(default, task_id)] == ["workspace"]
     assert task_dir.is_dir()
-    assert set(show_task(cli, task_id)["artifacts"]) == {"diff", "manifest"}
+    assert set(show_task(cli, task_id)["artifacts"]) == {"diff", "manifest", "readable"}
 
     (home / "config.yaml").write_text("retention_days: 0\n")
     applied = prune(cli, "--apply")
