@@ -109,11 +109,18 @@ def run_container(
         raise
     finally:
         ended.set()
-        # A runner that lost its claim (or died) leaves the container to the one that adopts it.
-        if finished and not handle.lost():
-            with interrupts_held():  # a second Ctrl-C would leave it running
-                sandbox.remove(container_id)
-            handle.update(container_id=None)
+        if finished:
+            _remove(handle, container_id)
+
+
+def _remove(handle: PhaseHandle, container_id: str) -> None:
+    """The container removed, unless the runner lost its claim (or died): it is left to the
+    one that adopts it."""
+    if handle.lost():
+        return
+    with interrupts_held():  # a second Ctrl-C would leave it running
+        handle.ctx.sandbox.remove(container_id)
+    handle.update(container_id=None)
 
 
 @contextmanager
