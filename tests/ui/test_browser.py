@@ -138,7 +138,9 @@ def test_signing_in_with_the_form_lands_on_the_list_with_no_token_in_url_or_page
 
 def test_the_printed_link_signs_one_browser_in_and_no_other(browser, site):
     """The link `worker-bridge ui` printed is in the argv and history of the browser opened
-    with it: its code made that browser's session and is void for anyone who reads it there."""
+    with it: its code made that browser's session and signs no one in after; presented again,
+    it ends the session it made (had the one reading it there been first, the browser's
+    arrival would end theirs)."""
     expect = _expect()
     [link] = re.findall(r"open (http://\S+#code=\S+)", site.server.log_text())
     assert site.token not in link
@@ -151,9 +153,12 @@ def test_the_printed_link_signs_one_browser_in_and_no_other(browser, site):
         late = second.new_page()
         late.goto(link)
         expect(late.locator(".error")).to_have_text(
-            "That sign-in link was used already or has expired: sign in with the token."
+            "That sign-in link was used already, by another browser or program: the session it "
+            "opened is ended now; sign in with the token."
         )
         assert late.url == f"{site.url}/ui/login" and second.cookies() == []
+        tab.reload()
+        expect(tab).to_have_url(re.compile(r"/ui/login"))  # the session the code made, ended
     finally:
         first.close()
         second.close()
