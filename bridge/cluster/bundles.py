@@ -34,9 +34,14 @@ BUNDLE_REF = "refs/worker-bridge/snapshot"
 MAX_HEADER = 64 * 1024  # a header is a few lines: more is not a bundle of ours
 PACK_SLACK = 1 << 20  # a pack's own bytes over the blobs it holds (headers, trees, the commit)
 ALLOWED_MODES = {"100644", "100755", "120000"}
+MAX_LINK_BYTES = 4095  # a link's target: what readlink can give (collect records no longer)
+MAX_COMMIT_BYTES = 1 << 20  # a snapshot's commit: a tree, a parent, a line of message
+MAX_OBJECTS_PER_ENTRY = 3  # a file's blob, and the trees above it, at most, in a change
+PACK_OBJECTS_SLACK = 64
+INDEX_MEMORY = 512 << 20  # index-pack's address space past the pack's own size
+RECEIVE_TIMEOUT_S = 300
+CHUNK = 1 << 16
 _SHA = re.compile(rb"^[0-9a-f]{40}$")
-# fsck as refusal, not warning: what git itself would never write into a tree.
-_FSCK = ("-c", "fetch.fsckObjects=true", "-c", "transfer.fsckObjects=true")
 
 
 class BundleRefused(BridgeError):
@@ -134,63 +139,137 @@ def receive_snapshot(
     quarantine = scratch / "quarantine.git"
     shutil.rmtree(quarantine, ignore_errors=True)
     try:
-        _unpack(repo, bundle, quarantine)
-        _check(Git(quarantine), tip, base, limits)
-        Git(repo).run(
-            "fetch", "--quiet", "--no-tags", str(quarantine), f"+refs/quarantine:{branch}"
-        )
+        _unpack(repo, bundle, header.size, quarantine, limits)
+        git = Git(quarantine)
+        _check(git, tip, base, limits)
+        git.run("update-ref", "refs/quarantine", tip)
+        try:
+            Git(repo).run(
+                "fetch", "--quiet", "--no-tags", str(quarantine), f"+refs/quarantine:{branch}"
+            )
+        except GitError as exc:
+            raise BundleRefused(f"The node's snapshot could not be taken ({exc.message}).") from exc
     finally:
         shutil.rmtree(quarantine, ignore_errors=True)
     return tip
 
 
-def _unpack(repo: Path, bundle: Path, quarantine: Path) -> None:
-    """The bundle's objects into ``quarantine``, a bare repository that reads the user's
-    objects (its alternates) and writes its own: fsck'd, the prerequisite checked by git."""
+def _unpack(
+    repo: Path, bundle: Path, offset: int, quarantine: Path, limits: SnapshotLimits
+) -> None:
+    """The bundle's pack into ``quarantine``, a bare repository that reads the user's objects
+    (its alternates) and writes its own, by `git index-pack --strict` (git's fsck: a `.git` or
+    `..` entry, duplicates, bad modes refuse it) with a bounded object count, address space and
+    time (a few KB that inflate to gigabytes stop there)."""
     quarantine.parent.mkdir(parents=True, exist_ok=True)
     Git(quarantine.parent).run("init", "--quiet", "--bare", str(quarantine))
     objects = Git(repo).out("rev-parse", "--path-format=absolute", "--git-common-dir")
     (quarantine / "objects" / "info" / "alternates").write_text(f"{objects}/objects\n")
-    try:
-        Git(quarantine).run(
-            *_FSCK, "fetch", "--quiet", "--no-tags", str(bundle), f"{BUNDLE_REF}:refs/quarantine"
-        )
-    except GitError as exc:
-        raise BundleRefused(
-            f"The node's snapshot bundle does not unpack as git would write it ({exc.message})."
-        ) from exc
+    with bundle.open("rb", buffering=0) as pack:
+        pack.seek(offset)
+        head = pack.read(12)
+        if len(head) < 12 or head[:4] != b"PACK" or int.from_bytes(head[4:8], "big") not in (2, 3):
+            raise BundleRefused("The node's snapshot bundle holds no git pack after its header.")
+        count = int.from_bytes(head[8:12], "big")
+        if count > MAX_OBJECTS_PER_ENTRY * limits.entries + PACK_OBJECTS_SLACK:
+            raise BundleRefused(
+                f"The node's snapshot bundle holds {count} objects, more than a change within "
+                f"the task's limit of {limits.entries} files can."
+            )
+        pack.seek(offset)
+        try:
+            Git(quarantine).run(
+                "index-pack",
+                "--strict",
+                "--fix-thin",
+                "--stdin",
+                stdin=pack,
+                timeout=RECEIVE_TIMEOUT_S,
+                memory_bytes=limits.change_bytes + INDEX_MEMORY,
+            )
+        except GitError as exc:
+            lines = exc.stderr.splitlines()
+            said = next((line for line in lines if line.startswith("error:")), lines[-1:] or "")
+            raise BundleRefused(
+                "The node's snapshot bundle does not unpack as git would write it "
+                f"({str(said).removeprefix('error: ')[:200]})."
+            ) from exc
 
 
 def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
     """BundleRefused unless ``tip`` is a snapshot collect would have made on ``base``."""
+    kind = git.run("cat-file", "-t", tip, check=False).stdout.strip()
+    if kind != b"commit":
+        raise BundleRefused("The node's snapshot bundle's ref does not name a commit.")
+    if int(git.out("cat-file", "-s", tip)) > MAX_COMMIT_BYTES:
+        raise BundleRefused("The node's snapshot commit is larger than a snapshot's can be.")
     commit = git.run("cat-file", "commit", tip).stdout
     parents = re.findall(rb"(?m)^parent ([0-9a-f]+)$", commit.split(b"\n\n", 1)[0])
     if parents != [base.encode()]:
         raise BundleRefused("The node's snapshot commit does not have the task's base as parent.")
+    entries = _count_entries(git, tip, limits.entries)
+    if entries > limits.entries:
+        raise BundleRefused(
+            f"The node's snapshot has more than {limits.entries} files, the task's limit."
+        )
     raw = git.run("diff-tree", "-r", "-z", "--no-renames", base, tip).stdout.split(b"\0")
-    blobs: list[str] = []
+    blobs: list[tuple[str, int]] = []
     for meta, path in zip(raw[0::2], raw[1::2], strict=False):
         if not meta.startswith(b":"):
             continue
-        _, new_mode, _, new_sha, status = meta[1:].decode().split(" ")
+        old_mode, new_mode, _, new_sha, status = meta[1:].decode().split(" ")
         _check_path(path)
+        if "160000" in (old_mode, new_mode):  # collect never touches a submodule
+            raise BundleRefused(
+                f"The node's snapshot changes '{_shown(path)}', a submodule (mode 160000), "
+                "which a snapshot never does."
+            )
         if status == "D":
             continue
         if new_mode not in ALLOWED_MODES:
             raise BundleRefused(
                 f"The node's snapshot sets '{_shown(path)}' to mode {new_mode}, which a snapshot "
-                "never records (a submodule, say)."
+                "never records."
             )
-        if new_mode != "120000":
-            blobs.append(new_sha)
+        bound = MAX_LINK_BYTES if new_mode == "120000" else limits.file_bytes
+        blobs.append((new_sha, bound))
+    _check_sizes(git, blobs, limits)
+    # git's own test of every path in the tree (`..`, `.git`, names no checkout could write).
+    index = git.cwd / "check.index"
+    checked = git.run("read-tree", tip, env={"GIT_INDEX_FILE": str(index)}, check=False)
+    if checked.returncode != 0:
+        said = checked.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        raise BundleRefused(f"The node's snapshot holds a path git refuses ({said[0][:160]}).")
+
+
+def _count_entries(git: Git, tip: str, most: int) -> int:
+    """The tree's files, counted as `ls-tree -r` streams them; past ``most`` it is stopped (a
+    tree of a few hundred bytes can name millions of paths)."""
+    proc = git.popen("ls-tree", "-r", "-z", "--name-only", tip, stdout=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.close()
+    count = 0
+    try:
+        while chunk := proc.stdout.read(CHUNK):
+            count += chunk.count(b"\0")
+            if count > most:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    return count
+
+
+def _check_sizes(git: Git, blobs: list[tuple[str, int]], limits: SnapshotLimits) -> None:
     total = 0
     if blobs:
-        sizes = git.run("cat-file", "--batch-check=%(objectsize)", input="\n".join(blobs).encode())
-        for size in map(int, sizes.stdout.split()):
-            if size > limits.file_bytes:
+        listed = "\n".join(sha for sha, _ in blobs).encode()
+        sizes = git.run("cat-file", "--batch-check=%(objectsize)", input=listed).stdout.split()
+        for (_, bound), size in zip(blobs, map(int, sizes), strict=True):
+            if size > bound:
                 raise BundleRefused(
-                    f"The node's snapshot holds a file of {size} bytes, over the task's file "
-                    f"limit ({limits.file_bytes} bytes)."
+                    f"The node's snapshot holds a file or link of {size} bytes, over its limit "
+                    f"({bound} bytes)."
                 )
             total += size
     if total > limits.change_bytes:
@@ -198,20 +277,16 @@ def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
             f"The node's snapshot changes {total} bytes, over the task's change limit "
             f"({limits.change_bytes} bytes)."
         )
-    entries = git.run("ls-tree", "-r", "-z", "--name-only", tip).stdout.count(b"\0")
-    if entries > limits.entries:
-        raise BundleRefused(
-            f"The node's snapshot has {entries} files, over the task's limit ({limits.entries})."
-        )
 
 
 def _check_path(path: bytes) -> None:
     if len(path) > MAX_PATH_BYTES:
         raise BundleRefused(f"The node's snapshot holds a path over {MAX_PATH_BYTES} bytes.")
     for part in path.decode("utf-8", "surrogateescape").split("/"):
-        if is_git_dir_name(part):
+        if part in ("", ".", "..") or is_git_dir_name(part):
             raise BundleRefused(
-                f"The node's snapshot holds '{_shown(path)}', a path inside git metadata."
+                f"The node's snapshot holds '{_shown(path)}', a path outside the worktree or "
+                "inside git metadata."
             )
 
 

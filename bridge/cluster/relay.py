@@ -25,18 +25,22 @@ import asyncio
 import hmac
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.errors import BridgeError
 from bridge.gateway.server import PROXY_SOCKET, ROUTES_SOCKET
 
 MAGIC = b"WBRELAY1"
 NAMES = {"routes": ROUTES_SOCKET, "proxy": PROXY_SOCKET}
 HANDSHAKE_S = 5.0  # a connection that has not said who it is by then is closed
 MAX_HANDSHAKE = 256
+MAX_PENDING = 64  # connections not yet greeted, at once: past it, one more is closed at once
+MAX_PER_TURN = 64  # a turn's connections at once (the gateway's own bound, config gateway.*)
 CHUNK = 64 * 1024
 START_S = 30.0
 
@@ -53,6 +57,8 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=START_S)
 
     def close(self) -> None:
+        """Every task of the loop cancelled (their sockets closed with them), then the loop."""
+        self.call(_cancel_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=START_S)
         self.loop.close()
@@ -62,6 +68,7 @@ class _Loop:
 class _Turn:
     folder: Path  # the task's gateway folder on the control host
     open: set[asyncio.StreamWriter] = field(default_factory=set)
+    closed: bool = False  # revoked: a connection greeted before is not joined after
 
 
 class RelayHub:
@@ -72,6 +79,7 @@ class RelayHub:
         self._bind = (host, port)
         self._handshake_s = handshake_s
         self._turns: dict[str, _Turn] = {}
+        self._pending = 0
         self._loop: _Loop | None = None
         self._server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] = (host, port)
@@ -93,7 +101,7 @@ class RelayHub:
         """The secret revoked and every connection still open with it ended."""
         turn = self._turns.pop(secret, None)
         if turn is not None and self._loop is not None:
-            self._loop.call(_close_all(turn.open))
+            self._loop.call(_revoke(turn))
 
     def stop(self) -> None:
         for secret in list(self._turns):
@@ -106,23 +114,27 @@ class RelayHub:
         self._loop = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._pending >= MAX_PENDING:
+            writer.transport.abort()
+            return
+        self._pending += 1
         try:
             turn, name = await asyncio.wait_for(self._greeted(reader), self._handshake_s)
-        except (
-            TimeoutError,
-            OSError,
-            ValueError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-        ):
+        except (TimeoutError, OSError, ValueError):
             turn = None
-        if turn is None:  # closed without a word: nothing to learn by guessing
-            writer.close()
+        finally:
+            self._pending -= 1
+        if turn is None or turn.closed or len(turn.open) >= 2 * MAX_PER_TURN:
+            writer.transport.abort()  # closed without a word: nothing to learn by guessing
             return
         try:
             gateway_r, gateway_w = await asyncio.open_unix_connection(turn.folder / NAMES[name])
         except OSError:
-            writer.close()
+            writer.transport.abort()
+            return
+        if turn.closed:  # revoked while the gateway was being reached
+            gateway_w.transport.abort()
+            writer.transport.abort()
             return
         writer.write(b"OK\n")
         turn.open.update((writer, gateway_w))
@@ -132,10 +144,16 @@ class RelayHub:
             turn.open.difference_update((writer, gateway_w))
 
     async def _greeted(self, reader: asyncio.StreamReader) -> tuple[_Turn | None, str]:
-        line = await reader.readuntil(b"\n")  # bounded by the stream's limit below
-        if len(line) > MAX_HANDSHAKE:
+        said = b""
+        while b"\n" not in said:  # read within MAX_HANDSHAKE bytes, never a line of any length
+            chunk = await reader.read(MAX_HANDSHAKE - len(said))
+            if not chunk or len(said) + len(chunk) >= MAX_HANDSHAKE:
+                return None, ""
+            said += chunk
+        line, _, rest = said.partition(b"\n")
+        if rest:  # the node waits for OK before a byte more
             return None, ""
-        parts = line.rstrip(b"\n").split(b" ")
+        parts = line.split(b" ")
         if len(parts) != 3 or parts[0] != MAGIC or parts[2].decode(errors="replace") not in NAMES:
             return None, ""
         return self._turn_of(parts[1]), parts[2].decode()
@@ -170,6 +188,8 @@ class RelayFolder:
 
     def start(self) -> RelayFolder:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(self.folder).st_mode):  # a link there is not followed
+            raise BridgeError(f"{self.folder} is not a folder; the relay cannot use it.")
         os.chmod(self.folder, 0o700)
         if self._owner is not None:
             os.chown(self.folder, *self._owner)
@@ -251,5 +271,17 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 async def _close_all(writers: set[asyncio.StreamWriter]) -> None:
     for writer in list(writers):
-        writer.close()
+        writer.transport.abort()  # close() would keep the socket while a peer holds data back
     writers.clear()
+
+
+async def _cancel_all() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _revoke(turn: _Turn) -> None:
+    turn.closed = True
+    await _close_all(turn.open)

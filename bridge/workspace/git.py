@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
@@ -60,6 +61,13 @@ _CALLER_ONLY = frozenset(
 _SHA = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
 
 
+def _address_space(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
+
+
 class Git:
     """Runs git in one directory (a repository or one of its worktrees), or with an explicit
     git dir and work tree (``git_dir``, ``work_tree``: e.g. an attribute-free git dir)."""
@@ -81,14 +89,25 @@ class Git:
         env: dict[str, str] | None = None,
         check: bool = True,
         timeout: float | None = 600,
+        stdin: IO[bytes] | None = None,
+        memory_bytes: int | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
+        """``stdin``: a file to read instead of ``input``; ``memory_bytes``: the address space
+        the command may take (RLIMIT_AS), for git reading what someone else made."""
         full_env = {k: v for k, v in os.environ.items() if k not in _CALLER_ONLY}
         full_env.update(_ENV)
         full_env.update(env or {})
         cmd = ["git", *_SAFE_OPTIONS, *_PERF_OPTIONS, *self.where, *args]
         try:
             proc = subprocess.run(
-                cmd, cwd=self.cwd, input=input, capture_output=True, env=full_env, timeout=timeout
+                cmd,
+                cwd=self.cwd,
+                input=input,
+                stdin=stdin,
+                capture_output=True,
+                env=full_env,
+                timeout=timeout,
+                preexec_fn=_address_space(memory_bytes) if memory_bytes else None,
             )
         except subprocess.TimeoutExpired as exc:
             raise GitError(

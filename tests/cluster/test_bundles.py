@@ -62,7 +62,8 @@ def _commit(node: Path, tree: str, *parents: str) -> str:
 
 def _base_entries(node: Path, base: str) -> list[tuple[str, str, str]]:
     listed = git(node, "ls-tree", base).splitlines()
-    return [(line.split()[0], line.split("\t")[1], line.split()[2]) for line in listed]
+    # ls-tree shows a folder's mode as 040000; a tree object holds 40000
+    return [(line.split()[0].lstrip("0"), line.split("\t")[1], line.split()[2]) for line in listed]
 
 
 def _send(node: Path, snapshot: str, base: str, workdir: Path) -> tuple[Path, int]:
@@ -107,7 +108,7 @@ def _refused(repo: Path, bundle: Path, base: str, workdir: Path, words: str, lim
 
 @pytest.mark.parametrize(
     ("name", "words"),
-    [(".git", "does not unpack|inside git metadata"), (".GIT.", "inside git metadata")],
+    [(".git", "does not unpack.*hasDotgit"), (".GIT.", "does not unpack.*hasDotgit")],
 )
 def test_a_snapshot_holding_git_metadata_is_refused(repo, node, workdir, name, words):
     base = git(repo, "rev-parse", "HEAD").strip()
@@ -131,12 +132,12 @@ def test_a_snapshot_over_the_tasks_limits_is_refused(repo, node, workdir):
     big = _hash(node, "blob", b"x" * 5000)
     tree = _tree(node, [*_base_entries(node, base), ("100644", "big.txt", big)])
     bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
-    _refused(repo, bundle, base, workdir, "over the task's file limit")
+    _refused(repo, bundle, base, workdir, "a file or link of 5000 bytes, over its limit")
     many = [("100644", f"f{i}", _hash(node, "blob", b"%d" % i)) for i in range(120)]
     tree = _tree(node, [*_base_entries(node, base), *many])
     bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
-    _refused(repo, bundle, base, workdir, "over the task's limit")
-    small = SnapshotLimits(file_bytes=4096, change_bytes=100, entries=100)
+    _refused(repo, bundle, base, workdir, "more than 100 files, the task's limit")
+    small = SnapshotLimits(file_bytes=4096, change_bytes=100, entries=1000)
     _refused(repo, bundle, base, workdir, "over the task's change limit", limits=small)
 
 
@@ -159,3 +160,61 @@ def test_a_commit_not_on_the_base_or_a_bundle_not_ours_is_refused(repo, node, wo
     lying = workdir / "lying.bundle"
     lying.write_bytes(b"# v2 git bundle\n-" + base.encode() + b"\n" + b"0" * 40 + b" refs/x\n\n")
     _refused(repo, lying, base, workdir, "names the ref 'refs/x'")
+
+
+def test_the_reviews_trees_are_refused_before_anything_lands(repo, node, workdir):
+    """What git's fsck refuses and `git fetch` from a bundle did not check: a `..` entry (accept
+    would have written above the repository), the same name twice (two views of one
+    snapshot), an empty `.git` folder."""
+    base = git(repo, "rev-parse", "HEAD").strip()
+    entries = _base_entries(node, base)
+    evil = _hash(node, "blob", b"pwned\n")
+    inner = _tree(node, [("100644", "evil.txt", evil)])
+    for tree_entries, words in (
+        ([*entries, ("40000", "..", inner)], "hasDotdot"),
+        ([*entries, ("100644", "calc.py", evil)], "duplicateEntries"),
+        ([*entries, ("40000", ".git", _tree(node, []))], "hasDotgit"),
+    ):
+        tree = _tree(node, tree_entries)
+        bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+        _refused(repo, bundle, base, workdir, words)
+
+
+def test_a_small_bundle_that_expands_past_the_limits_is_stopped_early(repo, node, workdir):
+    # Five levels of 16 folders of 16: ~1M paths in a bundle of a few KB; a link's target of
+    # 20 MB; a commit message of 8 MB. Each is refused before it is read whole.
+    base = git(repo, "rev-parse", "HEAD").strip()
+    level = _tree(node, [("100644", f"f{i:02d}", _hash(node, "blob", b"x")) for i in range(16)])
+    for _ in range(4):
+        level = _tree(node, [("40000", f"d{i:02d}", level) for i in range(16)])
+    bomb = _tree(node, [*_base_entries(node, base), ("40000", "bomb", level)])
+    bundle, size = _send(node, _commit(node, bomb, base), base, workdir)
+    assert size < 16_000
+    _refused(repo, bundle, base, workdir, "more than 100 files")
+    link = _hash(node, "blob", b"x" * (20 << 20))
+    tree = _tree(node, [*_base_entries(node, base), ("120000", "link", link)])
+    bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+    roomy = SnapshotLimits(file_bytes=64 << 20, change_bytes=128 << 20, entries=100)
+    _refused(repo, bundle, base, workdir, "over its limit \\(4095 bytes\\)", limits=roomy)
+    tree = git(node, "rev-parse", f"{base}^{{tree}}").strip()
+    message = b"m" * (8 << 20)
+    raw = b"tree %s\nparent %s\nauthor a <a> 0 +0000\ncommitter a <a> 0 +0000\n\n" % (
+        tree.encode(),
+        base.encode(),
+    )
+    long = _hash(node, "commit", raw + message)
+    bundle, _ = _send(node, long, base, workdir)
+    _refused(repo, bundle, base, workdir, "larger than a snapshot's can be", limits=roomy)
+
+
+def test_a_tag_in_place_of_the_commit_is_refused_and_leaves_nothing(repo, node, workdir):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    tree = git(node, "rev-parse", f"{base}^{{tree}}").strip()
+    commit = _commit(node, tree, base)
+    tag = _hash(
+        node,
+        "tag",
+        b"object %s\ntype commit\ntag t\ntagger a <a> 0 +0000\n\nt\n" % commit.encode(),
+    )
+    bundle, _ = _send(node, tag, base, workdir)
+    _refused(repo, bundle, base, workdir, "does not name a commit")
