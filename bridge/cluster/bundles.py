@@ -139,9 +139,10 @@ def receive_snapshot(
     quarantine = scratch / "quarantine.git"
     shutil.rmtree(quarantine, ignore_errors=True)
     try:
-        _unpack(repo, bundle, header.size, quarantine, limits)
+        sent = _unpack(repo, bundle, header.size, quarantine, limits)
         git = Git(quarantine)
         _check(git, tip, base, limits)
+        _check_sent(git, tip, base, sent)
         git.run("update-ref", "refs/quarantine", tip)
         try:
             Git(repo).run(
@@ -154,9 +155,7 @@ def receive_snapshot(
     return tip
 
 
-def _unpack(
-    repo: Path, bundle: Path, offset: int, quarantine: Path, limits: SnapshotLimits
-) -> None:
+def _unpack(repo: Path, bundle: Path, offset: int, quarantine: Path, limits: SnapshotLimits) -> int:
     """The bundle's pack into ``quarantine``, a bare repository that reads the user's objects
     (its alternates) and writes its own, by `git index-pack --strict` (git's fsck: a `.git` or
     `..` entry, duplicates, bad modes refuse it) with a bounded object count, address space and
@@ -194,6 +193,7 @@ def _unpack(
                 "The node's snapshot bundle does not unpack as git would write it "
                 f"({str(said).removeprefix('error: ')[:200]})."
             ) from exc
+    return count
 
 
 def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
@@ -240,6 +240,26 @@ def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
     if checked.returncode != 0:
         said = checked.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
         raise BundleRefused(f"The node's snapshot holds a path git refuses ({said[0][:160]}).")
+
+
+def _check_sent(git: Git, tip: str, base: str, sent: int) -> None:
+    """BundleRefused unless every object the snapshot holds beyond the base came in the
+    bundle (the first ``sent`` objects of the pack; `--fix-thin` appends the base's objects it
+    borrowed after them): the quarantine reads all the user's objects, and a node must not
+    name one it was never sent (a blob of a private branch, known by its id)."""
+    index = next((git.cwd / "objects" / "pack").glob("*.idx"))
+    with index.open("rb") as handle:
+        listed = git.run("show-index", stdin=handle).stdout.decode().split("\n")
+    entries = sorted((int(line.split()[0]), line.split()[1]) for line in listed if line.strip())
+    came = {sha for _, sha in entries[:sent]}
+    needed = git.run("rev-list", "--objects", tip, "--not", base).stdout.decode().split("\n")
+    for line in needed:
+        sha = line.split(" ", 1)[0]
+        if sha and sha not in came:
+            raise BundleRefused(
+                f"The node's snapshot names object {sha[:12]}, which its bundle did not bring "
+                "and the base does not reach; it was not taken."
+            )
 
 
 def _count_entries(git: Git, tip: str, most: int) -> int:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.repos import git
+from support.repos import commit_all, git
 
 from bridge.cluster.bundles import (
     BundleRefused,
@@ -218,3 +218,29 @@ def test_a_tag_in_place_of_the_commit_is_refused_and_leaves_nothing(repo, node, 
     )
     bundle, _ = _send(node, tag, base, workdir)
     _refused(repo, bundle, base, workdir, "does not name a commit")
+
+
+def test_a_snapshot_naming_an_object_it_was_never_sent_is_refused(repo, node, workdir):
+    # The review's way: the quarantine reads all the user's objects, so a tree naming a blob
+    # of a private branch (its id known) came through without the blob ever being sent.
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "-b", "private")
+    (repo / "secret.txt").write_text("API_KEY=hunter2\n")
+    commit_all(repo, "private")
+    secret = git(repo, "rev-parse", "HEAD:secret.txt").strip()
+    git(repo, "checkout", "-q", "-")
+    full = workdir / "full"  # a copy holding everything, to pack the snapshot without the blob
+    git(workdir, "clone", "-q", "--no-local", str(repo), str(full))
+    git(full, "fetch", "-q", "origin", "private")
+    tree = _tree(full, [*_base_entries(full, base), ("100644", "leak.txt", secret)])
+    snapshot = _commit(full, tree, base)
+    pack = subprocess.run(  # the commit and its tree alone: the blob is not in it
+        ["git", "-C", str(full), "pack-objects", "--stdout", "--quiet"],
+        input=f"{snapshot}\n{tree}\n".encode(),
+        capture_output=True,
+        check=True,
+    ).stdout
+    bundle = workdir / "leaky.bundle"
+    header = f"# v2 git bundle\n-{base}\n{snapshot} refs/worker-bridge/snapshot\n\n"
+    bundle.write_bytes(header.encode() + pack)
+    _refused(repo, bundle, base, workdir, "which its bundle did not bring")
