@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+from pathlib import Path
 from typing import TypedDict
 
 from bridge.config.settings import Config
@@ -34,6 +35,9 @@ class Check(TypedDict):
 
 def _check(name: str, ok: bool, detail: str, severity: str = "error") -> Check:
     return Check(check=name, ok=ok, detail=detail, severity="ok" if ok else severity)
+
+
+SUBORDINATE_FILES = ("/etc/subuid", "/etc/subgid")
 
 
 def health_checks(config: Config, sandbox: Sandbox) -> list[Check]:
@@ -95,18 +99,38 @@ def _sandbox_uid(config: Config) -> Check:
     if os.geteuid() != 0:
         detail = f"containers run as this user (uid {os.geteuid()}); sandbox_uid is a root bridge's"
         return _check("sandbox_uid", True, detail)
+    holder: str | None
     try:
-        account = pwd.getpwuid(uid).pw_name
+        holder = f"the host account '{pwd.getpwuid(uid).pw_name}'"
     except KeyError:
+        holder = subordinate_holder(uid)
+    if holder is None:
         return _check("sandbox_uid", True, f"sandbox_uid {uid} is no host account's")
     return _check(
         "sandbox_uid",
         False,
-        f"sandbox_uid {uid} is the host account '{account}': its processes can reach a running "
-        "task's containers (their files through /proc, ptrace where the kernel allows it) and so "
-        "its checks; set `sandbox_uid` in config.yaml to a uid no account uses.",
+        f"sandbox_uid {uid} is {holder}: its processes can reach a running task's containers "
+        "(their files through /proc, ptrace where the kernel allows it) and so its checks; set "
+        "`sandbox_uid` in config.yaml to a uid no account uses.",
         "warning",
     )
+
+
+def subordinate_holder(uid: int, files: tuple[str, ...] = SUBORDINATE_FILES) -> str | None:
+    """Who may take ``uid`` as a subordinate id (/etc/subuid, /etc/subgid: a user of rootless
+    containers or user namespaces becomes any uid of their range), said in a few words; None
+    when no range holds it."""
+    for path in files:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            owner, _, rest = line.strip().partition(":")
+            start, _, count = rest.partition(":")
+            if start.isdigit() and count.isdigit() and int(start) <= uid < int(start) + int(count):
+                return f"in the range {path} gives '{owner}' (rootless containers)"
+    return None
 
 
 def _images(config: Config, sandbox: Sandbox) -> list[Check]:

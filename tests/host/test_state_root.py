@@ -168,3 +168,18 @@ def test_the_mcp_server_makes_it_private_before_it_writes_its_log_there(workdir)
     )
     assert (home / "logs" / "mcp-server.log").exists(), served.stderr
     assert _private(home) == [] and OPEN not in served.stderr
+
+
+def test_a_sandbox_uid_inside_someones_subordinate_range_is_named(tmp_path):
+    # The review's way past the passwd check: a user of rootless containers becomes any uid of
+    # the range /etc/subuid gives them, 10001 among them.
+    from bridge.service.doctor import subordinate_holder
+
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text("alice:100000:65536\nbob:5000:10000\n")
+    subgid.write_text("carol:20000:1\n")
+    files = (str(subuid), str(subgid))
+    assert "'bob'" in (subordinate_holder(10001, files) or "")
+    assert "'carol'" in (subordinate_holder(20000, files) or "")
+    assert subordinate_holder(15000, files) is None and subordinate_holder(99999, files) is None
+    assert subordinate_holder(10001, (str(tmp_path / "missing"),)) is None
