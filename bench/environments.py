@@ -124,7 +124,7 @@ def _sealed(events: list[dict[str, Any]]) -> bool:
 def _home(root: Path, name: str, server_port: int) -> Path:
     """A fresh state root whose gateways may reach the registry on loopback."""
     home = root / name
-    home.mkdir()
+    home.mkdir(mode=0o700)  # a state root of its own: the bridge would warn of an open one
     config = (
         "allowed_images: ['worker-bridge-test/*']\n"
         f"gateway:\n  trusted_ranges: ['127.0.0.0/8']\n  http_ports: [{server_port}]\n"

@@ -108,7 +108,7 @@ def bench_workers(root: Path, repo: Path, pairs: int) -> dict[str, Any]:
 
     server = ModelServer(key=KEY).start()
     home = root / "home-workers"
-    home.mkdir()
+    home.mkdir(mode=0o700)  # a state root of its own: the bridge would warn of an open one
     (home / "config.yaml").write_text(_config_yaml(server))
     os.environ["WB_BENCH_KEY"] = KEY
     out: dict[str, Any] = {"pairs": pairs, "workers": {}}
