@@ -27,7 +27,12 @@ from pathlib import Path
 
 from bridge.errors import BridgeError, GitError
 from bridge.workspace.git import Git
-from bridge.workspace.snapshot import MAX_PATH_BYTES, SnapshotLimits, is_git_dir_name
+from bridge.workspace.snapshot import (
+    MAX_PATH_BYTES,
+    SnapshotLimits,
+    is_git_dir_name,
+    is_git_file_name,
+)
 
 SIGNATURE = b"# v2 git bundle\n"
 BUNDLE_REF = "refs/worker-bridge/snapshot"
@@ -230,6 +235,11 @@ def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
             raise BundleRefused(
                 f"The node's snapshot sets '{_shown(path)}' to mode {new_mode}, which a snapshot "
                 "never records."
+            )
+        if new_mode == "120000" and is_git_file_name(_shown(path).rsplit("/", 1)[-1]):
+            raise BundleRefused(
+                f"The node's snapshot makes '{_shown(path)}' a symlink, which git would follow "
+                "out of the tree and a snapshot never records."
             )
         bound = MAX_LINK_BYTES if new_mode == "120000" else limits.file_bytes
         blobs.append((new_sha, bound))

@@ -144,7 +144,7 @@ class _Plan:
         if stat.S_ISREG(mode):
             self._want(path, "100755" if mode & stat.S_IXUSR else "100644", record[1])
         elif stat.S_ISLNK(mode):
-            if _normal(parts[-1]) in _GIT_FILES:
+            if is_git_file_name(parts[-1]):
                 self.dropped.append(
                     Dropped(path, "a symlinked git metadata file is never collected")
                 )
@@ -245,6 +245,13 @@ def _normal(name: str) -> str:
     """A name as Windows and git's NTFS protection see it: trailing dots and spaces dropped,
     case folded (so `.GIT`, `.git.` and `.git ` are all `.git`)."""
     return name.rstrip(" .").lower()
+
+
+def is_git_file_name(part: str) -> bool:
+    """Whether a name is one of the files git reads its own settings from (`.gitmodules`,
+    `.gitattributes`, `.gitignore`, `.mailmap`, as git's NTFS protection spells them): never
+    collected as a symlink, which git would follow out of the tree."""
+    return _normal(part) in _GIT_FILES
 
 
 def is_git_dir_name(part: str) -> bool:

@@ -244,3 +244,13 @@ def test_a_snapshot_naming_an_object_it_was_never_sent_is_refused(repo, node, wo
     header = f"# v2 git bundle\n-{base}\n{snapshot} refs/worker-bridge/snapshot\n\n"
     bundle.write_bytes(header.encode() + pack)
     _refused(repo, bundle, base, workdir, "which its bundle did not bring")
+
+
+@pytest.mark.parametrize("name", [".gitattributes", ".GITIGNORE.", "gitmod~1"])
+def test_a_snapshot_linking_a_git_settings_file_is_refused(repo, node, workdir, name):
+    # Collect leaves such a link out (git would read the file it points to); the host too.
+    base = git(repo, "rev-parse", "HEAD").strip()
+    target = _hash(node, "blob", b"/etc/passwd")
+    tree = _tree(node, [*_base_entries(node, base), ("120000", name, target)])
+    bundle, _ = _send(node, _commit(node, tree, base), base, workdir)
+    _refused(repo, bundle, base, workdir, "a symlink|does not unpack")
