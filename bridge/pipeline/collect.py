@@ -1,7 +1,8 @@
 """Collect: snapshot the worktree on the host as a commit on the task branch (see
 `workspace.snapshot` for what is read and what is left out), and write the diff, its readable
 form (`workspace.readable`: what git shows as binary given as text) and the manifest (base ->
-snapshot) as the task's artifacts."""
+snapshot) as the task's artifacts. Two halves: `take_snapshot` where the worker's containers ran,
+`write_artifacts` on the control host from a commit (a node's comes in a bundle: cluster/)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge.config.settings import LimitDefaults
 from bridge.documents import BinaryNote
 from bridge.errors import DiskFull
 from bridge.phase.handle import PhaseHandle
@@ -18,7 +20,7 @@ from bridge.workspace.baseline import Stat
 from bridge.workspace.diff import Change, ChangedEntry, list_changes, write_diff, write_manifest
 from bridge.workspace.modes import disarm_all
 from bridge.workspace.readable import write_readable
-from bridge.workspace.snapshot import Dropped, SnapshotLimits, snapshot_worktree
+from bridge.workspace.snapshot import Dropped, Snapshot, SnapshotLimits, snapshot_worktree
 from bridge.workspace.worktree import TaskWorkspace
 
 MAX_DROPPED_REPORTED = 200
@@ -80,8 +82,25 @@ def collect_changes(
     """Snapshot and artifacts. ``start``: the commit whose tree the turn began from (the base,
     or the previous turn's snapshot); ``baseline``: the worktree's stat record from just before
     this turn's worker started (None: every file is compared). Idempotent."""
+    snapshot = take_snapshot(handle, ws, start, baseline)
+    return write_artifacts(handle, ws.repository, snapshot)
+
+
+def snapshot_limits(limits: LimitDefaults) -> SnapshotLimits:
+    """What a snapshot may hold, from the task's limits (here, and for a node's: bundles)."""
+    return SnapshotLimits(
+        file_bytes=limits.file_mb * 2**20,
+        change_bytes=limits.change_mb * 2**20,
+        entries=limits.files,
+    )
+
+
+def take_snapshot(
+    handle: PhaseHandle, ws: TaskWorkspace, start: str, baseline: dict[str, Stat] | None
+) -> Snapshot:
+    """The worktree committed to the task's branch (where its containers ran: a node's own
+    collect is this too), its set-user-id bits cleared; DiskFull past a limit."""
     base, task_id = handle.record.base_commit or "", handle.task_id
-    limits = handle.limits
     try:
         disarm_workspace(handle, ws, worktree=False)  # the worktree's files: in the snapshot
         snapshot = snapshot_worktree(
@@ -89,11 +108,7 @@ def collect_changes(
             base,
             start,
             f"worker-bridge snapshot of task {task_id}",
-            SnapshotLimits(
-                file_bytes=limits.file_mb * 2**20,
-                change_bytes=limits.change_mb * 2**20,
-                entries=limits.files,
-            ),
+            snapshot_limits(handle.limits),
             baseline,
             stop=lambda: _stop_check(handle),
             timeout=max(handle.remaining(), 1.0),
@@ -110,15 +125,22 @@ def collect_changes(
             "workspace.dropped",
             {"paths": [d.document() for d in snapshot.dropped[:MAX_DROPPED_REPORTED]]},
         )
-    changes = list_changes(ws.repository, base, snapshot.commit)
+    return snapshot
+
+
+def write_artifacts(handle: PhaseHandle, repository: Path, snapshot: Snapshot) -> Collected:
+    """The change from the base to ``snapshot`` (a commit in ``repository``) as the task's
+    artifacts on the control host: its diff, its readable diff and its manifest."""
+    base, task_id = handle.record.base_commit or "", handle.task_id
+    changes = list_changes(repository, base, snapshot.commit)
     out = handle.ctx.task_dir(task_id)
     out.mkdir(parents=True, exist_ok=True)
     diff_path, manifest_path = out / "changes.diff", out / "manifest.json"
     store = handle.ctx.store
-    size, digest = write_diff(ws.repository, base, snapshot.commit, diff_path)
+    size, digest = write_diff(repository, base, snapshot.commit, diff_path)
     store.add_artifact(task_id, "diff", diff_path, size, digest)
     readable = write_readable(
-        ws.repository, base, snapshot.commit, diff_path, out / "readable.diff", changes
+        repository, base, snapshot.commit, diff_path, out / "readable.diff", changes
     )
     store.add_artifact(task_id, "readable", readable.path, readable.size, readable.sha256)
     size, digest = write_manifest(changes, base, snapshot.commit, manifest_path)
