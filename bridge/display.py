@@ -5,6 +5,7 @@ view and `tasks show`, the web view's event stream): text made safe for a termin
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pydantic there
@@ -12,16 +13,11 @@ if TYPE_CHECKING:  # the CLI's SafeStream loads this module at start-up: no pyda
     from bridge.records import Event
 
 # What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts
-# escape sequences, CR rewrites a line), DEL, C1 controls (0x9b is CSI), and the bidirectional
-# overrides that reorder what is shown. Each is shown as its escape instead.
+# escape sequences, CR rewrites a line), DEL, C1 controls (0x9b is CSI), line separators, and
+# (INVISIBLE below) the bidirectional overrides that reorder what is shown. Each is shown as its
+# escape instead.
 _UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F)}
 _UNSAFE.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
-_UNSAFE.update(
-    {
-        c: f"\\u{c:04x}"
-        for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
-    }
-)
 _UNSAFE.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line and paragraph separators
 
 # Code points no one sees (Unicode's Default_Ignorable_Code_Point: zero-width characters, tag
@@ -48,16 +44,22 @@ INVISIBLE_RANGES = (
     (0x1D173, 0x1D17A),
     (0xE0000, 0xE0FFF),
 )
-INVISIBLE = {
-    c: f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
-    for low, high in INVISIBLE_RANGES
-    for c in range(low, high + 1)
-}
-_UNSAFE.update(INVISIBLE)
+INVISIBLE = re.compile(
+    "[" + "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in INVISIBLE_RANGES) + "]"
+)
+
+
+def escape_invisible(text: str) -> str:
+    """``text`` with each code point no one sees as its escape (`\\u200b`, `\\U000e0063`)."""
+    return INVISIBLE.sub(lambda m: _escape(ord(m.group())), text)
+
+
+def _escape(c: int) -> str:
+    return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
 
 
 def terminal_safe(text: str) -> str:
-    return text.translate(_UNSAFE)
+    return escape_invisible(text.translate(_UNSAFE))
 
 
 def one_line(text: object) -> str:

@@ -109,20 +109,20 @@ class Jobs:
 
     def record(self, job_id: str) -> JobRecord:
         """The job's record; JobNotFound naming the id, RecordUnreadable for a damaged row."""
-        rows = self.store.query("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
-        if not rows:
-            raise JobNotFound.of(job_id)
-        return _record(rows[0])
+        return _record(self._row(job_id))
 
     def records(self, limit: int | None = None) -> builtins.list[JobRecord]:
         """Jobs newest first, as records (a damaged row left out with a warning)."""
         return readable(self._rows(limit), _record)
 
     def load(self, job_id: str) -> JobRow:
+        return _decode(self._row(job_id))
+
+    def _row(self, job_id: str) -> sqlite3.Row:
         rows = self.store.query("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
         if not rows:
             raise JobNotFound.of(job_id)
-        return _decode(rows[0])
+        return rows[0]
 
     def list(self, limit: int | None = None) -> builtins.list[JobRow]:
         return [_decode(row) for row in self._rows(limit)]

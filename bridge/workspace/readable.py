@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.display import INVISIBLE, INVISIBLE_RANGES
+from bridge.display import INVISIBLE, escape_invisible
 from bridge.documents import BinaryNote
 from bridge.errors import GitError
 from bridge.workspace.diff import Change, git_diff
@@ -45,9 +45,6 @@ _BINARY_PATCH = b"\nGIT binary patch\n"
 # What is not text, in the diff's bytes (C1 controls as UTF-8 too) and in its decoded text.
 _NOT_TEXT = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|\xc2[\x80-\x9f]")
 _NOT_TEXT_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
-_INVISIBLE = re.compile(
-    "[" + "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in INVISIBLE_RANGES) + "]"
-)
 _MOVED = re.compile(rb"(?m)^(?:rename|copy) from ")
 _SECTION = re.compile(rb"(?m)^(?=diff --git )")
 _INDEX = re.compile(rb"(?m)^index ([0-9a-f]+)\.\.([0-9a-f]+)")
@@ -95,7 +92,7 @@ def readable_text(data: bytes) -> str:
     that does not end a line, as `\\xNN`; code points no one sees as `\\uXXXX`."""
     text = data.decode("utf-8", "backslashreplace")
     text = _NOT_TEXT_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return text.translate(INVISIBLE) if _INVISIBLE.search(text) else text
+    return escape_invisible(text)
 
 
 def changed_lines(lines: Iterable[bytes], width: int = LINE_BYTES) -> tuple[int, int]:
@@ -140,7 +137,7 @@ def _needs_reading(data: bytes) -> bool:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return True
-    return _INVISIBLE.search(text) is not None
+    return INVISIBLE.search(text) is not None
 
 
 def _readable_section(
