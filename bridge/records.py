@@ -161,6 +161,8 @@ class TaskRecord(_StoredRow):
     dropped: list[dict[str, str]] = Field(default_factory=list)
     usage: SkipValidation[UsageDoc | None] = None
     session_id: str | None = None
+    worker_node: str | None = None
+    verify_node: str | None = None
     job_id: str | None = None
     job_role: str | None = None
     job_label: str | None = None
@@ -230,6 +232,12 @@ class TaskResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     session_id: str | None = None
     usage: SkipValidation[UsageDoc | None] = None
+    worker_node: str | None = Field(
+        None, description="The cluster's node the worker's last turn ran on; null on one host."
+    )
+    verify_node: str | None = Field(
+        None, description="The cluster's node the checks ran on; null on one host."
+    )
     repository: str
     base_commit: str | None = None
     branch: str | None = None

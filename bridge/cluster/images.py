@@ -112,3 +112,16 @@ def check_image(
             node=node_name,
             found=found.id if found else None,
         )
+
+
+_published: dict[tuple[str, str], str] = {}
+
+
+def publish(host: DockerSandbox, reference: str, image_id: str, registry: Registry) -> str:
+    """Where a node's engine pulls the control host's ``image_id`` (tagged ``reference``) by
+    digest: pushed to ``registry`` once per image id and registry in this process."""
+    key = (image_id, registry.address)
+    digest = _published.get(key)
+    if digest is None:
+        digest = _published[key] = distribution.push(host, image_id, registry.repository(reference))
+    return f"{registry.repository(reference, for_node=True)}@{digest}"

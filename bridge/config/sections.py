@@ -246,6 +246,38 @@ class PoolConfig(BaseModel):
     )
 
 
+class ClusterConfig(BaseModel):
+    """Tasks on a Ray cluster (docs/cluster.md): with ``address`` set, a task's worker turns run
+    on the cluster's nodes, while the store, the keys, the gateways and the checks stay here."""
+
+    model_config = ConfigDict(extra="forbid")
+    address: str | None = Field(
+        None,
+        description="HOST:PORT of the Ray cluster's head (its token's file in RAY_AUTH_TOKEN_PATH);"
+        " unset: every task runs on this host.",
+    )
+    registry: str | None = Field(
+        None,
+        description="HOST:PORT of a registry this host's engine pushes the task images to, for "
+        "the nodes to pull them by digest; unset: the nodes must already hold them.",
+    )
+    node_registry: str | None = Field(
+        None, description="The same registry as the nodes' engines reach it, when that differs."
+    )
+    relay_host: str | None = Field(
+        None,
+        description="The address the nodes reach this host on for the gateway's relay; default:"
+        " the one Ray uses for this host.",
+    )
+    node_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="A node that says nothing for this long during a turn is lost: the turn "
+        "ends naming it.",
+    )
+    namespace: str = Field("worker-bridge", description="The Ray namespace of the node agents.")
+
+
 class TaskProfile(BaseModel):
     """What a task type (`metadata.type`, `--type`) fills in when the caller left it unset;
     a field left out here fills nothing (the spec's and config's defaults apply)."""

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bridge.config.names import ENV_PREFIX, OTHER_VARIABLES, default_home, variables
 from bridge.config.sections import (
     CircuitConfig,
+    ClusterConfig,
     GatewayConfig,
     HttpConfig,
     JobsConfig,
@@ -138,6 +139,10 @@ class Config(BaseModel):
         default_factory=CircuitConfig,
         description="The circuit breaker per worker: failures that open it, their window, and "
         "the cool-down before one task is tried again.",
+    )
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig,
+        description="Worker turns on the nodes of a Ray cluster (docs/cluster.md).",
     )
     pool: PoolConfig = Field(
         default_factory=PoolConfig,

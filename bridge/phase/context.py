@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.config.settings import Config
 from bridge.host.state_root import make_private
 from bridge.sandbox import LABEL, Sandbox, home_id
 from bridge.store import Store
+
+if TYPE_CHECKING:
+    from bridge.cluster.nodes import Nodes
 
 
 @dataclass
@@ -19,6 +23,7 @@ class Context:
     config: Config
     store: Store
     sandbox: Sandbox
+    nodes: Nodes | None = None  # the cluster's (docs/cluster.md), given or from config
 
     def __post_init__(self) -> None:
         # A detached runner or coordinator starts here, from a recorded configuration: the
@@ -59,4 +64,13 @@ class Context:
         return self.home / "tasks" / task_id
 
     def with_config(self, config: Config) -> Context:
-        return Context(config, self.store, self.sandbox)
+        return Context(config, self.store, self.sandbox, self.nodes)
+
+    def cluster(self) -> Nodes | None:
+        """The cluster's nodes when tasks run on a cluster (config `cluster.address`, or nodes
+        given); None: on this host."""
+        if self.nodes is None and self.config.cluster.address:
+            from bridge.cluster.nodes import cluster_nodes
+
+            self.nodes = cluster_nodes(self.config.cluster)
+        return self.nodes

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from bridge.asking import listed_domains
 from bridge.gateway.policy import resolve_routes
@@ -19,6 +20,7 @@ from bridge.phase.handle import PhaseHandle
 from bridge.sandbox import ContainerSpec, Mount
 
 if TYPE_CHECKING:
+    from bridge.config.sections import GatewayConfig
     from bridge.gateway.proxy import Asker
     from bridge.gateway.server import Gateway
     from bridge.store import Store
@@ -44,6 +46,27 @@ def task_allowlist(handle: PhaseHandle) -> list[str] | None:
     it refuses everything (`none`, not asking). Approved names are not patterns: the proxy
     learns each approved (name, port) from its asker (see NetworkAsker)."""
     return listed_domains(handle.spec, asking=asks(handle))
+
+
+class GatewayPort(Protocol):
+    """What a worker container is fitted with: the folder holding the gateway's two sockets,
+    the model routes behind them, and the gateway's bounds. The gateway itself on one host; on
+    a node, the relay's folder that carries each connection to it (bridge/cluster/relay.py)."""
+
+    @property
+    def folder(self) -> Path: ...
+
+    @property
+    def routes(self) -> Iterable[str]: ...
+
+    @property
+    def config(self) -> GatewayConfig: ...
+
+
+# A worker turn's way to its gateway: (handle, routes, turn) -> the port while the block runs.
+GatewayOpener = Callable[
+    [PhaseHandle, list[str], int], AbstractContextManager["GatewayPort | None"]
+]
 
 
 # How long the gateway trusts what it last read of a pending request before asking the store
@@ -210,7 +233,7 @@ def open_gateway(
 
 
 def with_gateway(
-    spec: ContainerSpec, handle: PhaseHandle, gateway: Gateway | None, *, no_proxy: bool = True
+    spec: ContainerSpec, handle: PhaseHandle, gateway: GatewayPort | None, *, no_proxy: bool = True
 ) -> ContainerSpec:
     """A container spec fitted with the gateway (unchanged when there is none). ``no_proxy``
     off: requests to localhost go through the proxy too (a setup's registry may be a name

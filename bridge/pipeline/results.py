@@ -36,6 +36,8 @@ def task_result(
         timings=record.timings,
         usage=record.usage,
         session_id=record.session_id,
+        worker_node=record.worker_node,
+        verify_node=record.verify_node,
         repository=record.repository,
         base_commit=record.base_commit,
         branch=record.branch,

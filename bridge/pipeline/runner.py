@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.environments.task import SetupTimedOut, SnapshotSetupFailed, TaskEnvironment
 from bridge.errors import BridgeError, SandboxError
@@ -23,7 +24,13 @@ from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.phase.run_container import interrupts_held
 from bridge.pipeline.answer import asked, wait_for_input
 from bridge.pipeline.checkout import VerifyCheckout
-from bridge.pipeline.collect import CollectTimedOut, collect_changes, disarm_workspace
+from bridge.pipeline.collect import (
+    Collected,
+    CollectTimedOut,
+    collect_changes,
+    disarm_workspace,
+    write_artifacts,
+)
 from bridge.pipeline.finish import fail_unreadable, finish_task
 from bridge.pipeline.outcomes import (
     Outcome,
@@ -51,6 +58,10 @@ from bridge.workers import Turn, Worker, get_worker
 from bridge.workspace.baseline import Stat, record_files
 from bridge.workspace.diff import Change, list_changes
 from bridge.workspace.worktree import TaskWorkspace
+
+if TYPE_CHECKING:
+    from bridge.cluster.nodes import Nodes
+    from bridge.documents import WorkerExit
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
 
@@ -105,6 +116,7 @@ class TaskRunner:
             wait_for_input(self.ctx, handle, outcome)  # after the clean-up: no container left
         elif outcome is not None:
             finish_task(handle, outcome)
+        self._release_node(outcome)
         self.store.runners.release(self.task_id, self.owner)
         return self.store.load_task(self.task_id)
 
@@ -172,6 +184,17 @@ class TaskRunner:
                 pass  # the engine is gone: a container may live on, so keep it on record
         if self._checkout is not None:
             self._checkout.discard()
+
+    def _release_node(self, outcome: Outcome | None) -> None:
+        """A task that ran on a node and will not run there again: the node lets go of it
+        (its workspace, its shadow). One waiting for an answer keeps it for the next turn."""
+        node = self.store.load_task(self.task_id).worker_node
+        if node is None or self.ctx.nodes is None or outcome is self._waiting:
+            return
+        from bridge.pipeline.node_turn import release_task
+
+        if not release_task(self.ctx.nodes, node, self.task_id):
+            self.store.add_event(self.task_id, "cluster.release_failed", {"node": node})
 
     def _run_claimed(self, handle: PhaseHandle) -> Outcome:
         status = self.store.status(self.task_id)  # claim() already queued a created task
@@ -270,7 +293,8 @@ class TaskRunner:
             session_id=self.record.session_id,
             permission=spec.permission,
         )
-        if resume_phase is None and turn.number > 0:
+        nodes = self.ctx.cluster()
+        if resume_phase is None and turn.number > 0 and nodes is None:
             if not ws.worktree.is_dir():
                 raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
             phase, resuming = "worker", None  # a follow-up continues on the existing worktree
@@ -279,7 +303,10 @@ class TaskRunner:
         while True:
             if handle.remaining() <= 0:
                 return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, phase))
-            outcome, failure = self._turn(handle, ws, turn, phase, resuming)
+            if nodes is not None:
+                outcome, failure = self._node_turn(handle, ws, turn, phase, nodes)
+            else:
+                outcome, failure = self._turn(handle, ws, turn, phase, resuming)
             if asked(handle, turn.number):
                 self._waiting = outcome  # the caller answers first; a repair can wait
                 return outcome
@@ -339,25 +366,92 @@ class TaskRunner:
                 disarm_workspace(handle, ws)
                 return Outcome(Status.TIMED_OUT, timeout_error(handle.limits, "collecting")), None
             handle.timed("collect_s", t0)
-            snapshot, changes = collected.snapshot, collected.changes
-            self.snapshot = snapshot
-            handle.update(
-                summary=exit_info.summary if exit_info else None,
-                snapshot_commit=snapshot,
-                changed_files=handle.redactor.redact_data(collected.changed_files()),
-                dropped=handle.redactor.redact_data([d.document() for d in collected.dropped]),
-            )
-            allowed = approved_paths(self.store, self.task_id)  # by the caller, when asked
-            spec, limits = self.record.spec, handle.limits
-            verdict = judge_worker(
-                exit_info, changes, spec, limits, self.task_id, allowed
-            ) or binary_refusal(collected.made_binary, spec, self.record.job_id is not None)
+            verdict = self._judge(handle, exit_info, collected)
             if verdict is not None:
                 return verdict, None  # finish_task redacts the error
+            snapshot, changes = collected.snapshot, collected.changes
         else:
             snapshot = self.record.snapshot_commit or ""
             changes = list_changes(ws.repository, base, snapshot)
         return self._verify(handle, ws, snapshot, changes, turn)
+
+    def _judge(
+        self, handle: PhaseHandle, exit_info: WorkerExit | None, collected: Collected
+    ) -> Outcome | None:
+        """The turn's collected changes recorded, and the judge's verdict on them (None: on to
+        verification)."""
+        self.snapshot = collected.snapshot
+        handle.update(
+            summary=exit_info.summary if exit_info else None,
+            snapshot_commit=collected.snapshot,
+            changed_files=handle.redactor.redact_data(collected.changed_files()),
+            dropped=handle.redactor.redact_data([d.document() for d in collected.dropped]),
+        )
+        allowed = approved_paths(self.store, self.task_id)  # by the caller, when asked
+        spec, limits = self.record.spec, handle.limits
+        return judge_worker(
+            exit_info, collected.changes, spec, limits, self.task_id, allowed
+        ) or binary_refusal(collected.made_binary, spec, self.record.job_id is not None)
+
+    def _node_turn(
+        self, handle: PhaseHandle, ws: TaskWorkspace, turn: Turn, phase: str, nodes: Nodes
+    ) -> tuple[Outcome, CommandResult | None]:
+        """One turn whose worker runs on a node of the cluster (docs/cluster.md); the
+        artifacts, the judge and the checks are this host's, as after a local turn. A turn
+        resumed before its checks runs again: the node's half of it is not adopted. A node
+        lost during a first turn has it run again on another node while the repair budget
+        lasts."""
+        from bridge.cluster.nodes import NodeLost
+        from bridge.pipeline.node_turn import release_task, run_node_turn
+
+        if self.env.definition is not None:
+            raise BridgeError(
+                "Project environments do not run on a cluster yet; unset cluster.address for "
+                "this task's state root, or give the task no environment.",
+                kind="cluster",
+            )
+        base = self.record.base_commit or ""
+        if phase == "verifying":
+            snapshot = self.record.snapshot_commit or ""
+            return self._verify(
+                handle, ws, snapshot, list_changes(ws.repository, base, snapshot), turn
+            )
+        if turn.number == 0:
+            handle.enter_phase("allocating")
+            handle.update(branch=ws.branch)
+        if self.record.spec.verification.commands:
+            self._checkout = VerifyCheckout(handle, ws, base, turn.number)
+            self._checkout.start(None)  # checks out the base while the worker runs
+        handle.enter_phase("worker")
+        start = self.snapshot if turn.number > 0 and self.snapshot else base
+        avoid: set[str] = set()
+        while True:
+            t0 = time.monotonic()
+            try:
+                done = run_node_turn(
+                    handle, ws, self.worker, turn, start, nodes, self.owner, avoid=frozenset(avoid)
+                )
+                break
+            except NodeLost as exc:
+                handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn.number})
+                if turn.number > 0 or not self._may_repair():
+                    raise
+                self.repairs += 1
+                avoid.add(exc.node)
+                release_task(nodes, exc.node, self.task_id)
+            finally:
+                handle.timed("worker_s", t0)
+        handle.ensure_active()
+        if done.exit.over_limit or done.snapshot is None:
+            return Outcome(Status.FAILED, error("disk", done.exit.over_limit or "")), None
+        handle.enter_phase("collecting")
+        t0 = time.monotonic()
+        collected = write_artifacts(handle, ws.repository, done.snapshot)
+        handle.timed("collect_s", t0)
+        verdict = self._judge(handle, done.exit, collected)
+        if verdict is not None:
+            return verdict, None
+        return self._verify(handle, ws, collected.snapshot, collected.changes, turn)
 
     def _verify(
         self,

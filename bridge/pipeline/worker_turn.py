@@ -15,7 +15,7 @@ from bridge.documents import WorkerExit
 from bridge.environments.task import BUNDLE
 from bridge.errors import BridgeError, InvalidSpec
 from bridge.phase.handle import PhaseHandle
-from bridge.phase.network import task_gateway, with_gateway
+from bridge.phase.network import GatewayOpener, task_gateway, with_gateway
 from bridge.phase.run_container import Reader, run_container
 from bridge.phase.specs import task_container
 from bridge.phase.watch import DiskWatch
@@ -41,9 +41,11 @@ def run_worker_turn(
     *,
     resume: bool,
     env: Ready | None = None,
+    gateway: GatewayOpener = task_gateway,
 ) -> WorkerExit:
     """Run (or, when resuming, adopt or skip) the worker container of ``turn`` (in the
-    project's environment when ``env`` is given)."""
+    project's environment when ``env`` is given). ``gateway`` opens the turn's way out: the
+    task's gateway on this host, or on a node the relay to the control host's."""
     recorded = handle.record.worker_exit
     if resume and recorded is not None and recorded.turn == turn.number:
         return recorded
@@ -108,10 +110,10 @@ def run_worker_turn(
         result.append(done)
 
     routes = worker.routes(turn.metadata, handle.ctx.config)
-    with task_gateway(handle, routes, turn.number) as gateway:
+    with gateway(handle, routes, turn.number) as port:
         run_container(
             handle,
-            with_gateway(spec, handle, gateway),
+            with_gateway(spec, handle, port),
             readers=[Reader(reader.consume)],
             adopt=resume,
             on_start=started,

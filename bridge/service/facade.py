@@ -33,6 +33,7 @@ from bridge.store.rows import readable
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
+    from bridge.cluster.nodes import Nodes
     from bridge.documents import PruneReport
     from bridge.environments.manage import Listed
     from bridge.phase.context import Context
@@ -59,9 +60,11 @@ class WorkerBridge:
         *,
         sandbox: Sandbox | None = None,
         hooks: PipelineHooks | None = None,
+        nodes: Nodes | None = None,
         **overrides: Any,
     ) -> None:
         self._overrides = overrides
+        self.nodes = nodes  # a cluster's nodes given (tests); else config `cluster` names them
         self.config = config or load_config(**overrides)
         self._sandbox = sandbox
         self._store: Store | None = None
@@ -97,7 +100,7 @@ class WorkerBridge:
     def context(self) -> Context:
         from bridge.phase.context import Context
 
-        return Context(self.config, self.store, self.sandbox)
+        return Context(self.config, self.store, self.sandbox, self.nodes)
 
     @property
     def scope(self) -> RepositoryScope:

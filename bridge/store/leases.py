@@ -294,6 +294,14 @@ class Leases:
             else:
                 conn.execute("DELETE FROM leases WHERE task_id = ?", (task_id,))
 
+    def release_scope(self, task_id: str, owner: Owner, scope: str) -> None:
+        """Give back one scope's lease of the task (a cluster node's slot after a turn)."""
+        with self.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM leases WHERE task_id = ? AND owner = ? AND scope = ?",
+                (task_id, owner.id, scope),
+            )
+
     def live(self, scope: str | None = None) -> list[LiveLease]:
         with self.store.transaction() as conn:
             live = self._sweep(conn)

@@ -276,6 +276,16 @@ def _pool(db: sqlite_utils.Database) -> None:
 
 STEPS.append(("0011_pool", _pool))
 
+
+def _nodes(db: sqlite_utils.Database) -> None:
+    """The cluster's node a task's worker last ran on, and the one its checks ran on
+    (docs/cluster.md); NULL on one host."""
+    db.table("tasks").add_column("worker_node", str)
+    db.table("tasks").add_column("verify_node", str)
+
+
+STEPS.append(("0012_nodes", _nodes))
+
 MIGRATION_SET = "worker-bridge"
 
 

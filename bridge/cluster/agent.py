@@ -1,0 +1,389 @@
+"""A node's agent: worker-bridge's own phases run against the node's own engine.
+
+The agent is a small bridge of its own on the node: a private state root (its store, its
+worktrees, its copies of the repositories the tasks come from, made from the control host's
+bundles), the unchanged Docker sandbox against the node's engine, and for each task a shadow
+record in its store (the control host's record: same id, spec, limits; this state root for a
+home). A worker turn there is what it is on one host: the workspace made
+(`create_workspace`), the worker's container run (`run_worker_turn`, every hardening the same),
+the worktree snapshotted (`take_snapshot`). The turn's way out is the relay to the control
+host's gateway (bridge/cluster/relay.py), so no key is ever on the node. The snapshot goes back
+as a thin bundle of one commit on the base; the control host checks it again before it takes
+it (bridge/cluster/bundles.py: `receive_snapshot`).
+
+While a turn runs, `run_turn` yields what the turn recorded (events, a beat each second) and
+then how it ended. The control host touches the turn while it listens (`touch`): a turn
+nobody touched for its `cluster.node_timeout_s` (the control host died or lost the node) is
+cancelled here, its container removed. The workspace of a task stays on the node for its next
+turn (a repair, an answer) until the control host releases it (`release`); an agent that starts
+finds the tasks its predecessor left running (its node went down) and ends them (`reap`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bridge.cluster.bundles import BUNDLE_REF, write_bundle
+from bridge.cluster.images import check_image
+from bridge.cluster.orders import (
+    Beat,
+    Events,
+    GatewayTicket,
+    ImageOrder,
+    Placed,
+    TurnDone,
+    TurnFailed,
+    TurnOrder,
+    Update,
+)
+from bridge.cluster.relay import RelayFolder
+from bridge.config.sections import ClusterConfig, GatewayConfig
+from bridge.errors import BridgeError
+from bridge.host.state_root import make_private
+from bridge.models import TERMINAL, Status
+from bridge.phase.context import Context
+from bridge.phase.handle import PhaseHandle, Superseded
+from bridge.phase.network import GatewayOpener, needs_gateway
+from bridge.pipeline.collect import CollectTimedOut, disarm_workspace, take_snapshot
+from bridge.pipeline.prepare import prepare_workspace
+from bridge.pipeline.results import redactor_for
+from bridge.pipeline.worker_turn import run_worker_turn
+from bridge.records import NewTask, TaskRecord
+from bridge.sandbox import LABEL, Sandbox
+from bridge.sandbox.docker import DockerSandbox
+from bridge.store import Store
+from bridge.workers import get_worker
+from bridge.workspace.baseline import record_files
+from bridge.workspace.git import Git
+from bridge.workspace.locks import repository_lock
+from bridge.workspace.worktree import TaskWorkspace, remove_workspace
+
+BATCH_S = 0.25  # how often a running turn's new events are sent
+BEAT_S = 1.0  # a beat at least this often when there is nothing new
+SHADOW_EVENTS = frozenset({"task.created", "task.status"})  # the node's own bookkeeping
+
+
+class RelayPort:
+    """The relay's folder as the worker container's gateway (bridge/phase/network.py)."""
+
+    def __init__(self, folder: Path, routes: list[str], config: GatewayConfig) -> None:
+        self.folder, self.routes, self.config = folder, routes, config
+
+
+class NodeAgent:
+    """The agent of one node: ``root`` holds its private state root (`state`) and its copies of
+    the control host's repositories (`repositories`, outside the state root as a user's are);
+    ``sandbox`` is its engine."""
+
+    def __init__(self, name: str, root: Path, sandbox: Sandbox) -> None:
+        self.name = name
+        self.root = root
+        self.home = root / "state"
+        make_private(root)
+        make_private(self.home)
+        self.store = Store(self.home / "bridge.db")
+        self.sandbox = sandbox
+        self._touched: dict[str, float] = {}  # task id -> when the control host last listened
+        self._lock = threading.Lock()
+
+    # -- what the control host asks ---------------------------------------------------------
+
+    def missing(self, repo_key: str, commits: list[str]) -> list[str]:
+        """Those of ``commits`` this node does not hold for ``repo_key``'s repository."""
+        repo = self._repository(repo_key)
+        git = Git(repo)
+        return [
+            c
+            for c in commits
+            if git.run("cat-file", "-e", f"{c}^{{commit}}", check=False).returncode
+        ]
+
+    def touch(self, task_id: str) -> str:
+        """The control host still listens to ``task_id``'s turn; answers the node's name."""
+        with self._lock:
+            if task_id in self._touched:
+                self._touched[task_id] = time.monotonic()
+        return self.name
+
+    def cancel(self, task_id: str) -> None:
+        """End the task's turn here: its shadow cancelled, its containers removed."""
+        if self._known(task_id):
+            self.store.transition(
+                task_id, Status.CANCELLED, expect={Status.QUEUED, Status.RUNNING, Status.VERIFYING}
+            )
+        self.sandbox.remove_by_labels({f"{LABEL}.task": task_id})
+
+    def release(self, task_id: str) -> None:
+        """The task is done with this node: its turn ended, its workspace and folders removed."""
+        self.cancel(task_id)
+        if not self._known(task_id):
+            return
+        record = self.store.load_task(task_id)
+        ws = TaskWorkspace.plan(self.home, Path(record.repository), task_id)
+        remove_workspace(self.home, ws, delete_branch=True)
+        shutil.rmtree(self.home / "tasks" / task_id, ignore_errors=True)
+        shutil.rmtree(self.home / "gateways" / task_id, ignore_errors=True)
+        with self.store.transaction() as conn:  # the shadow goes too: a new attempt starts anew
+            conn.execute("DELETE FROM events WHERE task_id = ?", (task_id,))
+            conn.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
+
+    def reap(self) -> list[str]:
+        """Release every task a former agent of this node left unfinished (the node went down
+        with it): no process runs their turns any more. Returns their ids."""
+        with self._lock:
+            running = set(self._touched)
+        rows = self.store.query(
+            "SELECT task_id FROM tasks WHERE status IN ('queued', 'running', 'verifying')"
+        )
+        left = [row["task_id"] for row in rows if row["task_id"] not in running]
+        for task_id in left:
+            self.release(task_id)
+        return left
+
+    def images(self) -> list[str]:
+        """The image ids this node's engine holds, of worker-bridge's images."""
+        return sorted({info.id for info in self.sandbox.images({})})
+
+    # -- one turn ---------------------------------------------------------------------------
+
+    def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
+        """Run one worker turn; yields where it runs, its events as they come, a beat each
+        second, and last how it ended. ``timeout_s``: a turn nobody touched for this long is
+        cancelled (see `touch`)."""
+        task_id = order.record.task_id
+        yield Placed(self.name)
+        with self._lock:
+            if task_id in self._touched:
+                yield TurnFailed("cluster", f"Task {task_id} already has a turn on {self.name}.")
+                return
+            self._touched[task_id] = time.monotonic()
+        result: list[Update] = []
+        try:
+            after = self.store.last_event()
+            worker = threading.Thread(
+                target=self._turn_thread, args=(order, result), name=f"turn-{task_id}", daemon=True
+            )
+            worker.start()
+            last_sent = time.monotonic()
+            while True:
+                worker.join(BATCH_S)
+                events = self.store.events(task_id, after=after, limit=500)
+                if events:
+                    after = events[-1].event_id
+                    kept = tuple((e.kind, e.data) for e in events if e.kind not in SHADOW_EVENTS)
+                    if kept:
+                        last_sent = time.monotonic()
+                        yield Events(kept)
+                        continue
+                if not worker.is_alive():
+                    break
+                if self._untouched(task_id, timeout_s):
+                    self.cancel(task_id)  # the control host is gone: the turn ends here
+                if time.monotonic() - last_sent >= BEAT_S:
+                    last_sent = time.monotonic()
+                    yield Beat()
+        finally:
+            with self._lock:
+                self._touched.pop(task_id, None)
+        yield (
+            result[0]
+            if result
+            else TurnFailed("internal", f"The turn on {self.name} ended without a result.")
+        )
+
+    def _untouched(self, task_id: str, timeout_s: float) -> bool:
+        with self._lock:
+            touched = self._touched.get(task_id, time.monotonic())
+        return time.monotonic() - touched > timeout_s
+
+    def _turn_thread(self, order: TurnOrder, result: list[Update]) -> None:
+        try:
+            result.append(self._turn(order))
+        except Superseded:
+            result.append(TurnFailed("cancelled", "The task was cancelled.", superseded=True))
+        except CollectTimedOut:
+            result.append(
+                TurnFailed("collect_timeout", "Collecting the worker's changes timed out.")
+            )
+        except BridgeError as exc:
+            result.append(TurnFailed(exc.kind, exc.message))
+        except Exception as exc:  # noqa: BLE001 - the control host ends the task with it
+            detail = traceback.format_exc()[-1500:]
+            result.append(
+                TurnFailed(
+                    "internal",
+                    f"The node {self.name} hit an internal error ({exc.__class__.__name__}: "
+                    f"{str(exc)[:200]}).\n{detail}",
+                )
+            )
+
+    def _turn(self, order: TurnOrder) -> TurnDone:
+        record = order.record
+        base = record.base_commit or ""
+        repo = self._repository(order.repo_key, order.bundles)
+        shadow = self._shadow(order, repo)
+        ctx = Context(shadow.config, self.store, self.sandbox)
+        handle = PhaseHandle(
+            task_id=record.task_id,
+            record=shadow,
+            ctx=ctx,
+            redactor=redactor_for(shadow),
+            deadline_at=time.time() + order.remaining_s,
+        )
+        for image in order.images:
+            self._ensure_image(image)
+        worker = get_worker(ctx.config, record.spec.worker)
+        ws = TaskWorkspace.plan(self.home, repo, record.task_id)
+        seconds: dict[str, float] = {}
+        t0 = time.monotonic()
+        if order.turn.number == 0 or not ws.worktree.is_dir():
+            if order.start != base:
+                raise BridgeError(
+                    f"Task {record.task_id}'s worktree is not on {self.name} (its node was lost"
+                    " or it was released); `worker-bridge tasks retry` runs it again.",
+                    kind="cluster",
+                )
+            prepare_workspace(handle, ws, sweep=ws.worktree.exists() or ws.admin.exists())
+        seconds["prepare_s"] = round(time.monotonic() - t0, 3)
+        baseline = (
+            record_files(ws.worktree, limit=handle.limits.files) if ws.upper is None else None
+        )
+        t0 = time.monotonic()
+        exit_info = run_worker_turn(
+            handle, ws, worker, order.turn, resume=False, gateway=self._opener(order.gateway)
+        )
+        seconds["worker_s"] = round(time.monotonic() - t0, 3)
+        handle.ensure_active()
+        session = self.store.load_task(record.task_id).session_id
+        if exit_info.over_limit:
+            disarm_workspace(handle, ws)
+            return TurnDone(exit_info, session, seconds=seconds)
+        t0 = time.monotonic()
+        snapshot = take_snapshot(handle, ws, order.start, baseline)
+        with tempfile.TemporaryDirectory(dir=self.home) as scratch:
+            path = Path(scratch) / "snapshot.bundle"
+            write_bundle(repo, snapshot.commit, path, exclude=base)
+            bundle = path.read_bytes()
+        seconds["snapshot_s"] = round(time.monotonic() - t0, 3)
+        return TurnDone(
+            exit_info,
+            session,
+            commit=snapshot.commit,
+            bundle=bundle,
+            dropped=tuple(snapshot.dropped),
+            seconds=seconds,
+        )
+
+    # -- the pieces -------------------------------------------------------------------------
+
+    def _known(self, task_id: str) -> bool:
+        return bool(self.store.query("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)))
+
+    def _repository(self, repo_key: str, bundles: tuple[bytes, ...] = ()) -> Path:
+        """This node's copy of a repository of the control host (``repo_key`` names it), made
+        on first use, with ``bundles`` fetched into it (each kept by a ref of its commit)."""
+        if not repo_key.isalnum():
+            raise BridgeError(f"'{repo_key[:40]}' is not a repository key.", kind="cluster")
+        repo = self.root / "repositories" / repo_key
+        if not (repo / ".git").is_dir():
+            repo.mkdir(parents=True, exist_ok=True)
+            Git(repo).run("init", "--quiet")
+        if not bundles:
+            return repo
+        with repository_lock(self.home, repo):
+            for data in bundles:
+                fd, name = tempfile.mkstemp(dir=self.home, suffix=".bundle")
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        out.write(data)
+                    tip = Git(repo).run("bundle", "list-heads", name).stdout.split()[0].decode()
+                    keep = f"refs/worker-bridge/bases/{tip}"
+                    Git(repo).run("fetch", "--quiet", "--no-tags", name, f"{BUNDLE_REF}:{keep}")
+                finally:
+                    os.unlink(name)
+        return repo
+
+    def _shadow(self, order: TurnOrder, repo: Path) -> TaskRecord:
+        """The node's record of the task for this turn, made on its first turn here."""
+        record = order.record
+        config = record.config.model_copy(
+            update={
+                "home": self.home,
+                "store": None,
+                "cluster": ClusterConfig(),
+                "extra_ca_file": record.config.extra_ca_file
+                if record.config.extra_ca_file and record.config.extra_ca_file.is_file()
+                else None,
+            }
+        )
+        fields: dict[str, Any] = {
+            "turn": order.turn.number,
+            "follow_ups": list(record.follow_ups),
+            "session_id": order.turn.session_id,
+            "deadline_at": time.time() + order.remaining_s,
+            "worker_exit": None,
+        }
+        if order.turn.number == 0 and self._known(record.task_id):
+            self.release(record.task_id)  # an earlier attempt's, never released: from nothing
+        if not self._known(record.task_id):
+            new = NewTask(
+                task_id=record.task_id,
+                spec=record.spec,
+                repository=str(repo),
+                base_commit=record.base_commit or "",
+                config=config,
+                limits=record.limits,
+                profile=record.profile,
+            )
+            self.store.insert_task(new, {"node": self.name})
+            self.store.transition(record.task_id, Status.QUEUED, expect={Status.CREATED})
+        status = self.store.status(record.task_id)
+        if status in TERMINAL:
+            raise Superseded(status)
+        if status == Status.QUEUED:
+            self.store.transition(
+                record.task_id, Status.RUNNING, expect={Status.QUEUED}, phase="worker", **fields
+            )
+        else:
+            self.store.update_task(record.task_id, **fields)
+        return self.store.load_task(record.task_id)
+
+    def _ensure_image(self, image: ImageOrder) -> None:
+        """The image is on this node's engine with the control host's id, pulled by digest
+        when it is missing and the order says from where; ImageMismatch otherwise."""
+        found = self.sandbox.inspect_image(image.reference)
+        if (found is None or found.id != image.image_id) and image.pull is not None:
+            if isinstance(self.sandbox, DockerSandbox):
+                from bridge.sandbox import distribution
+
+                distribution.pull(self.sandbox, image.pull)
+                distribution.tag(self.sandbox, image.image_id, image.reference)
+        check_image(self.sandbox, image.reference, image.image_id, node_name=self.name)  # type: ignore[arg-type]
+
+    def _opener(self, ticket: GatewayTicket | None) -> GatewayOpener:
+        """The turn's way out: a relay folder to the control host's gateway, when it has one."""
+
+        @contextmanager
+        def open_relay(
+            handle: PhaseHandle, routes: list[str], turn: int
+        ) -> Iterator[RelayPort | None]:
+            if ticket is None or not needs_gateway(handle, routes):
+                yield None
+                return
+            folder = handle.ctx.home / "gateways" / handle.task_id
+            owner = handle.ctx.sandbox_identity()[1]
+            relay = RelayFolder(folder, ticket.hub, ticket.secret, owner).start()
+            try:
+                yield RelayPort(folder, routes, handle.ctx.config.gateway)
+            finally:
+                relay.stop()
+
+        return open_relay

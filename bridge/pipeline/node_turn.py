@@ -1,0 +1,267 @@
+"""A worker turn on a node of the cluster (docs/cluster.md), seen from the control host: the node
+chosen (a slot of it leased in the store, as every limit is), the base sent as a git bundle
+when the node lacks it, the turn's gateway opened here with a relay secret for the node, the
+node's updates followed (its events recorded here, redacted again), and the snapshot taken back
+only through `receive_snapshot`'s checks into the task's branch of the user's repository. What
+the runner does next (the artifacts, the judge, the checks) is what it does after a local turn.
+
+The node is touched each second while the turn runs; a node that says nothing for
+`cluster.node_timeout_s` is lost: NodeLost names it, and the runner decides what follows."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bridge.cluster.bundles import base_bundle, receive_snapshot
+from bridge.cluster.nodes import AgentLink, NodeInfo, NodeLost, Nodes
+from bridge.cluster.orders import (
+    Beat,
+    Events,
+    GatewayTicket,
+    ImageOrder,
+    Placed,
+    TurnDone,
+    TurnFailed,
+    TurnOrder,
+)
+from bridge.cluster.relay import RelayHub
+from bridge.documents import WorkerExit
+from bridge.errors import BridgeError, ImageMissing
+from bridge.phase.handle import PhaseHandle, Superseded
+from bridge.phase.network import task_gateway
+from bridge.pipeline.collect import CollectTimedOut, snapshot_limits
+from bridge.pipeline.scheduling import LEASE_TTL
+from bridge.store.owners import Owner
+from bridge.workers import Turn, Worker
+from bridge.workspace.snapshot import Snapshot
+from bridge.workspace.worktree import TaskWorkspace
+
+PLACE_EVERY_S = 0.25  # how often a turn waiting for a free slot looks again
+TOUCH_EVERY_S = 1.0
+
+
+@dataclass
+class NodeTurn:
+    """How a node's turn ended: the worker's exit and, unless a limit stopped it first, the
+    snapshot now in the task's branch here."""
+
+    node: str
+    exit: WorkerExit
+    snapshot: Snapshot | None
+
+
+def repo_key(repository: Path) -> str:
+    """The name a node keeps its copy of ``repository`` under."""
+    return hashlib.sha256(str(repository).encode()).hexdigest()[:32]
+
+
+def slot_scope(node: str) -> str:
+    return f"node:{node}"
+
+
+_hubs: dict[str, RelayHub] = {}
+_hubs_lock = threading.Lock()
+
+
+def relay_hub(host: str) -> RelayHub:
+    """This process's relay hub on ``host`` (one for all its turns), started on first use."""
+    with _hubs_lock:
+        hub = _hubs.get(host)
+        if hub is None:
+            hub = _hubs[host] = RelayHub(host).start()
+        return hub
+
+
+def run_node_turn(
+    handle: PhaseHandle,
+    ws: TaskWorkspace,
+    worker: Worker,
+    turn: Turn,
+    start: str,
+    nodes: Nodes,
+    owner: Owner,
+    *,
+    avoid: frozenset[str] = frozenset(),
+) -> NodeTurn:
+    """Run ``turn`` on a node (the one holding the task's worktree for a later turn; else the
+    least busy alive one not in ``avoid``) and take its snapshot back into ``ws.branch``."""
+    ctx = handle.ctx
+    record = handle.record
+    images = _images(handle, worker)
+    pinned = record.worker_node if turn.number > 0 else None
+    node = _place(handle, nodes, owner, pinned, avoid)
+    scope = slot_scope(node.name)
+    try:
+        link = nodes.agent(node.name)
+        handle.update(worker_node=node.name)
+        handle.emit("cluster.placed", {"node": node.name, "turn": turn.number})
+        base = record.base_commit or ""
+        key = repo_key(ws.repository)
+        bundles: tuple[bytes, ...] = ()
+        if link.missing(key, [base]):
+            bundles = (base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes(),)
+        routes = worker.routes(turn.metadata, ctx.config)
+        with task_gateway(handle, routes, turn.number) as gateway:
+            hub = relay_hub(nodes.relay_host()) if gateway is not None else None
+            secret = hub.open_turn(gateway.folder) if hub is not None and gateway else None
+            try:
+                ticket = GatewayTicket(hub.address, secret) if hub and secret else None
+                order = TurnOrder(
+                    record=record,
+                    turn=turn,
+                    repo_key=key,
+                    start=start,
+                    remaining_s=handle.remaining(),
+                    images=images,
+                    bundles=bundles,
+                    gateway=ticket,
+                )
+                done = _follow(handle, link, node.name, order, ctx.config.cluster.node_timeout_s)
+            finally:
+                if hub is not None and secret is not None:
+                    hub.close_turn(secret)
+    finally:
+        ctx.store.leases.release_scope(handle.task_id, owner, scope)
+    for key_, value in done.seconds.items():
+        handle.timings[f"node_{key_}"] = value
+    handle.update(worker_exit=done.exit, session_id=done.session_id)
+    if done.bundle is None or done.commit is None:
+        return NodeTurn(node.name, done.exit, None)
+    task_dir = ctx.task_dir(handle.task_id)
+    task_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
+        path = Path(scratch) / "snapshot.bundle"
+        path.write_bytes(done.bundle)
+        commit = receive_snapshot(
+            ws.repository,
+            path,
+            base,
+            f"refs/heads/{ws.branch}",
+            snapshot_limits(handle.limits),
+            Path(scratch),
+        )
+    if done.dropped:
+        handle.emit("workspace.dropped", {"paths": [d.document() for d in done.dropped[:200]]})
+    return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
+
+
+def release_task(nodes: Nodes, node: str, task_id: str) -> bool:
+    """Tell ``node`` the task is done with it (its containers and workspace go); False when
+    the node does not answer (its agent reaps them when it starts again)."""
+    try:
+        nodes.agent(node).release(task_id)
+    except BridgeError:
+        return False
+    return True
+
+
+def _images(handle: PhaseHandle, worker: Worker) -> tuple[ImageOrder, ...]:
+    """The worker's image by this host's id, and where a node pulls it from (the registry in
+    config, pushed there once per id)."""
+    ctx = handle.ctx
+    reference = worker.image(ctx.config)
+    info = ctx.sandbox.inspect_image(reference)
+    if info is None:
+        raise ImageMissing(
+            f"Image {reference} is not present on the control host; build it first "
+            "(`worker-bridge images build`)."
+        )
+    pull = None
+    cluster = ctx.config.cluster
+    if cluster.registry:
+        from bridge.cluster.images import Registry, publish
+
+        registry = Registry(cluster.registry, cluster.node_registry)
+        pull = publish(ctx.sandbox, reference, info.id, registry)  # type: ignore[arg-type]
+    return (ImageOrder(reference, info.id, pull),)
+
+
+def _place(
+    handle: PhaseHandle,
+    nodes: Nodes,
+    owner: Owner,
+    pinned: str | None,
+    avoid: frozenset[str],
+) -> NodeInfo:
+    """A node with a free slot, its slot leased to the task; waits while all are busy."""
+    store = handle.ctx.store
+    while True:
+        alive = [n for n in nodes.nodes() if n.alive and n.name not in avoid]
+        if pinned is not None:
+            alive = [n for n in alive if n.name == pinned]
+            if not alive:
+                raise NodeLost(
+                    pinned,
+                    f"Task {handle.task_id}'s worktree is on node {pinned}, which is not alive;"
+                    " `worker-bridge tasks retry` runs the task again elsewhere.",
+                )
+        if not alive:
+            raise BridgeError(
+                "No node of the cluster is alive to run the task; start one with "
+                "`worker-bridge node start` or check `worker-bridge cluster status`.",
+                kind="cluster",
+            )
+        used: dict[str, int] = {}
+        for lease in store.leases.live():
+            used[lease["scope"]] = used.get(lease["scope"], 0) + 1
+        for node in sorted(
+            alive, key=lambda n: (used.get(slot_scope(n.name), 0) / n.slots, n.name)
+        ):
+            scope = slot_scope(node.name)
+            if store.leases.acquire(handle.task_id, owner, {scope: node.slots}, LEASE_TTL):
+                return node
+        handle.ensure_active()
+        if handle.remaining() <= 0:
+            raise BridgeError("No node had a free slot before the task's deadline.", kind="timeout")
+        time.sleep(PLACE_EVERY_S)
+
+
+def _follow(
+    handle: PhaseHandle, link: AgentLink, node: str, order: TurnOrder, timeout_s: float
+) -> TurnDone:
+    """The node's updates until the turn ends: events recorded here, cancels passed on, the
+    node touched each second; NodeLost when it falls silent."""
+    stop = threading.Event()
+    lost: list[NodeLost] = []
+
+    def toucher() -> None:
+        silent_since = time.monotonic()
+        while not stop.wait(TOUCH_EVERY_S):
+            try:
+                link.touch(handle.task_id)
+                silent_since = time.monotonic()
+            except NodeLost as exc:
+                if time.monotonic() - silent_since > timeout_s:
+                    lost.append(exc)
+                    return
+
+    threading.Thread(target=toucher, name=f"touch-{handle.task_id}", daemon=True).start()
+    cancelled = False
+    try:
+        for update in link.run_turn(order, timeout_s):
+            if lost:
+                raise lost[0]
+            if isinstance(update, Events):
+                for kind, data in update.events:
+                    handle.emit(kind, {**data, "node": node} if kind == "worker.started" else data)
+            elif isinstance(update, TurnDone):
+                return update
+            elif isinstance(update, TurnFailed):
+                if update.superseded or cancelled:
+                    raise Superseded("cancelled")
+                if update.kind == "collect_timeout":
+                    raise CollectTimedOut()
+                raise BridgeError(update.message, kind=update.kind)
+            elif isinstance(update, (Placed, Beat)):
+                pass
+            if not cancelled and handle.stopped():
+                cancelled = True
+                link.cancel(handle.task_id)  # the node ends the turn and says so
+        raise NodeLost(node, f"Node {node} ended the turn without a word.")
+    finally:
+        stop.set()

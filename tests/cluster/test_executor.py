@@ -1,0 +1,90 @@
+"""Tasks through the cluster's executor with node agents in this process (no engine, no Ray):
+each node a state root of its own and a fake sandbox of its own, the control host a third. Real
+git, SQLite and bundles; the snapshot comes back only through `receive_snapshot`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.repos import git
+from support.tasks import mock_task
+
+from bridge import WorkerBridge
+from bridge.cluster.agent import NodeAgent
+from bridge.cluster.nodes import LocalNodes
+from bridge.sandbox.fake import FakeSandbox
+
+
+@pytest.fixture
+def nodes(workdir: Path) -> LocalNodes:
+    agents = []
+    for name in ("n1", "n2"):
+        home = workdir / f"node-{name}"
+        agents.append(NodeAgent(name, home, FakeSandbox()))
+    return LocalNodes(agents, slots=1)
+
+
+@pytest.fixture
+def on_cluster(home: Path, nodes: LocalNodes):
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox(), nodes=nodes)
+    yield bridge
+    bridge.close()
+
+
+def run(bridge: WorkerBridge, spec: dict):
+    return bridge.run_task(bridge.create_task(spec).task_id)
+
+
+def kinds(bridge: WorkerBridge, task_id: str) -> list[str]:
+    return [e.kind for e in bridge.task_logs(task_id, limit=10_000).events]
+
+
+def test_a_task_runs_on_a_node_and_its_diff_equals_the_same_task_run_here(
+    on_cluster, nodes, repo, workdir
+):
+    spec = mock_task(
+        repo,
+        {"write": {"new.py": "X = 1\n", "calc.py": "def add(a, b):\n    return a - b\n"}},
+        verify=["test -f new.py", "true"],
+    )
+    result = run(on_cluster, spec)
+    assert result.status == "succeeded", result.error
+    assert result.worker_node in ("n1", "n2")
+    assert git(repo, "show", f"{result.branch}:new.py") == "X = 1\n"
+    events = kinds(on_cluster, result.task_id)
+    assert "cluster.placed" in events and "worker.progress" in events
+    assert "worker.completed" in events
+
+    local_home = workdir / "local-home"
+    local_home.mkdir(mode=0o700)
+    here = WorkerBridge(home=local_home, sandbox=FakeSandbox())
+    local = run(here, spec)
+    here.close()
+    assert local.status == "succeeded"
+    assert git(repo, "diff", result.base_commit, result.branch) == git(
+        repo, "diff", local.base_commit, local.branch
+    )
+    assert Path(result.artifacts["diff"]).read_bytes() == Path(local.artifacts["diff"]).read_bytes()
+    # the node let go of it: no workspace, no shadow
+    node = nodes.links[result.worker_node].agent
+    assert not (node.home / "worktrees" / result.task_id).exists()
+    assert node.store.query("SELECT task_id FROM tasks") == []
+    assert on_cluster.store.leases.live() == []
+
+
+def test_two_tasks_at_once_take_one_slot_of_each_node(on_cluster, repo):
+    import threading
+
+    ids = [
+        on_cluster.create_task(mock_task(repo, {"sleep": 0.5, "write": {f"f{i}": "x"}})).task_id
+        for i in range(2)
+    ]
+    threads = [threading.Thread(target=on_cluster.run_task, args=(t,)) for t in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results = [on_cluster.get_task(t) for t in ids]
+    assert [r.status for r in results] == ["succeeded", "succeeded"], [r.error for r in results]
+    assert sorted(r.worker_node for r in results) == ["n1", "n2"]
