@@ -164,7 +164,7 @@ class _AgentActor:
         from bridge.sandbox.docker import DockerSandbox
 
         self.agent = NodeAgent(name, node_root(name), DockerSandbox())
-        self.agent.reap()
+        self._reaped = self.agent.reap()  # told with the first `reap`
 
     def missing(self, repo_key: str, commits: list[str]) -> list[str]:
         return self.agent.missing(repo_key, commits)
@@ -179,7 +179,8 @@ class _AgentActor:
         self.agent.release(task_id)
 
     def reap(self) -> list[str]:
-        return self.agent.reap()
+        reaped, self._reaped = self._reaped, []
+        return reaped + self.agent.reap()
 
     def images(self) -> list[str]:
         return self.agent.images()

@@ -434,7 +434,7 @@ class TaskRunner:
                 break
             except NodeLost as exc:
                 handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn.number})
-                if turn.number > 0 or not self._may_repair():
+                if turn.number > 0 or not self._budget_left():
                     raise
                 self.repairs += 1
                 avoid.add(exc.node)
@@ -505,11 +505,15 @@ class TaskRunner:
 
     def _may_repair(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
-        metadata = self.record.spec.metadata
-        budget = metadata.get("auto_repair")
+        return self._budget_left() and self.worker.can_repair(self.record.spec.metadata)
+
+    def _budget_left(self) -> bool:
+        """Whether the repair budget allows one more turn (a repair, or a turn run again on
+        another node after its node was lost)."""
+        budget = self.record.spec.metadata.get("auto_repair")
         if budget is None:
             budget = self.ctx.config.auto_repair
-        return self.repairs < int(budget) and self.worker.can_repair(metadata)
+        return self.repairs < int(budget)
 
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
         """Record a repair turn (the worker is told what failed) and return it."""

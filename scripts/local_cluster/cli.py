@@ -186,6 +186,11 @@ def cmd_run(layout: ClusterLayout, args: argparse.Namespace) -> int:
     env = ray_nodes.environment(layout, args.venv, docker_host)
     env["RAY_ADDRESS"] = state.address or ""
     env["WB_CLUSTER_STATE"] = str(layout.state_file)
+    if not args.node:  # the control host: worker-bridge's tasks go to this cluster
+        env["WORKER_BRIDGE_CLUSTER__ADDRESS"] = state.address or ""
+        if state.registry_push:
+            env["WORKER_BRIDGE_CLUSTER__REGISTRY"] = state.registry_push
+            env["WORKER_BRIDGE_CLUSTER__NODE_REGISTRY"] = state.registry_pull or ""
     netns = state.node(args.node).netns if args.node else state.control_netns
     os.execvpe("nsenter", ["nsenter", f"--net={netns_path(netns)}", "--", *argv], env)
     return 127  # not reached

@@ -35,11 +35,20 @@ def write_token(layout: ClusterLayout) -> None:
         out.write(secrets.token_hex(32))
 
 
-def environment(layout: ClusterLayout, venv: Path, docker_host: str | None = None) -> dict:
+def environment(
+    layout: ClusterLayout,
+    venv: Path,
+    docker_host: str | None = None,
+    agent_root: Path | None = None,
+) -> dict:
     """What every Ray process of the cluster (and a driver) runs with: token auth on, the
-    token's file, no Ray setting inherited from the caller's environment."""
+    token's file, no Ray setting inherited from the caller's environment; on a node, its
+    engine and the folder of worker-bridge's agent there (WORKER_BRIDGE_NODE_HOME)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.pop("DOCKER_HOST", None)
+    if agent_root is not None:  # a node's: nothing of the control host's worker-bridge
+        env = {k: v for k, v in env.items() if not k.startswith("WORKER_BRIDGE_")}
+        env["WORKER_BRIDGE_NODE_HOME"] = str(agent_root)
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     env["RAY_AUTH_MODE"] = "token"
     env["RAY_AUTH_TOKEN_PATH"] = str(layout.token_file)
@@ -89,7 +98,7 @@ def start_node(layout: ClusterLayout, node: NodeLayout, venv: Path, slots: int, 
         layout.logs / f"{node.name}-ray.log",
         netns=node.netns,
         node=node.name,
-        env=environment(layout, venv, node.docker_host),
+        env=environment(layout, venv, node.docker_host, node.home / "agent"),
     )
 
 

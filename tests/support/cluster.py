@@ -84,10 +84,13 @@ class LocalCluster:
         self.scratch_root = scratch_root
         self.scratch = scratch_root / name
 
-    def script(self, *args: str, timeout: float = 240, check: bool = True):
+    def script(
+        self, *args: str, timeout: float = 240, check: bool = True, env: dict | None = None
+    ):
         argv = [sys.executable, str(SCRIPT), "--name", self.name]
         argv += ["--scratch-root", str(self.scratch_root), "--venv", str(VENV), *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        environ = {**os.environ, **(env or {})}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=environ)
         if check and done.returncode != 0:
             raise AssertionError(
                 f"local-cluster {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
@@ -115,10 +118,14 @@ class LocalCluster:
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
 
-    def run_driver(self, script: Path, *args: str, timeout: float = 120) -> dict:
+    def run_driver(
+        self, script: Path, *args: str, timeout: float = 120, env: dict | None = None
+    ) -> dict:
         """Run ``script`` with the tests' Python as the control host (in the control namespace,
-        with RAY_ADDRESS and the token's file set); the JSON it printed after DRIVER_MARK."""
-        done = self.script("run", "--", sys.executable, str(script), *args, timeout=timeout)
+        with RAY_ADDRESS and the token's file set, and ``env``); the JSON it printed after
+        DRIVER_MARK."""
+        argv = ["run", "--", sys.executable, str(script), *args]
+        done = self.script(*argv, timeout=timeout, env=env)
         if DRIVER_MARK not in done.stdout:
             raise AssertionError(f"no answer from {script.name}:\n{done.stdout[-2000:]}")
         return json.loads(done.stdout.rpartition(DRIVER_MARK)[2].splitlines()[0])

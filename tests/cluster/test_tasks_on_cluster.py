@@ -1,0 +1,164 @@
+"""Tasks on the simulated cluster (issue 44), end to end: worker-bridge runs as the control host
+in the cluster's control namespace (tests/cluster/bridge_driver.py), its task's worker turn on a
+node's own engine through the node's agent (a Ray actor), the snapshot back as a bundle, the
+checks here; the diff equals the same task run on this host alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from support.cluster import DRIVER_MARK, SCRIPT, VENV
+from support.repos import git
+from support.tasks import mock_task
+
+from bridge import WorkerBridge
+from bridge.sandbox import DockerSandbox
+from bridge.store import Store
+
+pytestmark = [pytest.mark.docker, pytest.mark.cluster]
+
+DRIVER = Path(__file__).with_name("bridge_driver.py")
+
+
+def on_cluster(local_cluster, home: Path, spec: dict, workdir: Path, timeout: float = 300) -> dict:
+    """The result of ``spec`` run by a control host of the cluster with state root ``home``."""
+    path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
+    path.write_text(json.dumps(spec))
+    env = {"WORKER_BRIDGE_HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[2])}
+    return local_cluster.run_driver(DRIVER, "run", str(path), timeout=timeout, env=env)
+
+
+def test_a_task_runs_on_a_node_and_its_diff_equals_the_same_task_run_here(
+    local_cluster, repo, workdir
+):
+    spec = mock_task(
+        repo,
+        {"write": {"new.py": "X = 1\n", "calc.py": "def add(a, b):\n    return a - b\n"}},
+        verify=["test -f new.py", "grep -q 'a - b' calc.py"],
+    )
+    home = workdir / "cluster-home"
+    result = on_cluster(local_cluster, home, spec, workdir)
+    assert result["status"] == "succeeded", result.get("error")
+    nodes = {n.name for n in local_cluster.nodes}
+    assert result["worker_node"] in nodes
+    assert result["verification"]["ok"] is True
+    # The node's engine ran the worker: its container was there, not on this host's engine.
+    events = WorkerBridge(home=home).task_logs(result["task_id"], limit=10_000).events
+    placed = [e.data["node"] for e in events if e.kind == "cluster.placed"]
+    assert placed == [result["worker_node"]]
+    # The node's engine holds the worker's image by the control host's id (pulled by digest).
+    image = "worker-bridge/mock:0.1.0"
+    node = local_cluster.node(result["worker_node"]).sandbox().inspect_image(image)
+    assert node is not None and node.id == DockerSandbox().inspect_image(image).id
+
+    here = WorkerBridge(home=workdir / "local-home")
+    try:
+        local = here.run_task(here.create_task(spec).task_id)
+    finally:
+        here.close()
+    assert local.status == "succeeded"
+    assert (
+        Path(result["artifacts"]["diff"]).read_bytes() == Path(local.artifacts["diff"]).read_bytes()
+    )
+    assert git(repo, "show", f"{result['branch']}:new.py") == "X = 1\n"
+    print(f"timings on the cluster {result['timings']}, here {local.timings}", file=sys.stderr)
+
+
+def _started(local_cluster, home: Path, spec: dict, workdir: Path, env: dict | None = None):
+    """The driver running ``spec`` in the background; returns (process, spec path)."""
+    path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
+    path.write_text(json.dumps(spec))
+    argv = [sys.executable, str(SCRIPT), "--name", local_cluster.name]
+    argv += ["--scratch-root", str(local_cluster.scratch_root), "--venv", str(VENV)]
+    argv += ["run", "--", sys.executable, str(DRIVER), "run", str(path)]
+    environ = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
+    environ["PYTHONPATH"] = str(Path(__file__).parents[2])
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ, text=True
+    )
+
+
+def _answer(process: subprocess.Popen, timeout: float) -> dict:
+    out, err = process.communicate(timeout=timeout)
+    assert DRIVER_MARK in out, f"no answer:\n{out[-2000:]}\n{err[-3000:]}"
+    return json.loads(out.rpartition(DRIVER_MARK)[2].splitlines()[0])
+
+
+def _placed(home: Path, timeout: float = 120) -> tuple[str, str]:
+    """(task id, node) once the control host at ``home`` placed a task's turn on a node."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (home / "bridge.db").exists():
+            store = Store(home / "bridge.db")
+            try:
+                found = store.query(
+                    "SELECT task_id, data FROM events WHERE kind = 'cluster.placed'"
+                    " ORDER BY event_id"
+                )
+            finally:
+                store.close()
+            if found:
+                return found[0]["task_id"], json.loads(found[0]["data"])["node"]
+        time.sleep(0.1)
+    raise AssertionError("no turn was placed")
+
+
+def _events(home: Path, task_id: str) -> list:
+    bridge = WorkerBridge(home=home)
+    try:
+        return bridge.task_logs(task_id, limit=10_000).events
+    finally:
+        bridge.close()
+
+
+def test_a_node_killed_mid_turn_ends_the_attempt_naming_it_and_the_turn_reruns_on_another(
+    local_cluster, repo, workdir
+):
+    spec = mock_task(
+        repo, {"sleep": 6, "write": {"done.txt": "yes\n"}}, verify=["test -f done.txt"]
+    )
+    home = workdir / "kill-home"
+    timeout_s = 8
+    driver = _started(
+        local_cluster,
+        home,
+        spec,
+        workdir,
+        {"WORKER_BRIDGE_CLUSTER__NODE_TIMEOUT_S": str(timeout_s)},
+    )
+    try:
+        task_id, node = _placed(home)
+        deadline = time.monotonic() + 60  # the node's container started: kill it under it
+        while time.monotonic() < deadline:
+            if any(e.kind == "worker.started" for e in _events(home, task_id)):
+                break
+            time.sleep(0.1)
+        killed_at = time.time()
+        local_cluster.script("kill", node)
+        result = _answer(driver, timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert result["status"] == "succeeded", result.get("error")
+    assert result["worker_node"] != node
+    events = _events(home, task_id)
+    lost = [e for e in events if e.kind == "cluster.node_lost"]
+    assert [e.data["node"] for e in lost] == [node]
+    lost_after = datetime.fromisoformat(lost[0].at).timestamp() - killed_at
+    assert lost_after <= timeout_s + 5, lost_after
+    # The node comes back: its agent, made again, removes what the task left there.
+    local_cluster.script("start", node)
+    engine = local_cluster.node(node).sandbox()
+    env = {"WORKER_BRIDGE_HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[2])}
+    reaped = local_cluster.run_driver(DRIVER, "reap", node, env=env, timeout=180)
+    assert task_id in reaped["reaped"]
+    assert engine.containers({"io.worker-bridge.task": task_id}) == []
+    print(f"node lost {lost_after:.1f} s after the kill (timeout {timeout_s} s)", file=sys.stderr)
