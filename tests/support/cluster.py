@@ -84,9 +84,7 @@ class LocalCluster:
         self.scratch_root = scratch_root
         self.scratch = scratch_root / name
 
-    def script(
-        self, *args: str, timeout: float = 240, check: bool = True, env: dict | None = None
-    ):
+    def script(self, *args: str, timeout: float = 240, check: bool = True, env: dict | None = None):
         argv = [sys.executable, str(SCRIPT), "--name", self.name]
         argv += ["--scratch-root", str(self.scratch_root), "--venv", str(VENV), *args]
         environ = {**os.environ, **(env or {})}
