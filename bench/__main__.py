@@ -40,8 +40,9 @@ from bench.workers import bench_workers, print_workers
 
 # Benchmarks another module adds (its function takes the scratch root and --quick and returns
 # a dict whose "figures" are merged into the results under their goals' keys): the container
-# pool's effect is bench/pool.py's `bench_pool`. Missing modules are skipped.
-OPTIONAL = (("pool", "bench.pool", "bench_pool"),)
+# pool's effect is bench/pool.py's `bench_pool`, tasks on the simulated cluster bench/cluster.py's
+# `bench_cluster` (root only). Missing modules are skipped.
+OPTIONAL = (("pool", "bench.pool", "bench_pool"), ("cluster", "bench.cluster", "bench_cluster"))
 
 
 def machine_line() -> str:
@@ -316,6 +317,10 @@ def main() -> int:
     print(f"MCP worker_status median {mcp['status_median_ms']:.1f} ms")
     print_cli_startup(results["cli_startup"])
     print_jobs(results["jobs"])
+    if "cluster" in results:
+        from bench.cluster import print_cluster
+
+        print_cluster(results["cluster"])
     print_large_task(results["large_task"])
     print_workers(results["real_workers"])
     print_environments(results["environments"])

@@ -28,6 +28,7 @@ OWNERS = {
     # h11 also for the HTTP listener's deadlines (they read the parser's state)
     "h11": ("gateway/", "listener/limits.py"),
     "uvicorn": "listener/",
+    "ray": "pipeline/nodes.py",  # the `cluster` extra, imported when a cluster is configured
     "starlette": "ui/",  # the web view (its listener is the MCP one's stack)
     "anyio": "mcp/",  # the MCP tools' threads and waits
 }
@@ -59,12 +60,14 @@ def _third_party_imports() -> set[str]:
 
 
 def test_every_third_party_package_imported_is_a_declared_dependency():
-    """What bridge/ imports is named in pyproject.toml's dependencies, not left to arrive with
-    another package (a dependency that drops it would break the install)."""
+    """What bridge/ imports is named in pyproject.toml's dependencies (or an extra's, as Ray
+    for the cluster), not left to arrive with another package (a dependency that drops it
+    would break the install)."""
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    extras = [spec for specs in project.get("optional-dependencies", {}).values() for spec in specs]
     declared = {
         re.split(r"[\s<>=~!\[;]", spec, maxsplit=1)[0].lower().replace("_", "-")
-        for spec in project["dependencies"]
+        for spec in [*project["dependencies"], *extras]
     }
     providers = importlib.metadata.packages_distributions()
     undeclared = sorted(
@@ -215,7 +218,8 @@ LAYERS = [
         "bridge.asking",  # a worker's block and prompt text: read by workers and the store
     },
     # The workers (and their circuit breaker); a phase's kit; the cluster's pieces (issue 44:
-    # for now, images onto nodes by id; the node agent, which runs phases, will sit higher).
+    # images by id, bundles, the relay, what crosses to a node; its agent, which runs phases,
+    # is the pipeline's: bridge/pipeline/node_agent.py).
     {"bridge.workers", "bridge.phase", "bridge.cluster"},
     {"bridge.environments"},
     {"bridge.pipeline"},  # task creation, the runner and its phases

@@ -24,7 +24,7 @@ OTHER_VARIABLES = {
     "PORT": "compose: the published port",
     "TOKEN_FILE": "compose: the token file given to the container as a secret",
     "SOURCE": "the bridge image's source label (a build argument)",
-    # a cluster node's (bridge/cluster/nodes.py, `worker-bridge node start`)
+    # a cluster node's (bridge/pipeline/nodes.py, `worker-bridge node start`)
     "NODE_HOME": "a cluster node: the folder of worker-bridge's agent there",
     # the test suite's and CI's
     "REQUIRE_DOCKER": "tests: fail rather than skip without an engine",

@@ -15,7 +15,7 @@ from bridge.sandbox import LABEL, Sandbox, home_id
 from bridge.store import Store
 
 if TYPE_CHECKING:
-    from bridge.cluster.nodes import Nodes
+    from bridge.cluster.link import Nodes
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Context:
     config: Config
     store: Store
     sandbox: Sandbox
-    nodes: Nodes | None = None  # the cluster's (docs/cluster.md), given or from config
+    nodes: Nodes | None = None  # a cluster's nodes given (tests); else config `cluster` names them
 
     def __post_init__(self) -> None:
         # A detached runner or coordinator starts here, from a recorded configuration: the
@@ -65,12 +65,3 @@ class Context:
 
     def with_config(self, config: Config) -> Context:
         return Context(config, self.store, self.sandbox, self.nodes)
-
-    def cluster(self) -> Nodes | None:
-        """The cluster's nodes when tasks run on a cluster (config `cluster.address`, or nodes
-        given); None: on this host."""
-        if self.nodes is None and self.config.cluster.address:
-            from bridge.cluster.nodes import cluster_nodes
-
-            self.nodes = cluster_nodes(self.config.cluster)
-        return self.nodes

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.cluster.bundles import base_bundle, receive_snapshot
-from bridge.cluster.nodes import AgentLink, NodeInfo, NodeLost, Nodes
+from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, Nodes
 from bridge.cluster.orders import (
     Beat,
     Events,

@@ -60,7 +60,7 @@ from bridge.workspace.diff import Change, list_changes
 from bridge.workspace.worktree import TaskWorkspace
 
 if TYPE_CHECKING:
-    from bridge.cluster.nodes import Nodes
+    from bridge.cluster.link import Nodes
     from bridge.documents import WorkerExit
 
 ACTIVE = frozenset({Status.RUNNING, Status.VERIFYING})
@@ -185,6 +185,15 @@ class TaskRunner:
         if self._checkout is not None:
             self._checkout.discard()
 
+    def _cluster(self) -> Nodes | None:
+        """The cluster's nodes when this state root's tasks run on a cluster (config
+        `cluster.address`, or nodes given); None: on this host."""
+        if self.ctx.nodes is None and self.ctx.config.cluster.address:
+            from bridge.pipeline.nodes import cluster_nodes
+
+            self.ctx.nodes = cluster_nodes(self.ctx.config.cluster)
+        return self.ctx.nodes
+
     def _release_node(self, outcome: Outcome | None) -> None:
         """A task that ran on a node and will not run there again: the node lets go of it
         (its workspace, its shadow). One waiting for an answer keeps it for the next turn."""
@@ -293,7 +302,7 @@ class TaskRunner:
             session_id=self.record.session_id,
             permission=spec.permission,
         )
-        nodes = self.ctx.cluster()
+        nodes = self._cluster()
         if resume_phase is None and turn.number > 0 and nodes is None:
             if not ws.worktree.is_dir():
                 raise BridgeError(f"Task {self.task_id}'s worktree is gone; delegate a new task.")
@@ -401,7 +410,7 @@ class TaskRunner:
         resumed before its checks runs again: the node's half of it is not adopted. A node
         lost during a first turn has it run again on another node while the repair budget
         lasts."""
-        from bridge.cluster.nodes import NodeLost
+        from bridge.cluster.link import NodeLost
         from bridge.pipeline.node_turn import release_task, run_node_turn
 
         if self.env.definition is not None:

@@ -33,7 +33,7 @@ from bridge.store.rows import readable
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
-    from bridge.cluster.nodes import Nodes
+    from bridge.cluster.link import Nodes
     from bridge.documents import PruneReport
     from bridge.environments.manage import Listed
     from bridge.phase.context import Context

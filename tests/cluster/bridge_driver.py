@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from bridge import WorkerBridge
+from bridge.pipeline.nodes import cluster_nodes
 
 MARK = "WB-DRIVER-RESULT "
 
@@ -31,8 +32,7 @@ def main() -> int:
             result = bridge.run_task(task_id)
             answer(result.document())
         elif command == "reap":  # the node's agent made again (it reaps as it starts)
-            nodes = bridge.context().cluster()
-            assert nodes is not None
+            nodes = cluster_nodes(bridge.config.cluster)
             answer({"reaped": nodes.agent(args[0]).reap()})
     finally:
         bridge.close()

@@ -11,8 +11,8 @@ from support.repos import git
 from support.tasks import mock_task
 
 from bridge import WorkerBridge
-from bridge.cluster.agent import NodeAgent
-from bridge.cluster.nodes import LocalNodes
+from bridge.pipeline.node_agent import NodeAgent
+from bridge.pipeline.nodes import LocalNodes
 from bridge.sandbox.fake import FakeSandbox
 
 

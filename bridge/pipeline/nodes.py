@@ -1,5 +1,5 @@
 """The control host's view of the cluster's nodes: which are alive with how many slots, and a
-link to each one's agent (bridge/cluster/agent.py). Two kinds: `RayNodes`, the agents as Ray
+link to each one's agent (bridge/pipeline/node_agent.py). Two kinds: `RayNodes`, the agents as Ray
 actors, one per node, pinned to it by the resource naming it (`wb_node:NAME`); and
 `LocalNodes`, agents in this process (the fast tests, without an engine or Ray). The pipeline
 sees only `Nodes` and `AgentLink`.
@@ -14,65 +14,18 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from bridge.cluster.agent import NodeAgent
+from bridge.cluster.link import AgentLink, NodeInfo, NodeLost
 from bridge.cluster.orders import TurnOrder, Update
 from bridge.config.sections import ClusterConfig
 from bridge.errors import BridgeError
+from bridge.pipeline.node_agent import NodeAgent
 
 NODE_RESOURCE = "wb_node:"
 SLOT_RESOURCE = "wb_slot"
 CALL_TIMEOUT_S = 30.0
-
-
-class NodeLost(BridgeError):
-    """A node stopped answering during a task's turn (killed, cut off, or its agent died)."""
-
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(message, kind="node_lost")
-        self.node = node
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    address: str
-    alive: bool
-    slots: int
-
-
-class AgentLink(Protocol):
-    """What the control host asks of one node's agent (the same methods as NodeAgent's, each
-    bounded in time; NodeLost when the node does not answer)."""
-
-    def missing(self, repo_key: str, commits: list[str]) -> list[str]: ...
-
-    def touch(self, task_id: str) -> str: ...
-
-    def cancel(self, task_id: str) -> None: ...
-
-    def release(self, task_id: str) -> None: ...
-
-    def reap(self) -> list[str]: ...
-
-    def images(self) -> list[str]: ...
-
-    def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
-        """The turn's updates; NodeLost when none comes for ``timeout_s``."""
-        ...
-
-
-class Nodes(Protocol):
-    def nodes(self) -> list[NodeInfo]: ...
-
-    def agent(self, node: str) -> AgentLink: ...
-
-    def relay_host(self) -> str:
-        """The address the nodes reach this host on."""
-        ...
 
 
 # -- agents in this process (tests) ------------------------------------------------------------
@@ -314,6 +267,6 @@ class RayNodes:
         return self.config.relay_host or str(self.ray.util.get_node_ip_address())
 
 
-def cluster_nodes(config: ClusterConfig) -> Nodes:
+def cluster_nodes(config: ClusterConfig) -> RayNodes:
     """The nodes of the configured cluster (this process joins it once)."""
     return RayNodes(config)

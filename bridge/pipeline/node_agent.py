@@ -293,9 +293,10 @@ class NodeAgent:
         if not repo_key.isalnum():
             raise BridgeError(f"'{repo_key[:40]}' is not a repository key.", kind="cluster")
         repo = self.root / "repositories" / repo_key
-        if not (repo / ".git").is_dir():
-            repo.mkdir(parents=True, exist_ok=True)
-            Git(repo).run("init", "--quiet")
+        with self._lock:  # two turns' first use at once
+            if not (repo / ".git").is_dir():
+                repo.mkdir(parents=True, exist_ok=True)
+                Git(repo).run("init", "--quiet")
         if not bundles:
             return repo
         with repository_lock(self.home, repo):

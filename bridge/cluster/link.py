@@ -1,0 +1,59 @@
+"""What the control host's pipeline sees of a cluster (bridge/pipeline/nodes.py has the two
+kinds: the nodes of a Ray cluster, and node agents in this process for the tests): the nodes,
+alive or not with their slots, and a link to each node's agent, every call bounded in time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from bridge.cluster.orders import TurnOrder, Update
+from bridge.errors import BridgeError
+
+
+class NodeLost(BridgeError):
+    """A node stopped answering during a task's turn (killed, cut off, or its agent died)."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(message, kind="node_lost")
+        self.node = node
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    address: str
+    alive: bool
+    slots: int
+
+
+class AgentLink(Protocol):
+    """What the control host asks of one node's agent (the same methods as NodeAgent's, each
+    bounded in time; NodeLost when the node does not answer)."""
+
+    def missing(self, repo_key: str, commits: list[str]) -> list[str]: ...
+
+    def touch(self, task_id: str) -> str: ...
+
+    def cancel(self, task_id: str) -> None: ...
+
+    def release(self, task_id: str) -> None: ...
+
+    def reap(self) -> list[str]: ...
+
+    def images(self) -> list[str]: ...
+
+    def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
+        """The turn's updates; NodeLost when none comes for ``timeout_s``."""
+        ...
+
+
+class Nodes(Protocol):
+    def nodes(self) -> list[NodeInfo]: ...
+
+    def agent(self, node: str) -> AgentLink: ...
+
+    def relay_host(self) -> str:
+        """The address the nodes reach this host on."""
+        ...
