@@ -75,6 +75,7 @@ GROUPS = {
     "workers": "list, link and reset workers",
     "images": "build the worker-bridge images",
     "jobs": "several tasks together: compete, review, fanout and integrate",
+    "cluster": "the cluster's nodes, as this control host sees them",
 }
 JOB_ID = arg("job_id")
 WAIT_JOB = arg("--wait", action="store_true", help="wait for the job, showing each task")
@@ -86,7 +87,8 @@ FANOUT_FLAGS = tuple(
 )
 
 # Every command: adding one is an entry here and its function in commands.py (tasks), jobs.py
-# or admin.py (the host: workspaces, environments, workers, images, doctor, mcp), or ui.py.
+# or admin.py (the host: workspaces, environments, workers, images, doctor, mcp), cluster.py
+# (the cluster), or ui.py.
 COMMANDS = (
     Command(
         "tasks",
@@ -377,6 +379,13 @@ COMMANDS = (
                 "model)",
             ),
         ),
+    ),
+    Command(
+        "cluster",
+        "status",
+        "each node: address, alive, slots in use, images",
+        "cluster.cmd_cluster_status",
+        (JSON,),
     ),
     Command("doctor", None, "check that tasks can run here", "admin.cmd_doctor", (JSON,)),
     Command(

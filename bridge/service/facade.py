@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.config.profiles import without_filled
 from bridge.config.settings import Config, load_config
-from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
+from bridge.errors import BridgeError, ConfigError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.host.state_root import make_private
 from bridge.models import Status, TaskSpec
 from bridge.pipeline.results import redactor_for, task_result
@@ -34,6 +34,7 @@ from bridge.store.rows import readable
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
     from bridge.cluster.nodes import Nodes
+    from bridge.cluster.status import NodeStatus
     from bridge.documents import PruneReport
     from bridge.environments.manage import Listed
     from bridge.phase.context import Context
@@ -455,6 +456,17 @@ class WorkerBridge:
         from bridge.service.doctor import health_checks
 
         return health_checks(self.config, self.sandbox)
+
+    # -- the cluster (docs/cluster.md) -------------------------------------------------------
+
+    def cluster_status(self) -> list[NodeStatus]:
+        """Each node of the configured cluster: address, alive, slots in use and total, the
+        images its engine holds. ConfigError when no cluster is configured."""
+        from bridge.cluster.status import NOT_CONFIGURED, cluster_status
+
+        if self.nodes is None and not self.config.cluster.address:
+            raise ConfigError(NOT_CONFIGURED)  # said before the state root is made
+        return cluster_status(self.context())
 
     def check_state_root(self) -> None:
         """In a container: the state root is shared with the host at the same path (ConfigError
