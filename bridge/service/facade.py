@@ -33,6 +33,7 @@ from bridge.store.rows import readable
 # What only acting verbs need (the pipeline, the jobs' coordinator, the sandbox, the workers) is
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
+    from bridge.cluster.node_process import NodeStarted, NodeStopped
     from bridge.cluster.nodes import Nodes
     from bridge.cluster.status import NodeStatus
     from bridge.documents import PruneReport
@@ -467,6 +468,29 @@ class WorkerBridge:
         if self.nodes is None and not self.config.cluster.address:
             raise ConfigError(NOT_CONFIGURED)  # said before the state root is made
         return cluster_status(self.context())
+
+    def start_node(
+        self,
+        address: str,
+        *,
+        name: str | None = None,
+        slots: int | None = None,
+        docker_host: str | None = None,
+        root: Path | None = None,
+        insecure_no_token: bool = False,
+    ) -> NodeStarted:
+        """Join this machine to the cluster at ``address`` as a node: `ray start`, detached and
+        recorded (bridge/cluster/node_process.py); each argument checked before it starts."""
+        from bridge.cluster.node_process import NodeRequest, plan_node, start_node
+
+        request = NodeRequest(address, name, slots, docker_host, root, insecure_no_token)
+        return start_node(plan_node(request))
+
+    def stop_node(self, name: str | None = None, root: Path | None = None) -> NodeStopped:
+        """Stop the node `start_node` started here (by its recorded pid alone)."""
+        from bridge.cluster.node_process import chosen_root, stop_node
+
+        return stop_node(chosen_root(name, root))
 
     def check_state_root(self) -> None:
         """In a container: the state root is shared with the host at the same path (ConfigError
