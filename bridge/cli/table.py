@@ -75,6 +75,8 @@ GROUPS = {
     "workers": "list, link and reset workers",
     "images": "build the worker-bridge images",
     "jobs": "several tasks together: compete, review, fanout and integrate",
+    "cluster": "the cluster's nodes, as this control host sees them",
+    "node": "this machine as a node of a cluster: join it, leave it",
 }
 JOB_ID = arg("job_id")
 WAIT_JOB = arg("--wait", action="store_true", help="wait for the job, showing each task")
@@ -86,7 +88,8 @@ FANOUT_FLAGS = tuple(
 )
 
 # Every command: adding one is an entry here and its function in commands.py (tasks), jobs.py
-# or admin.py (the host: workspaces, environments, workers, images, doctor, mcp), or ui.py.
+# or admin.py (the host: workspaces, environments, workers, images, doctor, mcp), cluster.py
+# (the cluster and this machine as its node), or ui.py.
 COMMANDS = (
     Command(
         "tasks",
@@ -376,6 +379,43 @@ COMMANDS = (
                 help="then run one task in each worker image built (each CLI against a scripted "
                 "model)",
             ),
+        ),
+    ),
+    Command(
+        "cluster",
+        "status",
+        "each node: address, alive, slots in use, images",
+        "cluster.cmd_cluster_status",
+        (JSON,),
+    ),
+    Command(
+        "node",
+        "start",
+        "join this machine to a Ray cluster as a node (`ray start`, detached)",
+        "cluster.cmd_node_start",
+        (
+            arg("--address", required=True, metavar="HOST:PORT", help="the Ray head's address"),
+            arg(
+                "--slots", type=int, metavar="N", help="tasks at once (default: min(cores, GiB/4))"
+            ),
+            arg("--docker-host", metavar="URL", help="the engine its tasks use (DOCKER_HOST)"),
+            arg("--name", help="the node's name (default: from the hostname)"),
+            arg("--root", metavar="PATH", help="the agent's folder (WORKER_BRIDGE_NODE_HOME)"),
+            arg(
+                "--insecure-no-token",
+                action="store_true",
+                help="join even though RAY_AUTH_MODE is not `token`",
+            ),
+        ),
+    ),
+    Command(
+        "node",
+        "stop",
+        "stop the Ray node `node start` started (by its recorded pid)",
+        "cluster.cmd_node_stop",
+        (
+            arg("--name", help="the name it was started with (default: from the hostname)"),
+            arg("--root", metavar="PATH", help="the --root it was started with"),
         ),
     ),
     Command("doctor", None, "check that tasks can run here", "admin.cmd_doctor", (JSON,)),

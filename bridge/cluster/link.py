@@ -4,12 +4,33 @@ alive or not with their slots, and a link to each node's agent, every call bound
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from bridge.cluster.orders import TurnOrder, Update
 from bridge.errors import BridgeError
+
+NODE_RESOURCE = "wb_node:"  # a node's Ray resource naming it: wb_node:NAME
+SLOT_RESOURCE = "wb_slot"  # its slots
+
+
+def node_root(name: str) -> Path:
+    """The agent's folder on its node: WORKER_BRIDGE_NODE_HOME (`worker-bridge node start`
+    and scripts/local-cluster set it), else a folder of this user's."""
+    given = os.environ.get("WORKER_BRIDGE_NODE_HOME")
+    if given:
+        return Path(given)
+    if os.geteuid() == 0:
+        return Path("/var/lib/worker-bridge-node") / name
+    return Path.home() / ".local" / "share" / "worker-bridge-node" / name
+
+
+def slot_scope(node: str) -> str:
+    """The lease scope of one node's slots (their limit: the node's `wb_slot`)."""
+    return f"node:{node}"
 
 
 class NodeLost(BridgeError):

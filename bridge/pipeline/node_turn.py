@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.cluster.bundles import base_bundle, receive_snapshot
-from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, Nodes
+from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, Nodes, slot_scope
 from bridge.cluster.orders import (
     Beat,
     Events,
@@ -58,10 +58,6 @@ class NodeTurn:
 def repo_key(repository: Path) -> str:
     """The name a node keeps its copy of ``repository`` under."""
     return hashlib.sha256(str(repository).encode()).hexdigest()[:32]
-
-
-def slot_scope(node: str) -> str:
-    return f"node:{node}"
 
 
 _hubs: dict[str, RelayHub] = {}

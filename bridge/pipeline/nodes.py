@@ -11,20 +11,23 @@ configured: a one-host install does not need it."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from bridge.cluster.link import AgentLink, NodeInfo, NodeLost
+from bridge.cluster.link import (
+    NODE_RESOURCE,
+    SLOT_RESOURCE,
+    AgentLink,
+    NodeInfo,
+    NodeLost,
+    node_root,
+)
 from bridge.cluster.orders import TurnOrder, Update
 from bridge.config.sections import ClusterConfig
 from bridge.errors import BridgeError
 from bridge.pipeline.node_agent import NodeAgent
 
-NODE_RESOURCE = "wb_node:"
-SLOT_RESOURCE = "wb_slot"
 CALL_TIMEOUT_S = 30.0
 
 
@@ -95,17 +98,6 @@ class LocalNodes:
 
 
 # -- agents as Ray actors ----------------------------------------------------------------------
-
-
-def node_root(name: str) -> Path:
-    """The agent's folder on its node: WORKER_BRIDGE_NODE_HOME (`worker-bridge node start`
-    and scripts/local-cluster set it), else a folder of this user's."""
-    given = os.environ.get("WORKER_BRIDGE_NODE_HOME")
-    if given:
-        return Path(given)
-    if os.geteuid() == 0:
-        return Path("/var/lib/worker-bridge-node") / name
-    return Path.home() / ".local" / "share" / "worker-bridge-node" / name
 
 
 class _AgentActor:
@@ -234,20 +226,21 @@ class RayNodes:
         return ray
 
     def nodes(self) -> list[NodeInfo]:
-        found = []
+        """The cluster's nodes by name: an alive one by the resource naming it; a dead one (Ray
+        lists it without resources) by its node name, unless the name is alive again."""
+        found: dict[str, NodeInfo] = {}
         for node in self.ray.nodes():
-            resources = node.get("Resources", {})
-            for key in resources:
-                if key.startswith(NODE_RESOURCE):
-                    found.append(
-                        NodeInfo(
-                            key[len(NODE_RESOURCE) :],
-                            str(node.get("NodeManagerAddress", "")),
-                            bool(node.get("Alive")),
-                            int(resources.get(SLOT_RESOURCE, 1)),
-                        )
-                    )
-        return sorted(found, key=lambda n: n.name)
+            resources = node.get("Resources") or {}
+            names = [k[len(NODE_RESOURCE) :] for k in resources if k.startswith(NODE_RESOURCE)]
+            alive = bool(node.get("Alive"))
+            if not names and not alive and node.get("NodeName"):
+                names = [str(node["NodeName"])]
+            for name in names:
+                if name not in found or alive:
+                    address = str(node.get("NodeManagerAddress", ""))
+                    slots = int(resources.get(SLOT_RESOURCE, 1))
+                    found[name] = NodeInfo(name, address, alive, slots)
+        return sorted(found.values(), key=lambda n: n.name)
 
     def agent(self, node: str) -> AgentLink:
         actor = self._actor_class.options(

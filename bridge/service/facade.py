@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.config.profiles import without_filled
 from bridge.config.settings import Config, load_config
-from bridge.errors import BridgeError, InvalidSpec, TaskNotFound, TaskStateError
+from bridge.errors import BridgeError, ConfigError, InvalidSpec, TaskNotFound, TaskStateError
 from bridge.host.state_root import make_private
 from bridge.models import Status, TaskSpec
 from bridge.pipeline.results import redactor_for, task_result
@@ -34,6 +34,8 @@ from bridge.store.rows import readable
 # imported inside them: a read (`tasks show`, `tasks list`) loads config, store and records.
 if TYPE_CHECKING:
     from bridge.cluster.link import Nodes
+    from bridge.cluster.node_process import NodeStarted, NodeStopped
+    from bridge.cluster.status import NodeStatus
     from bridge.documents import PruneReport
     from bridge.environments.manage import Listed
     from bridge.phase.context import Context
@@ -455,6 +457,44 @@ class WorkerBridge:
         from bridge.service.doctor import health_checks
 
         return health_checks(self.config, self.sandbox)
+
+    # -- the cluster (docs/cluster.md) -------------------------------------------------------
+
+    def cluster_status(self) -> list[NodeStatus]:
+        """Each node of the configured cluster: address, alive, slots in use and total, the
+        images its engine holds. ConfigError when no cluster is configured."""
+        from bridge.cluster.status import NOT_CONFIGURED, cluster_status
+
+        if self.nodes is None and not self.config.cluster.address:
+            raise ConfigError(NOT_CONFIGURED)  # said before the state root is made
+        if self.nodes is None:
+            from bridge.pipeline.nodes import cluster_nodes
+
+            self.nodes = cluster_nodes(self.config.cluster)
+        return cluster_status(self.nodes, self.store)
+
+    def start_node(
+        self,
+        address: str,
+        *,
+        name: str | None = None,
+        slots: int | None = None,
+        docker_host: str | None = None,
+        root: Path | None = None,
+        insecure_no_token: bool = False,
+    ) -> NodeStarted:
+        """Join this machine to the cluster at ``address`` as a node: `ray start`, detached and
+        recorded (bridge/cluster/node_process.py); each argument checked before it starts."""
+        from bridge.cluster.node_process import NodeRequest, plan_node, start_node
+
+        request = NodeRequest(address, name, slots, docker_host, root, insecure_no_token)
+        return start_node(plan_node(request))
+
+    def stop_node(self, name: str | None = None, root: Path | None = None) -> NodeStopped:
+        """Stop the node `start_node` started here (by its recorded pid alone)."""
+        from bridge.cluster.node_process import chosen_root, stop_node
+
+        return stop_node(chosen_root(name, root))
 
     def check_state_root(self) -> None:
         """In a container: the state root is shared with the host at the same path (ConfigError
