@@ -434,7 +434,9 @@ class TaskRunner:
                 break
             except NodeLost as exc:
                 handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn.number})
-                if turn.number > 0 or not self._may_repair():
+                # The same turn again elsewhere: it spends the repair budget, but asks the
+                # worker to act on no follow-up (can_repair does not matter).
+                if turn.number > 0 or not self._budget_left():
                     raise
                 self.repairs += 1
                 avoid.add(exc.node)
@@ -504,12 +506,15 @@ class TaskRunner:
     # -- repair -----------------------------------------------------------------------------
 
     def _may_repair(self) -> bool:
+        """Auto-repair budget left, and a worker whose repair turn can change anything."""
+        return self._budget_left() and self.worker.can_repair(self.record.spec.metadata)
+
+    def _budget_left(self) -> bool:
         """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
-        metadata = self.record.spec.metadata
-        budget = metadata.get("auto_repair")
+        budget = self.record.spec.metadata.get("auto_repair")
         if budget is None:
             budget = self.ctx.config.auto_repair
-        return self.repairs < int(budget) and self.worker.can_repair(metadata)
+        return self.repairs < int(budget)
 
     def _repair_turn(self, handle: PhaseHandle, bad: CommandResult, doc: VerificationDoc) -> Turn:
         """Record a repair turn (the worker is told what failed) and return it."""
