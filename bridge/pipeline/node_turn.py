@@ -93,7 +93,9 @@ def run_node_turn(
     ctx = handle.ctx
     record = handle.record
     images = _images(handle, worker)
-    pinned = record.worker_node if turn.number > 0 else None
+    # From the store: the handle's record is as the runner loaded it, without the node this
+    # runner's earlier turn was placed on (a repair turn must go where the worktree is).
+    pinned = ctx.store.load_task(handle.task_id).worker_node if turn.number > 0 else None
     node = _place(handle, nodes, owner, pinned, avoid)
     scope = slot_scope(node.name)
     try:
