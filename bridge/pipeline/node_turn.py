@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.cluster.bundles import base_bundle, receive_snapshot
+from bridge.cluster.bundles import BundleRefused, base_bundle, read_header, receive_snapshot
 from bridge.cluster.nodes import AgentLink, NodeInfo, NodeLost, Nodes
 from bridge.cluster.orders import (
     Beat,
@@ -139,6 +139,7 @@ def run_node_turn(
     with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
         path = Path(scratch) / "snapshot.bundle"
         path.write_bytes(done.bundle)
+        _check_claim(path, done.commit)
         commit = receive_snapshot(
             ws.repository,
             path,
@@ -150,6 +151,17 @@ def run_node_turn(
     if done.dropped:
         handle.emit("workspace.dropped", {"paths": [d.document() for d in done.dropped[:200]]})
     return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
+
+
+def _check_claim(bundle: Path, claimed: str) -> None:
+    """BundleRefused unless ``bundle`` holds the commit its node reported: a node that says
+    one thing and sends another is believed on neither."""
+    sent = sorted(sha for sha, _ in read_header(bundle).refs)
+    if claimed not in sent:
+        raise BundleRefused(
+            f"The node's snapshot bundle holds {', '.join(s[:12] for s in sent) or 'nothing'}, "
+            f"not the commit {claimed[:12]!r} the node reported; it was not taken."
+        )
 
 
 def release_task(nodes: Nodes, node: str, task_id: str) -> bool:
