@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from bridge.environments.task import SetupTimedOut, SnapshotSetupFailed, TaskEnvironment
 from bridge.errors import BridgeError, SandboxError
-from bridge.models import Status
+from bridge.models import TERMINAL, Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.phase.run_container import interrupts_held
@@ -187,9 +187,16 @@ class TaskRunner:
 
     def _release_node(self, outcome: Outcome | None) -> None:
         """A task that ran on a node and will not run there again: the node lets go of it
-        (its workspace, its shadow). One waiting for an answer keeps it for the next turn."""
-        node = self.store.load_task(self.task_id).worker_node
-        if node is None or self.ctx.nodes is None or outcome is self._waiting:
+        (its workspace, its shadow). One waiting for an answer keeps it for the next turn; one
+        this runner was superseded in (outcome None) is let go only once it ended (a cancel),
+        never when another runner took it over."""
+        record = self.store.load_task(self.task_id)
+        node = record.worker_node
+        if node is None or self.ctx.nodes is None or self._lost:
+            return
+        if outcome is None and record.status not in TERMINAL:
+            return
+        if outcome is not None and outcome is self._waiting:
             return
         from bridge.pipeline.node_turn import release_task
 
