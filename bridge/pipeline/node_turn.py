@@ -43,6 +43,9 @@ from bridge.workspace.worktree import TaskWorkspace
 
 PLACE_EVERY_S = 0.25  # how often a turn waiting for a free slot looks again
 TOUCH_EVERY_S = 1.0
+# The events a worker turn records where it runs; the rest of a task's log (its statuses,
+# repairs, follow-ups, cancels) is this host's, and a node's word is not taken for it.
+NODE_EVENTS = ("worker.", "workspace.", "sandbox.")
 
 
 @dataclass
@@ -262,6 +265,8 @@ def _follow(
                 raise lost[0]
             if isinstance(update, Events):
                 for kind, data in update.events:
+                    if not kind.startswith(NODE_EVENTS):
+                        continue
                     handle.emit(kind, {**data, "node": node} if kind == "worker.started" else data)
             elif isinstance(update, TurnDone):
                 return update
