@@ -151,8 +151,6 @@ def run_node_turn(
             snapshot_limits(handle.limits),
             Path(scratch),
         )
-    if done.dropped:
-        handle.emit("workspace.dropped", {"paths": [d.document() for d in done.dropped[:200]]})
     return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
 
 
