@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.cluster.bundles import base_bundle, receive_snapshot
+from bridge.cluster.bundles import BundleRefused, base_bundle, read_header, receive_snapshot
 from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, Nodes, slot_scope
 from bridge.cluster.orders import (
     Beat,
@@ -43,6 +43,9 @@ from bridge.workspace.worktree import TaskWorkspace
 
 PLACE_EVERY_S = 0.25  # how often a turn waiting for a free slot looks again
 TOUCH_EVERY_S = 1.0
+# The events a worker turn records where it runs; the rest of a task's log (its statuses,
+# repairs, follow-ups, cancels) is this host's, and a node's word is not taken for it.
+NODE_EVENTS = ("worker.", "workspace.", "sandbox.")
 
 
 @dataclass
@@ -89,7 +92,9 @@ def run_node_turn(
     ctx = handle.ctx
     record = handle.record
     images = _images(handle, worker)
-    pinned = record.worker_node if turn.number > 0 else None
+    # From the store: the handle's record is as the runner loaded it, without the node this
+    # runner's earlier turn was placed on (a repair turn must go where the worktree is).
+    pinned = ctx.store.load_task(handle.task_id).worker_node if turn.number > 0 else None
     node = _place(handle, nodes, owner, pinned, avoid)
     scope = slot_scope(node.name)
     try:
@@ -133,6 +138,7 @@ def run_node_turn(
     with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
         path = Path(scratch) / "snapshot.bundle"
         path.write_bytes(done.bundle)
+        _check_claim(path, done.commit)
         commit = receive_snapshot(
             ws.repository,
             path,
@@ -141,9 +147,18 @@ def run_node_turn(
             snapshot_limits(handle.limits),
             Path(scratch),
         )
-    if done.dropped:
-        handle.emit("workspace.dropped", {"paths": [d.document() for d in done.dropped[:200]]})
     return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
+
+
+def _check_claim(bundle: Path, claimed: str) -> None:
+    """BundleRefused unless ``bundle`` holds the commit its node reported: a node that says
+    one thing and sends another is believed on neither."""
+    sent = sorted(sha for sha, _ in read_header(bundle).refs)
+    if claimed not in sent:
+        raise BundleRefused(
+            f"The node's snapshot bundle holds {', '.join(s[:12] for s in sent) or 'nothing'}, "
+            f"not the commit {claimed[:12]!r} the node reported; it was not taken."
+        )
 
 
 def release_task(nodes: Nodes, node: str, task_id: str) -> bool:
@@ -244,6 +259,8 @@ def _follow(
                 raise lost[0]
             if isinstance(update, Events):
                 for kind, data in update.events:
+                    if not kind.startswith(NODE_EVENTS):
+                        continue
                     handle.emit(kind, {**data, "node": node} if kind == "worker.started" else data)
             elif isinstance(update, TurnDone):
                 return update

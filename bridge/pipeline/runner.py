@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from bridge.environments.task import SetupTimedOut, SnapshotSetupFailed, TaskEnvironment
 from bridge.errors import BridgeError, SandboxError
-from bridge.models import Status
+from bridge.models import TERMINAL, Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, PipelineHooks, Superseded
 from bridge.phase.run_container import interrupts_held
@@ -196,9 +196,16 @@ class TaskRunner:
 
     def _release_node(self, outcome: Outcome | None) -> None:
         """A task that ran on a node and will not run there again: the node lets go of it
-        (its workspace, its shadow). One waiting for an answer keeps it for the next turn."""
-        node = self.store.load_task(self.task_id).worker_node
-        if node is None or self.ctx.nodes is None or outcome is self._waiting:
+        (its workspace, its shadow). One waiting for an answer keeps it for the next turn; one
+        this runner was superseded in (outcome None) is let go only once it ended (a cancel),
+        never when another runner took it over."""
+        record = self.store.load_task(self.task_id)
+        node = record.worker_node
+        if node is None or self.ctx.nodes is None or self._lost:
+            return
+        if outcome is None and record.status not in TERMINAL:
+            return
+        if outcome is not None and outcome is self._waiting:
             return
         from bridge.pipeline.node_turn import release_task
 
@@ -443,6 +450,8 @@ class TaskRunner:
                 break
             except NodeLost as exc:
                 handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn.number})
+                # The same turn again elsewhere: it spends the repair budget, but asks the
+                # worker to act on no follow-up (can_repair does not matter).
                 if turn.number > 0 or not self._budget_left():
                     raise
                 self.repairs += 1
@@ -513,12 +522,11 @@ class TaskRunner:
     # -- repair -----------------------------------------------------------------------------
 
     def _may_repair(self) -> bool:
-        """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
+        """Auto-repair budget left, and a worker whose repair turn can change anything."""
         return self._budget_left() and self.worker.can_repair(self.record.spec.metadata)
 
     def _budget_left(self) -> bool:
-        """Whether the repair budget allows one more turn (a repair, or a turn run again on
-        another node after its node was lost)."""
+        """Auto-repair budget: metadata.auto_repair, else config auto_repair (0 disables)."""
         budget = self.record.spec.metadata.get("auto_repair")
         if budget is None:
             budget = self.ctx.config.auto_repair
