@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bridge.cluster.orders import TurnOrder, Update
+from bridge.cluster.orders import ChecksOrder, TurnOrder, Update
 from bridge.errors import BridgeError
 
 NODE_RESOURCE = "wb_node:"  # a node's Ray resource naming it: wb_node:NAME
@@ -67,6 +67,10 @@ class AgentLink(Protocol):
 
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
         """The turn's updates; NodeLost when none comes for ``timeout_s``."""
+        ...
+
+    def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
+        """The checks' updates, as a turn's."""
         ...
 
 

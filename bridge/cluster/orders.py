@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from bridge.documents import WorkerExit
 from bridge.events import EventData
-from bridge.records import TaskRecord
+from bridge.records import TaskRecord, VerificationDoc
 from bridge.workers import Turn
+from bridge.workspace.diff import Change
 from bridge.workspace.snapshot import Dropped
 
 
@@ -51,6 +52,24 @@ class TurnOrder:
 
 
 @dataclass(frozen=True)
+class ChecksOrder:
+    """The checks of one turn's ``snapshot`` on a node: each command in a fresh container on a
+    clean checkout of it, as on one host (bridge/pipeline/verify.py). ``changes``: the paths the
+    snapshot changed from the base (the checkout brings only those from the base);
+    ``bundles``: what the node lacks of the base and the snapshot."""
+
+    record: TaskRecord
+    repo_key: str
+    turn: int
+    snapshot: str
+    changes: tuple[Change, ...]
+    commands: tuple[str, ...]
+    image: ImageOrder
+    remaining_s: float
+    bundles: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
 class Placed:
     """The turn started on ``node``."""
 
@@ -83,6 +102,17 @@ class TurnDone:
 
 
 @dataclass(frozen=True)
+class ChecksDone:
+    """The checks ended: what they found (``timed_out``: the task's deadline stopped them), and
+    the tree the node checked out (the control host compares it with the snapshot's own:
+    verified bytes = accepted bytes)."""
+
+    verification: VerificationDoc
+    timed_out: bool
+    tree: str
+
+
+@dataclass(frozen=True)
 class TurnFailed:
     """The turn could not run or finish on the node: an error kind and one sentence."""
 
@@ -91,4 +121,4 @@ class TurnFailed:
     superseded: bool = False  # the task was cancelled meanwhile
 
 
-Update = Placed | Events | Beat | TurnDone | TurnFailed
+Update = Placed | Events | Beat | TurnDone | ChecksDone | TurnFailed

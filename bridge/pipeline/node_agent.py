@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from bridge.cluster.bundles import BUNDLE_REF, write_bundle
 from bridge.cluster.images import check_image
 from bridge.cluster.orders import (
     Beat,
+    ChecksDone,
+    ChecksOrder,
     Events,
     GatewayTicket,
     ImageOrder,
@@ -52,9 +54,11 @@ from bridge.models import TERMINAL, Status
 from bridge.phase.context import Context
 from bridge.phase.handle import PhaseHandle, Superseded
 from bridge.phase.network import GatewayOpener, needs_gateway
+from bridge.pipeline.checkout import VerifyCheckout
 from bridge.pipeline.collect import CollectTimedOut, disarm_workspace, take_snapshot
 from bridge.pipeline.prepare import prepare_workspace
 from bridge.pipeline.results import redactor_for
+from bridge.pipeline.verify import run_verification
 from bridge.pipeline.worker_turn import run_worker_turn
 from bridge.records import NewTask, TaskRecord
 from bridge.sandbox import LABEL, Sandbox
@@ -158,7 +162,15 @@ class NodeAgent:
         """Run one worker turn; yields where it runs, its events as they come, a beat each
         second, and last how it ended. ``timeout_s``: a turn nobody touched for this long is
         cancelled (see `touch`)."""
-        task_id = order.record.task_id
+        yield from self._streamed(order.record.task_id, lambda: self._turn(order), timeout_s)
+
+    def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
+        """Run one turn's checks on this node, reported as `run_turn` reports a turn."""
+        yield from self._streamed(order.record.task_id, lambda: self._checks(order), timeout_s)
+
+    def _streamed(
+        self, task_id: str, work: Callable[[], Update], timeout_s: float
+    ) -> Iterator[Update]:
         yield Placed(self.name)
         with self._lock:
             if task_id in self._touched:
@@ -169,7 +181,7 @@ class NodeAgent:
         try:
             after = self.store.last_event()
             worker = threading.Thread(
-                target=self._turn_thread, args=(order, result), name=f"turn-{task_id}", daemon=True
+                target=self._work_thread, args=(work, result), name=f"turn-{task_id}", daemon=True
             )
             worker.start()
             last_sent = time.monotonic()
@@ -204,9 +216,9 @@ class NodeAgent:
             touched = self._touched.get(task_id, time.monotonic())
         return time.monotonic() - touched > timeout_s
 
-    def _turn_thread(self, order: TurnOrder, result: list[Update]) -> None:
+    def _work_thread(self, work: Callable[[], Update], result: list[Update]) -> None:
         try:
-            result.append(self._turn(order))
+            result.append(work())
         except Superseded:
             result.append(TurnFailed("cancelled", "The task was cancelled.", superseded=True))
         except CollectTimedOut:
@@ -229,15 +241,12 @@ class NodeAgent:
         record = order.record
         base = record.base_commit or ""
         repo = self._repository(order.repo_key, order.bundles)
-        shadow = self._shadow(order, repo)
-        ctx = Context(shadow.config, self.store, self.sandbox)
-        handle = PhaseHandle(
-            task_id=record.task_id,
-            record=shadow,
-            ctx=ctx,
-            redactor=redactor_for(shadow),
-            deadline_at=time.time() + order.remaining_s,
+        turn = order.turn
+        shadow = self._shadow(
+            record, repo, turn.number, turn.session_id, order.remaining_s, fresh=turn.number == 0
         )
+        handle = self._handle(shadow, order.remaining_s)
+        ctx = handle.ctx
         for image in order.images:
             self._ensure_image(image)
         worker = get_worker(ctx.config, record.spec.worker)
@@ -282,6 +291,36 @@ class NodeAgent:
             seconds=seconds,
         )
 
+    def _checks(self, order: ChecksOrder) -> ChecksDone:
+        record = order.record
+        repo = self._repository(order.repo_key, order.bundles)
+        shadow = self._shadow(record, repo, order.turn, None, order.remaining_s, fresh=False)
+        handle = self._handle(shadow, order.remaining_s)
+        self._ensure_image(order.image)
+        ws = TaskWorkspace.plan(self.home, repo, record.task_id)
+        checkout = VerifyCheckout(handle, ws, record.base_commit or "", order.turn)
+        outcome = run_verification(
+            handle,
+            checkout,
+            order.snapshot,
+            list(order.changes),
+            list(order.commands),
+            order.image.reference,
+            order.turn,
+        )
+        handle.ensure_active()
+        tree = Git(repo).run("rev-parse", f"{order.snapshot}^{{tree}}").stdout.decode().strip()
+        return ChecksDone(outcome.document(), outcome.timed_out, tree)
+
+    def _handle(self, shadow: TaskRecord, remaining_s: float) -> PhaseHandle:
+        return PhaseHandle(
+            task_id=shadow.task_id,
+            record=shadow,
+            ctx=Context(shadow.config, self.store, self.sandbox),
+            redactor=redactor_for(shadow),
+            deadline_at=time.time() + remaining_s,
+        )
+
     # -- the pieces -------------------------------------------------------------------------
 
     def _known(self, task_id: str) -> bool:
@@ -312,9 +351,18 @@ class NodeAgent:
                     os.unlink(name)
         return repo
 
-    def _shadow(self, order: TurnOrder, repo: Path) -> TaskRecord:
-        """The node's record of the task for this turn, made on its first turn here."""
-        record = order.record
+    def _shadow(
+        self,
+        record: TaskRecord,
+        repo: Path,
+        turn: int,
+        session_id: str | None,
+        remaining_s: float,
+        *,
+        fresh: bool,
+    ) -> TaskRecord:
+        """The node's record of the task for this turn, made on its first use here (``fresh``:
+        a first turn, which starts from nothing whatever an earlier attempt left)."""
         config = record.config.model_copy(
             update={
                 "home": self.home,
@@ -326,13 +374,14 @@ class NodeAgent:
             }
         )
         fields: dict[str, Any] = {
-            "turn": order.turn.number,
+            "turn": turn,
             "follow_ups": list(record.follow_ups),
-            "session_id": order.turn.session_id,
-            "deadline_at": time.time() + order.remaining_s,
-            "worker_exit": None,
+            "deadline_at": time.time() + remaining_s,
         }
-        if order.turn.number == 0 and self._known(record.task_id):
+        if session_id is not None or fresh:
+            fields["session_id"] = session_id
+            fields["worker_exit"] = None
+        if fresh and self._known(record.task_id):
             self.release(record.task_id)  # an earlier attempt's, never released: from nothing
         if not self._known(record.task_id):
             new = NewTask(

@@ -14,13 +14,22 @@ import hashlib
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.cluster.bundles import BundleRefused, base_bundle, read_header, receive_snapshot
+from bridge.cluster.bundles import (
+    BundleRefused,
+    base_bundle,
+    read_header,
+    receive_snapshot,
+    write_bundle,
+)
 from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, Nodes, slot_scope
 from bridge.cluster.orders import (
     Beat,
+    ChecksDone,
+    ChecksOrder,
     Events,
     GatewayTicket,
     ImageOrder,
@@ -28,6 +37,7 @@ from bridge.cluster.orders import (
     TurnDone,
     TurnFailed,
     TurnOrder,
+    Update,
 )
 from bridge.cluster.relay import RelayHub
 from bridge.documents import WorkerExit
@@ -36,8 +46,11 @@ from bridge.phase.handle import PhaseHandle, Superseded
 from bridge.phase.network import task_gateway
 from bridge.pipeline.collect import CollectTimedOut, snapshot_limits
 from bridge.pipeline.scheduling import LEASE_TTL
+from bridge.pipeline.verify import VerificationOutcome
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker
+from bridge.workspace.diff import Change
+from bridge.workspace.git import Git
 from bridge.workspace.snapshot import Snapshot
 from bridge.workspace.worktree import TaskWorkspace
 
@@ -46,6 +59,7 @@ TOUCH_EVERY_S = 1.0
 # The events a worker turn records where it runs; the rest of a task's log (its statuses,
 # repairs, follow-ups, cancels) is this host's, and a node's word is not taken for it.
 NODE_EVENTS = ("worker.", "workspace.", "sandbox.")
+CHECK_EVENTS = ("verification.command", "verification.checkout", "sandbox.")
 
 
 @dataclass
@@ -91,7 +105,7 @@ def run_node_turn(
     least busy alive one not in ``avoid``) and take its snapshot back into ``ws.branch``."""
     ctx = handle.ctx
     record = handle.record
-    images = _images(handle, worker)
+    images = (_image(handle, worker.image(ctx.config)),)
     # From the store: the handle's record is as the runner loaded it, without the node this
     # runner's earlier turn was placed on (a repair turn must go where the worktree is).
     pinned = ctx.store.load_task(handle.task_id).worker_node if turn.number > 0 else None
@@ -122,7 +136,10 @@ def run_node_turn(
                     bundles=bundles,
                     gateway=ticket,
                 )
-                done = _follow(handle, link, node.name, order, ctx.config.cluster.node_timeout_s)
+                timeout_s = ctx.config.cluster.node_timeout_s
+                done = _follow(handle, link, node.name, link.run_turn(order, timeout_s), timeout_s)
+                if not isinstance(done, TurnDone):
+                    raise BridgeError(f"Node {node.name} answered a turn with checks.")
             finally:
                 if hub is not None and secret is not None:
                     hub.close_turn(secret)
@@ -133,13 +150,21 @@ def run_node_turn(
     handle.update(worker_exit=done.exit, session_id=done.session_id)
     if done.bundle is None or done.commit is None:
         return NodeTurn(node.name, done.exit, None)
-    task_dir = ctx.task_dir(handle.task_id)
+    commit = _take_snapshot(handle, ws, done.bundle, done.commit, base)
+    return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
+
+
+def _take_snapshot(
+    handle: PhaseHandle, ws: TaskWorkspace, bundle: bytes, claimed: str, base: str
+) -> str:
+    """The node's snapshot into the task's branch, only through `receive_snapshot`."""
+    task_dir = handle.ctx.task_dir(handle.task_id)
     task_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
         path = Path(scratch) / "snapshot.bundle"
-        path.write_bytes(done.bundle)
-        _check_claim(path, done.commit)
-        commit = receive_snapshot(
+        path.write_bytes(bundle)
+        _check_claim(path, claimed)
+        return receive_snapshot(
             ws.repository,
             path,
             base,
@@ -147,7 +172,97 @@ def run_node_turn(
             snapshot_limits(handle.limits),
             Path(scratch),
         )
-    return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
+
+
+def run_node_checks(
+    handle: PhaseHandle,
+    ws: TaskWorkspace,
+    snapshot: str,
+    changes: list[Change],
+    commands: list[str],
+    image: str,
+    turn: int,
+    nodes: Nodes,
+    owner: Owner,
+) -> VerificationOutcome:
+    """The checks of ``snapshot`` on a node (another than the worker's when one has a slot);
+    once more on another node when that one is lost (they change nothing: running them again
+    costs no budget)."""
+    args = (handle, ws, snapshot, changes, commands, image, turn, nodes, owner)
+    try:
+        return _checks_on_node(*args, frozenset())
+    except NodeLost as exc:
+        handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn, "checks": True})
+        return _checks_on_node(*args, frozenset({exc.node}))
+
+
+def _checks_on_node(
+    handle: PhaseHandle,
+    ws: TaskWorkspace,
+    snapshot: str,
+    changes: list[Change],
+    commands: list[str],
+    image: str,
+    turn: int,
+    nodes: Nodes,
+    owner: Owner,
+    avoid: frozenset[str],
+) -> VerificationOutcome:
+    """The checks on one node, from bundles of the base and the snapshot; the node's
+    checked-out tree must be the snapshot's own here, or the result is not taken."""
+    ctx = handle.ctx
+    base = handle.record.base_commit or ""
+    worker_node = ctx.store.load_task(handle.task_id).worker_node
+    order_image = _image(handle, image)
+    node = _place(handle, nodes, owner, None, avoid, shun=worker_node)
+    try:
+        link = nodes.agent(node.name)
+        handle.update(verify_node=node.name)
+        handle.emit("cluster.checks_placed", {"node": node.name, "turn": turn})
+        key = repo_key(ws.repository)
+        bundles = []
+        missing = link.missing(key, [base, snapshot])
+        if base in missing:
+            bundles.append(base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes())
+        if snapshot in missing:
+            bundles.append(_snapshot_bundle(ctx.task_dir(handle.task_id), ws, snapshot, base))
+        timeout_s = ctx.config.cluster.node_timeout_s
+        order = ChecksOrder(
+            record=handle.record,
+            repo_key=key,
+            turn=turn,
+            snapshot=snapshot,
+            changes=tuple(changes),
+            commands=tuple(commands),
+            image=order_image,
+            remaining_s=handle.remaining(),
+            bundles=tuple(bundles),
+        )
+        updates = link.run_checks(order, timeout_s)
+        done = _follow(handle, link, node.name, updates, timeout_s, CHECK_EVENTS)
+    finally:
+        ctx.store.leases.release_scope(handle.task_id, owner, slot_scope(node.name))
+    if not isinstance(done, ChecksDone):
+        raise BridgeError(f"Node {node.name} answered checks with a turn.", kind="cluster")
+    tree = Git(ws.repository).run("rev-parse", f"{snapshot}^{{tree}}").stdout.decode().strip()
+    if done.tree != tree:
+        raise BridgeError(
+            f"Node {node.name} checked tree {done.tree[:12]}, not the snapshot's {tree[:12]}; "
+            "its checks were not taken.",
+            kind="cluster",
+        )
+    doc = done.verification
+    return VerificationOutcome(
+        ok=doc.ok, image=doc.image or image, commands=list(doc.commands), timed_out=done.timed_out
+    )
+
+
+def _snapshot_bundle(task_dir: Path, ws: TaskWorkspace, snapshot: str, base: str) -> bytes:
+    task_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
+        path = Path(scratch) / "checks.bundle"
+        write_bundle(ws.repository, snapshot, path, exclude=base)
+        return path.read_bytes()
 
 
 def _check_claim(bundle: Path, claimed: str) -> None:
@@ -171,11 +286,10 @@ def release_task(nodes: Nodes, node: str, task_id: str) -> bool:
     return True
 
 
-def _images(handle: PhaseHandle, worker: Worker) -> tuple[ImageOrder, ...]:
-    """The worker's image by this host's id, and where a node pulls it from (the registry in
-    config, pushed there once per id)."""
+def _image(handle: PhaseHandle, reference: str) -> ImageOrder:
+    """The image by this host's id, and where a node pulls it from (the registry in config,
+    pushed there once per id)."""
     ctx = handle.ctx
-    reference = worker.image(ctx.config)
     info = ctx.sandbox.inspect_image(reference)
     if info is None:
         raise ImageMissing(
@@ -189,7 +303,7 @@ def _images(handle: PhaseHandle, worker: Worker) -> tuple[ImageOrder, ...]:
 
         registry = Registry(cluster.registry, cluster.node_registry)
         pull = publish(ctx.sandbox, reference, info.id, registry)  # type: ignore[arg-type]
-    return (ImageOrder(reference, info.id, pull),)
+    return ImageOrder(reference, info.id, pull)
 
 
 def _place(
@@ -198,8 +312,10 @@ def _place(
     owner: Owner,
     pinned: str | None,
     avoid: frozenset[str],
+    shun: str | None = None,
 ) -> NodeInfo:
-    """A node with a free slot, its slot leased to the task; waits while all are busy."""
+    """A node with a free slot, its slot leased to the task; waits while all are busy.
+    ``shun``: taken only when no other node has a slot (the checks, away from the worker's)."""
     store = handle.ctx.store
     while True:
         alive = [n for n in nodes.nodes() if n.alive and n.name not in avoid]
@@ -221,7 +337,8 @@ def _place(
         for lease in store.leases.live():
             used[lease["scope"]] = used.get(lease["scope"], 0) + 1
         for node in sorted(
-            alive, key=lambda n: (used.get(slot_scope(n.name), 0) / n.slots, n.name)
+            alive,
+            key=lambda n: (n.name == shun, used.get(slot_scope(n.name), 0) / n.slots, n.name),
         ):
             scope = slot_scope(node.name)
             if store.leases.acquire(handle.task_id, owner, {scope: node.slots}, LEASE_TTL):
@@ -233,8 +350,13 @@ def _place(
 
 
 def _follow(
-    handle: PhaseHandle, link: AgentLink, node: str, order: TurnOrder, timeout_s: float
-) -> TurnDone:
+    handle: PhaseHandle,
+    link: AgentLink,
+    node: str,
+    updates: Iterator[Update],
+    timeout_s: float,
+    kinds: tuple[str, ...] = NODE_EVENTS,
+) -> TurnDone | ChecksDone:
     """The node's updates until the turn ends: events recorded here, cancels passed on, the
     node touched each second; NodeLost when it falls silent."""
     stop = threading.Event()
@@ -254,15 +376,15 @@ def _follow(
     threading.Thread(target=toucher, name=f"touch-{handle.task_id}", daemon=True).start()
     cancelled = False
     try:
-        for update in link.run_turn(order, timeout_s):
+        for update in updates:
             if lost:
                 raise lost[0]
             if isinstance(update, Events):
                 for kind, data in update.events:
-                    if not kind.startswith(NODE_EVENTS):
+                    if not kind.startswith(kinds):
                         continue
                     handle.emit(kind, {**data, "node": node} if kind == "worker.started" else data)
-            elif isinstance(update, TurnDone):
+            elif isinstance(update, (TurnDone, ChecksDone)):
                 return update
             elif isinstance(update, TurnFailed):
                 if update.superseded or cancelled:

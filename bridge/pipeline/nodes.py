@@ -23,7 +23,7 @@ from bridge.cluster.link import (
     NodeLost,
     node_root,
 )
-from bridge.cluster.orders import TurnOrder, Update
+from bridge.cluster.orders import ChecksOrder, TurnOrder, Update
 from bridge.config.sections import ClusterConfig
 from bridge.errors import BridgeError
 from bridge.pipeline.node_agent import NodeAgent
@@ -70,8 +70,14 @@ class _LocalLink:
         return self.agent.images()
 
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
+        return self._stream(self.agent.run_turn(order, timeout_s))
+
+    def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
+        return self._stream(self.agent.run_checks(order, timeout_s))
+
+    def _stream(self, updates: Iterator[Update]) -> Iterator[Update]:
         self._check()
-        for update in self.agent.run_turn(order, timeout_s):
+        for update in updates:
             if self.down.is_set():  # a lost node says nothing more; its turn goes on there
                 raise NodeLost(self.agent.name, f"Node {self.agent.name} stopped answering.")
             yield update
@@ -133,6 +139,9 @@ class _AgentActor:
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
         yield from self.agent.run_turn(order, timeout_s)
 
+    def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
+        yield from self.agent.run_checks(order, timeout_s)
+
 
 class _RayLink:
     def __init__(self, ray: Any, actor: Any, node: str, timeout_s: float) -> None:
@@ -168,7 +177,13 @@ class _RayLink:
         return list(self._get(self.actor.images.remote()))
 
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
-        stream = self.actor.run_turn.options(num_returns="streaming").remote(order, timeout_s)
+        return self._stream(self.actor.run_turn, order, timeout_s)
+
+    def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
+        return self._stream(self.actor.run_checks, order, timeout_s)
+
+    def _stream(self, method: Any, order: object, timeout_s: float) -> Iterator[Update]:
+        stream = method.options(num_returns="streaming").remote(order, timeout_s)
         while True:
             ready, _ = self.ray.wait([stream], timeout=timeout_s)
             if not ready:

@@ -195,22 +195,23 @@ class TaskRunner:
         return self.ctx.nodes
 
     def _release_node(self, outcome: Outcome | None) -> None:
-        """A task that ran on a node and will not run there again: the node lets go of it
-        (its workspace, its shadow). One waiting for an answer keeps it for the next turn; one
-        this runner was superseded in (outcome None) is let go only once it ended (a cancel),
-        never when another runner took it over."""
+        """A task that ran on nodes and will not run there again: they let go of it (its
+        workspace, its shadow). One waiting for an answer keeps its worker's node for the next
+        turn; one this runner was superseded in (outcome None) is let go only once it ended (a
+        cancel), never when another runner took it over."""
         record = self.store.load_task(self.task_id)
-        node = record.worker_node
-        if node is None or self.ctx.nodes is None or self._lost:
+        if self.ctx.nodes is None or self._lost:
             return
         if outcome is None and record.status not in TERMINAL:
             return
+        used = {record.worker_node, record.verify_node} - {None}
         if outcome is not None and outcome is self._waiting:
-            return
+            used.discard(record.worker_node)
         from bridge.pipeline.node_turn import release_task
 
-        if not release_task(self.ctx.nodes, node, self.task_id):
-            self.store.add_event(self.task_id, "cluster.release_failed", {"node": node})
+        for node in sorted(n for n in used if n):
+            if not release_task(self.ctx.nodes, node, self.task_id):
+                self.store.add_event(self.task_id, "cluster.release_failed", {"node": node})
 
     def _run_claimed(self, handle: PhaseHandle) -> Outcome:
         status = self.store.status(self.task_id)  # claim() already queued a created task
@@ -435,9 +436,6 @@ class TaskRunner:
         if turn.number == 0:
             handle.enter_phase("allocating")
             handle.update(branch=ws.branch)
-        if self.record.spec.verification.commands:
-            self._checkout = VerifyCheckout(handle, ws, base, turn.number)
-            self._checkout.start(None)  # checks out the base while the worker runs
         handle.enter_phase("worker")
         start = self.snapshot if turn.number > 0 and self.snapshot else base
         avoid: set[str] = set()
@@ -499,10 +497,18 @@ class TaskRunner:
         image = env.image if env is not None else self._verify_image()
         handle.emit("verification.started", {"commands": commands, "image": image})
         base = self.record.base_commit or ""
-        checkout = self._checkout or VerifyCheckout(handle, ws, base, turn.number)
-        outcome = run_verification(
-            handle, checkout, snapshot, changes, commands, image, turn.number, env
-        )
+        if self.ctx.nodes is not None:
+            from bridge.pipeline.node_turn import run_node_checks
+
+            nodes, number = self.ctx.nodes, turn.number
+            outcome = run_node_checks(
+                handle, ws, snapshot, changes, commands, image, number, nodes, self.owner
+            )
+        else:
+            checkout = self._checkout or VerifyCheckout(handle, ws, base, turn.number)
+            outcome = run_verification(
+                handle, checkout, snapshot, changes, commands, image, turn.number, env
+            )
         outcome.environment = env_doc
         handle.ensure_active()
         handle.timed("verify_s", t0)

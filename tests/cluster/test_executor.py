@@ -11,6 +11,7 @@ from support.repos import git
 from support.tasks import mock_task
 
 from bridge import WorkerBridge
+from bridge.cluster.orders import ChecksDone
 from bridge.pipeline.node_agent import NodeAgent
 from bridge.pipeline.nodes import LocalNodes
 from bridge.sandbox.fake import FakeSandbox
@@ -88,3 +89,41 @@ def test_two_tasks_at_once_take_one_slot_of_each_node(on_cluster, repo):
     results = [on_cluster.get_task(t) for t in ids]
     assert [r.status for r in results] == ["succeeded", "succeeded"], [r.error for r in results]
     assert sorted(r.worker_node for r in results) == ["n1", "n2"]
+
+
+def test_the_checks_run_on_another_node_than_the_worker_and_fail_as_they_would_here(
+    on_cluster, repo
+):
+    passing = run(on_cluster, mock_task(repo, {"write": {"new.py": "X = 1\n"}}, verify=["true"]))
+    assert passing.status == "succeeded", passing.error
+    assert {passing.worker_node, passing.verify_node} == {"n1", "n2"}
+    failing = run(
+        on_cluster, mock_task(repo, {"write": {"new.py": "X = 1\n"}}, verify=["test -f other.py"])
+    )
+    assert failing.status == "failed"
+    assert failing.verification.ok is False
+    assert [c.status for c in failing.verification.commands] == ["failed"]
+    assert failing.verify_node != failing.worker_node
+
+
+class TreeLiar(NodeAgent):
+    """A node whose checks report another tree than the one it was sent."""
+
+    def run_checks(self, order, timeout_s):
+        for update in super().run_checks(order, timeout_s):
+            if isinstance(update, ChecksDone):
+                update = ChecksDone(update.verification, update.timed_out, "0" * 40)
+            yield update
+
+
+def test_checks_that_report_another_tree_than_the_snapshots_are_not_taken(home, repo, workdir):
+    agents = [NodeAgent("n1", workdir / "node-n1", FakeSandbox())]
+    agents.append(TreeLiar("n2", workdir / "node-n2", FakeSandbox()))
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox(), nodes=LocalNodes(agents, slots=1))
+    try:
+        result = run(bridge, mock_task(repo, {"write": {"a": "a"}}, verify=["true"]))
+    finally:
+        bridge.close()
+    assert (result.worker_node, result.verify_node) == ("n1", "n2")
+    assert result.status == "failed"
+    assert result.error.kind == "cluster" and "not the snapshot's" in result.error.message

@@ -161,6 +161,12 @@ def test_a_node_lost_during_the_first_turn_without_a_repair_budget_fails_naming_
     assert node_sandbox(nodes, "n2").started == []
 
 
+def workers_started(nodes: LocalNodes, name: str) -> list:
+    """The worker containers node ``name`` started (its checks' are not counted)."""
+    started = node_sandbox(nodes, name).started
+    return [spec for spec in started if spec.labels.get("io.worker-bridge.role") == "worker"]
+
+
 def test_the_lost_node_reaps_the_task_it_had_once_it_answers_again(on_cluster, nodes, repo):
     lose(nodes, "n1")
     spec = mock_task(repo, LOST_SPEC)
@@ -207,7 +213,7 @@ def test_a_node_lost_during_a_repair_turn_fails_the_task_naming_it(on_cluster, n
     assert result.error.kind == "node_lost" and "n1" in result.error.message
     assert placed(on_cluster, result.task_id) == ["n1", "n1"]
     assert events(on_cluster, result.task_id, "cluster.node_lost") == [{"node": "n1", "turn": 1}]
-    assert node_sandbox(nodes, "n2").started == []
+    assert workers_started(nodes, "n2") == []  # only the first turn's checks ran there
     assert on_cluster.store.leases.live() == []
 
 
@@ -631,7 +637,11 @@ def test_a_repair_turn_runs_on_the_node_holding_the_worktree_though_another_is_f
     assert result.status == "succeeded", result.error
     assert placed(on_cluster, result.task_id) == ["n2", "n2"]
     assert [e["turn"] for e in events(on_cluster, result.task_id, "cluster.placed")] == [0, 1]
-    assert node_sandbox(nodes, "n1").started == []
+    assert workers_started(nodes, "n1") == []  # n1 ran the checks, away from the worker
+    assert [e["node"] for e in events(on_cluster, result.task_id, "cluster.checks_placed")] == [
+        "n1",
+        "n1",
+    ]
     assert git(repo, "show", f"{result.branch}:fixed") == "1"
     assert git(repo, "show", f"{result.branch}:a") == "a"
     assert on_cluster.store.leases.live() == []
