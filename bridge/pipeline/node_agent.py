@@ -140,13 +140,14 @@ class NodeAgent:
             conn.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
 
     def reap(self) -> list[str]:
-        """Release every task a former agent of this node left unfinished (the node went down
-        with it): no process runs their turns any more. Returns their ids."""
+        """Release every task this node holds whose turn no thread of this agent runs: what a
+        former agent left (its node went down with it) and turns ended here because the
+        control host stopped listening (a cut link). The control host releases the tasks it
+        finished itself; a task between turns here is released too, and its next turn fails
+        naming the node. Returns their ids."""
         with self._lock:
             running = set(self._touched)
-        rows = self.store.query(
-            "SELECT task_id FROM tasks WHERE status IN ('queued', 'running', 'verifying')"
-        )
+        rows = self.store.query("SELECT task_id FROM tasks")
         left = [row["task_id"] for row in rows if row["task_id"] not in running]
         for task_id in left:
             self.release(task_id)

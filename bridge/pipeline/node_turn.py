@@ -184,16 +184,18 @@ def run_node_checks(
     turn: int,
     nodes: Nodes,
     owner: Owner,
+    *,
+    avoid: frozenset[str] = frozenset(),
 ) -> VerificationOutcome:
-    """The checks of ``snapshot`` on a node (another than the worker's when one has a slot);
-    once more on another node when that one is lost (they change nothing: running them again
-    costs no budget)."""
+    """The checks of ``snapshot`` on a node (another than the worker's when one has a slot,
+    none of ``avoid``: lost earlier); once more on another node when that one is lost (they
+    change nothing: running them again costs no budget)."""
     args = (handle, ws, snapshot, changes, commands, image, turn, nodes, owner)
     try:
-        return _checks_on_node(*args, frozenset())
+        return _checks_on_node(*args, avoid)
     except NodeLost as exc:
         handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn, "checks": True})
-        return _checks_on_node(*args, frozenset({exc.node}))
+        return _checks_on_node(*args, avoid | {exc.node})
 
 
 def _checks_on_node(

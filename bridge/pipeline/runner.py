@@ -86,6 +86,7 @@ class TaskRunner:
         self._resumed = False  # this runner took over a task another one had started
         self._checkout: VerifyCheckout | None = None
         self._waiting: Outcome | None = None  # the outcome held while the task waits for input
+        self._lost_nodes: set[str] = set()  # cluster nodes lost during this runner's turns
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -447,6 +448,7 @@ class TaskRunner:
                 )
                 break
             except NodeLost as exc:
+                self._lost_nodes.add(exc.node)
                 handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn.number})
                 # The same turn again elsewhere: it spends the repair budget, but asks the
                 # worker to act on no follow-up (can_repair does not matter).
@@ -502,7 +504,16 @@ class TaskRunner:
 
             nodes, number = self.ctx.nodes, turn.number
             outcome = run_node_checks(
-                handle, ws, snapshot, changes, commands, image, number, nodes, self.owner
+                handle,
+                ws,
+                snapshot,
+                changes,
+                commands,
+                image,
+                number,
+                nodes,
+                self.owner,
+                avoid=frozenset(self._lost_nodes),
             )
         else:
             checkout = self._checkout or VerifyCheckout(handle, ws, base, turn.number)

@@ -157,7 +157,7 @@ def cmd_kill(layout: ClusterLayout, args: argparse.Namespace) -> int:
     state.forget(state.of_node(args.node))
     state.save(layout.state_file)
     if left:
-        bringup.say(f"kill: still running: {sorted(left)}")
+        bringup.say(f"kill: still running: {procs.described(left)}")
     return 1 if left else 0
 
 

@@ -202,3 +202,18 @@ def stop(pids: set[int], *, grace_s: float) -> set[int]:
         pids = wait_gone(pids, grace_s)
     signal_all(pids, signal.SIGKILL)
     return wait_gone(pids, 10)
+
+
+def described(pids: Iterable[int]) -> str:
+    """Each of ``pids`` as `pid (name) state: command line`, for a message about them."""
+    shown = []
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            shown.append(f"{pid} (gone)")
+            continue
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+        shown.append(f"{pid} ({name}) {state}: {command.decode(errors='replace')[:200]}")
+    return "; ".join(shown)

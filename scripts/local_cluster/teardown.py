@@ -107,11 +107,19 @@ def stop_processes(layout: ClusterLayout, state: State | None, node: str | None 
 
 
 def kill_processes(layout: ClusterLayout, state: State | None, node: str) -> set[int]:
-    """A node's crash: every process of it KILLed at once, nothing shut down cleanly."""
-    found = processes(layout, state, node)
-    procs.signal_all(found, signal.SIGKILL)
-    left = procs.wait_gone(found, 10)
-    return left | (processes(layout, state, node) - found)
+    """A node's crash: every process of it KILLed at once, nothing shut down cleanly; what
+    would not die. Found again after each round: a process started meanwhile (a shim's) goes
+    too. A zombie has ended: a shim's short-lived first process whose containerd was just
+    killed stays one, as pid 1 here reaps nobody."""
+    for _ in range(3):
+        found = procs.alive(processes(layout, state, node))
+        if not found:
+            return set()
+        procs.signal_all(found, signal.SIGKILL)
+        left = procs.wait_gone(found, 10)
+        if left:
+            return left
+    return procs.alive(processes(layout, state, node))
 
 
 def mounts_under(folder: Path) -> list[Path]:

@@ -48,6 +48,7 @@ def test_a_task_runs_on_a_node_and_its_diff_equals_the_same_task_run_here(
     assert result["status"] == "succeeded", result.get("error")
     nodes = {n.name for n in local_cluster.nodes}
     assert result["worker_node"] in nodes
+    assert result["verify_node"] in nodes - {result["worker_node"]}  # the checks elsewhere
     assert result["verification"]["ok"] is True
     # The node's engine ran the worker: its container was there, not on this host's engine.
     events = WorkerBridge(home=home).task_logs(result["task_id"], limit=10_000).events
@@ -135,11 +136,7 @@ def test_a_node_killed_mid_turn_ends_the_attempt_naming_it_and_the_turn_reruns_o
     )
     try:
         task_id, node = _placed(home)
-        deadline = time.monotonic() + 60  # the node's container started: kill it under it
-        while time.monotonic() < deadline:
-            if any(e.kind == "worker.started" for e in _events(home, task_id)):
-                break
-            time.sleep(0.1)
+        _wait_for(home, task_id, "worker.started")  # the node's container runs: kill it under it
         killed_at = time.time()
         local_cluster.script("kill", node)
         result = _answer(driver, timeout=240)
@@ -162,3 +159,78 @@ def test_a_node_killed_mid_turn_ends_the_attempt_naming_it_and_the_turn_reruns_o
     assert task_id in reaped["reaped"]
     assert engine.containers({"io.worker-bridge.task": task_id}) == []
     print(f"node lost {lost_after:.1f} s after the kill (timeout {timeout_s} s)", file=sys.stderr)
+
+
+def test_a_node_cut_off_mid_turn_is_lost_within_the_timeout_and_its_turn_ends_there(
+    local_cluster, repo, workdir
+):
+    spec = mock_task(repo, {"sleep": 20, "write": {"done.txt": "yes\n"}}, verify=["true"])
+    spec["metadata"]["auto_repair"] = 0
+    home = workdir / "cut-home"
+    timeout_s = 6
+    env = {"WORKER_BRIDGE_CLUSTER__NODE_TIMEOUT_S": str(timeout_s)}
+    driver = _started(local_cluster, home, spec, workdir, env)
+    node = None
+    try:
+        task_id, node = _placed(home)
+        _wait_for(home, task_id, "worker.started")
+        engine = local_cluster.node(node).sandbox()
+        assert engine.containers({"io.worker-bridge.task": task_id})
+        cut_at = time.time()
+        local_cluster.script("cut", node)
+        result = _answer(driver, timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if node is not None:
+            local_cluster.script("join", node)
+    assert result["status"] == "failed"
+    assert result["error"]["kind"] == "node_lost" and node in result["error"]["message"]
+    lost = [e for e in _events(home, task_id) if e.kind == "cluster.node_lost"]
+    lost_after = datetime.fromisoformat(lost[0].at).timestamp() - cut_at
+    assert lost_after <= timeout_s + 5, lost_after
+    # Cut off, the node's agent heard from no one and ended the turn itself; joined again, its
+    # agent lets go of what the task left there.
+    env = {"WORKER_BRIDGE_HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[2])}
+    reaped = local_cluster.run_driver(DRIVER, "reap", node, env=env, timeout=180)
+    assert task_id in reaped["reaped"]
+    assert engine.containers({"io.worker-bridge.task": task_id}) == []
+    print(
+        f"cut node lost {lost_after:.1f} s after the cut (timeout {timeout_s} s)", file=sys.stderr
+    )
+
+
+def test_a_cancel_reaches_the_container_on_its_node(local_cluster, repo, workdir):
+    spec = mock_task(repo, {"sleep": 60, "write": {"done.txt": "yes\n"}})
+    home = workdir / "cancel-home"
+    driver = _started(local_cluster, home, spec, workdir)
+    try:
+        task_id, node = _placed(home)
+        _wait_for(home, task_id, "worker.started")
+        engine = local_cluster.node(node).sandbox()
+        assert engine.containers({"io.worker-bridge.task": task_id})
+        bridge = WorkerBridge(home=home)
+        try:
+            began = time.monotonic()
+            bridge.cancel_task(task_id)
+        finally:
+            bridge.close()
+        result = _answer(driver, timeout=120)
+        took = time.monotonic() - began
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert result["status"] == "cancelled"
+    assert engine.containers({"io.worker-bridge.task": task_id}) == []
+    print(f"cancelled on {node} in {took:.1f} s", file=sys.stderr)
+
+
+def _wait_for(home: Path, task_id: str, kind: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.kind == kind for e in _events(home, task_id)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no {kind} within {timeout} s")
