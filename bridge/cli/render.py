@@ -73,6 +73,9 @@ def print_result(result: TaskResult) -> None:
     if profile:
         filled = ", ".join(profile["filled"]) or "nothing (every field was given)"
         print(f"  type: {f(profile['type'])}   its profile filled: {f(filled)}")
+    if result.worker_node or result.verify_node:  # a cluster's (docs/cluster.md)
+        where = f"  worker ran on node {f(result.worker_node or '-')}"
+        print(where + f", checks on node {f(result.verify_node or '-')}")
     if result.summary:
         print(f"  summary: {f(result.summary.strip()[:500])}")
     if result.error:

@@ -4,11 +4,15 @@ and its registry, WORKER_BRIDGE_HOME the test's state root). Prints one JSON lin
 marker, as ray_driver.py does.
 
 `run SPEC`: create the task of the spec file and run it here; the task's result document.
-`start SPEC`: create it and run it in a thread; print its id at once, then the result."""
+`routed SPEC`: the same with a model route `test` to an upstream this driver serves on its own
+loopback (tests/support/upstream.py), its key from WB_TEST_ROUTE_KEY; also the key each
+request reached the upstream with.
+`reap NODE`: the node's agent, made again if it was gone, lets go of what it holds."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +26,36 @@ def answer(found: dict) -> None:
     print(f"\n{MARK}{json.dumps(found)}", flush=True)
 
 
+ROUTE = """allow_mock_routes: true
+gateway:
+  routes:
+    test:
+      upstream: {url}
+      auth: x-api-key
+      key_env: WB_TEST_ROUTE_KEY
+  trusted_ranges: ['127.0.0.0/8']
+"""
+
+
 def main() -> int:
     command, *args = sys.argv[1:]
+    if command == "routed":
+        from support.upstream import Upstream
+
+        upstream = Upstream().start()
+        home = Path(os.environ["WORKER_BRIDGE_HOME"])
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (home / "config.yaml").write_text(ROUTE.format(url=upstream.url))
+        bridge = WorkerBridge()
+        try:
+            spec = json.loads(Path(args[0]).read_text())
+            result = bridge.run_task(bridge.create_task(spec).task_id)
+            keys = [seen.headers.get("x-api-key") for seen in upstream.requests]
+            answer({"result": result.document(), "keys": keys})
+        finally:
+            bridge.close()
+            upstream.stop()
+        return 0
     bridge = WorkerBridge()
     try:
         if command == "run":

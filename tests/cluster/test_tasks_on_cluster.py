@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from support.cluster import DRIVER_MARK, SCRIPT, VENV
+from support.cluster import DRIVER_MARK, SCRIPT, VENV, in_netns
 from support.repos import git
 from support.tasks import mock_task
 
@@ -234,3 +235,85 @@ def _wait_for(home: Path, task_id: str, kind: str, timeout: float = 120) -> None
             return
         time.sleep(0.1)
     raise AssertionError(f"no {kind} within {timeout} s")
+
+
+PROBE = r"""python3 - <<'PYEOF'
+import json, os, urllib.request
+out = {}
+req = urllib.request.Request(os.environ["WB_ROUTE_TEST"] + "/v1/messages",
+    data=b'{"model": "mock-model"}', method="POST",
+    headers={"x-api-key": "placeholder", "content-type": "application/json"})
+out["answer"] = json.loads(urllib.request.urlopen(req, timeout=20).read())
+mark = bytes.fromhex(os.environ.get("PROBE_MARK_HEX", "") or "%s")
+found = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            if mark in open(f"/proc/{pid}/environ", "rb").read():
+                found.append(f"/proc/{pid}/environ")
+        except OSError:
+            pass
+for top in ("/etc", "/home", "/tmp", "/run", "/var/lib/worker-bridge", "/workspace"):
+    for dirpath, _, names in os.walk(top):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            try:
+                if mark in open(path, "rb").read(1 << 20):
+                    found.append(path)
+            except OSError:
+                pass
+out["found"] = found
+out["interfaces"] = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]]
+json.dump(out, open("probe.json", "w"), indent=1)
+PYEOF"""
+
+
+def test_a_route_reaches_the_upstream_through_the_relay_with_a_key_never_on_the_node(
+    local_cluster, repo, workdir
+):
+    key = "sk-cluster-" + secrets.token_hex(16)
+    marker = key[11:27].encode()  # in the script only as hex: whole at run time alone
+    spec = mock_task(repo, {"routes": ["test"], "script": PROBE % marker.hex()})
+    path = workdir / "routed-spec.json"
+    path.write_text(json.dumps(spec))
+    home = workdir / "routed-home"
+    tests = Path(__file__).parents[1]
+    env = {
+        "WORKER_BRIDGE_HOME": str(home),
+        "WB_TEST_ROUTE_KEY": key,
+        "PYTHONPATH": f"{tests.parent}:{tests}",
+    }
+    found = local_cluster.run_driver(DRIVER, "routed", str(path), env=env, timeout=300)
+    result = found["result"]
+    assert result["status"] == "succeeded", result.get("error")
+    assert found["keys"] == [key]  # added on the control host, on the way out
+    probe = json.loads(git(repo, "show", f"{result['branch']}:probe.json"))
+    assert probe["answer"]["model"] == "served-mock-model"
+    assert probe["found"] == [] and probe["interfaces"] == ["lo"]
+    node = local_cluster.node(result["worker_node"])
+    # The agent's folder (state root, repositories), the engine's containers (their logs and
+    # configs) and Ray's (its workers' logs) on the node.
+    folders = [node.name + "/agent", node.name + "/data/containers", node.name + "/ray"]
+    on_disk = [
+        str(p)
+        for folder in folders
+        for p in (local_cluster.scratch / folder).rglob("*")
+        if p.is_file() and not p.is_symlink() and marker in _head(p)
+    ]
+    assert on_disk == []
+    environs = []
+    for pid in in_netns(node.netns):
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes():
+                environs.append(pid)
+        except OSError:
+            continue
+    assert environs == []
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(1 << 20)
+    except OSError:
+        return b""

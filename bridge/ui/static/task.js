@@ -24,6 +24,8 @@ function facts(task) {
     ["created", task.created_at ? `${task.created_at} (${age(task.created_at)} ago)` : ""],
     ["finished", task.finished_at],
     ["session", task.session_id],
+    ["worker's node", task.worker_node],
+    ["checks' node", task.verify_node],
   ];
   for (const [name, seconds] of Object.entries(task.timings || {})) rows.push([name.replace(/_s$/, ""), `${seconds} s`]);
   const nodes = [];
