@@ -7,6 +7,8 @@ marker, as ray_driver.py does.
 `routed SPEC`: the same with a model route `test` to an upstream this driver serves on its own
 loopback (tests/support/upstream.py), its key from WB_TEST_ROUTE_KEY; also the key each
 request reached the upstream with.
+`compete SPEC N`: a compete of N attempts of the mock worker (its coordinator a detached
+process, as always); the job's result and each candidate's task result once it ended.
 `reap NODE`: the node's agent, made again if it was gone, lets go of what it holds."""
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from bridge import WorkerBridge
 from bridge.pipeline.nodes import cluster_nodes
 
+JOB_ENDED = {"succeeded", "failed", "cancelled", "unresolved", "accepted"}
 MARK = "WB-DRIVER-RESULT "
 
 
@@ -63,6 +67,16 @@ def main() -> int:
             task_id = bridge.create_task(spec).task_id
             result = bridge.run_task(task_id)
             answer(result.document())
+        elif command == "compete":
+            spec = json.loads(Path(args[0]).read_text())
+            job = bridge.compete(spec, ["mock"], attempts=int(args[1]))
+            deadline = time.monotonic() + 240
+            while (done := bridge.job_status(job.job_id)).status not in JOB_ENDED:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            tasks = [bridge.get_task(c["task_id"]).document() for c in done.candidates]
+            answer({"job": done.model_dump(mode="json"), "tasks": tasks})
         elif command == "reap":  # the node's agent made again (it reaps as it starts)
             nodes = cluster_nodes(bridge.config.cluster)
             answer({"reaped": nodes.agent(args[0]).reap()})

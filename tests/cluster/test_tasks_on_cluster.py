@@ -317,3 +317,18 @@ def _head(path: Path) -> bytes:
             return handle.read(1 << 20)
     except OSError:
         return b""
+
+
+def test_a_compete_of_three_spreads_its_candidates_over_the_nodes(local_cluster, repo, workdir):
+    spec = mock_task(repo, {"sleep": 3, "write": {"answer.txt": "42\n"}}, verify=["true"])
+    path = workdir / "compete-spec.json"
+    path.write_text(json.dumps(spec))
+    env = {"WORKER_BRIDGE_HOME": str(workdir / "compete-home")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    found = local_cluster.run_driver(DRIVER, "compete", str(path), "3", env=env, timeout=300)
+    assert found["job"]["status"] == "succeeded", found["job"].get("error")
+    tasks = found["tasks"]
+    assert [t["status"] for t in tasks] == ["succeeded"] * 3
+    assert {t["worker_node"] for t in tasks} == {n.name for n in local_cluster.nodes}
+    diffs = {Path(t["artifacts"]["diff"]).read_bytes() for t in tasks}
+    assert len(diffs) == 1  # the same change, wherever it ran
