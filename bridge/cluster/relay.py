@@ -85,8 +85,14 @@ class RelayHub:
         self.address: tuple[str, int] = (host, port)
 
     def start(self) -> RelayHub:
+        """Listening, or OSError (the port is taken) with nothing left running."""
         self._loop = _Loop("relay-hub")
-        self._server = self._loop.call(asyncio.start_server(self._serve, *self._bind))
+        try:
+            self._server = self._loop.call(asyncio.start_server(self._serve, *self._bind))
+        except OSError:
+            self._loop.close()
+            self._loop = None
+            raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = (host, port)
         return self

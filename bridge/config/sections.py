@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class RouteConfig(BaseModel):
@@ -269,6 +269,12 @@ class ClusterConfig(BaseModel):
         description="The address the nodes reach this host on for the gateway's relay; default:"
         " the one Ray uses for this host.",
     )
+    relay_ports: tuple[int, int] | None = Field(
+        None,
+        description="[LOW, HIGH]: the TCP ports this host's relays listen on (the nodes' way to "
+        "the gateways; one per process running tasks), to open that range in a firewall; unset: "
+        "any free port.",
+    )
     node_timeout_s: float = Field(
         30,
         gt=0,
@@ -276,6 +282,13 @@ class ClusterConfig(BaseModel):
         "ends naming it.",
     )
     namespace: str = Field("worker-bridge", description="The Ray namespace of the node agents.")
+
+    @field_validator("relay_ports")
+    @classmethod
+    def _a_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1] <= 65535:
+            raise ValueError("relay_ports is [LOW, HIGH] with 1 <= LOW <= HIGH <= 65535")
+        return value
 
 
 class TaskProfile(BaseModel):

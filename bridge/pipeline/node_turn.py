@@ -81,13 +81,28 @@ _hubs: dict[str, RelayHub] = {}
 _hubs_lock = threading.Lock()
 
 
-def relay_hub(host: str) -> RelayHub:
-    """This process's relay hub on ``host`` (one for all its turns), started on first use."""
+def relay_hub(host: str, ports: tuple[int, int] | None = None) -> RelayHub:
+    """This process's relay hub on ``host`` (one for all its turns), started on first use: on
+    a free port of ``ports`` (LOW, HIGH), or any free one."""
     with _hubs_lock:
         hub = _hubs.get(host)
         if hub is None:
-            hub = _hubs[host] = RelayHub(host).start()
+            hub = _hubs[host] = _started_hub(host, ports)
         return hub
+
+
+def _started_hub(host: str, ports: tuple[int, int] | None) -> RelayHub:
+    if ports is None:
+        return RelayHub(host).start()
+    for port in range(ports[0], ports[1] + 1):
+        try:
+            return RelayHub(host, port).start()
+        except OSError:  # another process's
+            continue
+    raise BridgeError(
+        f"Every port of cluster.relay_ports {ports[0]}-{ports[1]} is taken on {host}; widen it.",
+        kind="cluster",
+    )
 
 
 def run_node_turn(
@@ -122,7 +137,8 @@ def run_node_turn(
             bundles = (base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes(),)
         routes = worker.routes(turn.metadata, ctx.config)
         with task_gateway(handle, routes, turn.number) as gateway:
-            hub = relay_hub(nodes.relay_host()) if gateway is not None else None
+            relay = (nodes.relay_host(), ctx.config.cluster.relay_ports)
+            hub = relay_hub(*relay) if gateway is not None else None
             secret = hub.open_turn(gateway.folder) if hub is not None and gateway else None
             try:
                 ticket = GatewayTicket(hub.address, secret) if hub and secret else None

@@ -127,3 +127,28 @@ def test_checks_that_report_another_tree_than_the_snapshots_are_not_taken(home, 
     assert (result.worker_node, result.verify_node) == ("n1", "n2")
     assert result.status == "failed"
     assert result.error.kind == "cluster" and "not the snapshot's" in result.error.message
+
+
+def test_relays_take_free_ports_of_the_configured_range_and_say_when_none_is_left():
+    import socket
+
+    from bridge.errors import BridgeError
+    from bridge.pipeline.node_turn import _started_hub
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    low = probe.getsockname()[1]
+    probe.close()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", low))  # another process's port, in the range
+    taken.listen()
+    hubs = []
+    try:
+        hubs.append(_started_hub("127.0.0.1", (low, low + 1)))
+        assert hubs[0].address[1] == low + 1
+        with pytest.raises(BridgeError, match=f"Every port of cluster.relay_ports {low}-"):
+            _started_hub("127.0.0.1", (low, low + 1))
+    finally:
+        taken.close()
+        for hub in hubs:
+            hub.stop()
