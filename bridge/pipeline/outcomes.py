@@ -159,11 +159,13 @@ def repair_message(bad: CommandResult) -> str:
 
 def repairs_taken(store: Store, task_id: str) -> int:
     """Repair turns since the task's last explicit turn (from the log, so a runner that resumes
-    a task after a crash does not get a fresh budget)."""
-    events = store.events(
-        task_id, limit=1_000_000, kinds=("task.follow_up", "verification.auto_repair")
-    )
+    a task after a crash does not get a fresh budget), a turn run again after its cluster node
+    was lost among them (the checks' node lost costs nothing)."""
+    kinds = ("task.follow_up", "verification.auto_repair", "cluster.node_lost")
     taken = 0
-    for event in events:
-        taken = 0 if event.kind == "task.follow_up" else taken + 1
+    for event in store.events(task_id, limit=1_000_000, kinds=kinds):
+        if event.kind == "task.follow_up":
+            taken = 0
+        elif event.kind != "cluster.node_lost" or not event.data.get("checks"):
+            taken += 1
     return taken

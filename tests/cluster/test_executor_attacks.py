@@ -143,6 +143,8 @@ def test_a_node_lost_during_the_first_turn_has_the_turn_run_again_on_the_other_n
     assert git(repo, "show", f"{result.branch}:new.py") == "X = 1\n"
     assert on_cluster.store.leases.live() == []
     nothing_left_on(nodes.links["n2"].agent, result.task_id)  # released once it ended
+    # The turn run again spent the budget, as a runner resuming the task reads it.
+    assert repairs_taken(on_cluster.store, result.task_id) == 1
 
 
 def test_a_node_lost_during_the_first_turn_without_a_repair_budget_fails_naming_it(
