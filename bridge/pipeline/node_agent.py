@@ -157,6 +157,43 @@ class NodeAgent:
         """The image ids this node's engine holds, of worker-bridge's images."""
         return sorted({info.id for info in self.sandbox.images({})})
 
+    def has_image(self, reference: str, image_id: str) -> bool:
+        """Whether this node's engine holds ``reference`` as the control host's ``image_id``."""
+        found = self.sandbox.inspect_image(reference)
+        return found is not None and found.id == image_id
+
+    def image_part(self, upload: str, index: int, data: bytes) -> None:
+        """Part ``index`` of an image archive the control host streams here (no registry)."""
+        path = self._upload(upload)
+        if index == 0:
+            path.unlink(missing_ok=True)
+        with path.open("ab") as out:
+            out.write(data)
+
+    def image_done(self, upload: str, reference: str, image_id: str) -> None:
+        """The streamed archive into this node's engine, tagged ``reference``; ImageMismatch
+        unless it is the control host's ``image_id``."""
+        path = self._upload(upload)
+        try:
+            if not isinstance(self.sandbox, DockerSandbox):
+                raise BridgeError(f"{self.name}'s engine cannot load an image archive.")
+            from bridge.sandbox import distribution
+
+            with path.open("rb") as archive:
+                distribution.load(self.sandbox, iter(lambda: archive.read(1 << 20), b""))
+            if self.sandbox.inspect_image(image_id) is not None:
+                distribution.tag(self.sandbox, image_id, reference)
+            check_image(self.sandbox, reference, image_id, node_name=self.name)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _upload(self, upload: str) -> Path:
+        if not upload.isalnum():
+            raise BridgeError(f"'{upload[:40]}' is not an upload's name.", kind="cluster")
+        folder = self.root / "uploads"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return folder / f"{upload}.tar"
+
     # -- one turn ---------------------------------------------------------------------------
 
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:

@@ -11,6 +11,7 @@ The node is touched each second while the turn runs; a node that says nothing fo
 from __future__ import annotations
 
 import hashlib
+import secrets
 import tempfile
 import threading
 import time
@@ -54,6 +55,7 @@ from bridge.workspace.git import Git
 from bridge.workspace.snapshot import Snapshot
 from bridge.workspace.worktree import TaskWorkspace
 
+STREAM_PART = 8 << 20  # an image streamed to a node without a registry, per call
 PLACE_EVERY_S = 0.25  # how often a turn waiting for a free slot looks again
 TOUCH_EVERY_S = 1.0
 # The events a worker turn records where it runs; the rest of a task's log (its statuses,
@@ -130,6 +132,8 @@ def run_node_turn(
         link = nodes.agent(node.name)
         handle.update(worker_node=node.name)
         handle.emit("cluster.placed", {"node": node.name, "turn": turn.number})
+        for image in images:
+            _give_image(handle, link, node.name, image)
         base = record.base_commit or ""
         key = repo_key(ws.repository)
         bundles: tuple[bytes, ...] = ()
@@ -237,6 +241,7 @@ def _checks_on_node(
         link = nodes.agent(node.name)
         handle.update(verify_node=node.name)
         handle.emit("cluster.checks_placed", {"node": node.name, "turn": turn})
+        _give_image(handle, link, node.name, order_image)
         key = repo_key(ws.repository)
         bundles = []
         missing = link.missing(key, [base, snapshot])
@@ -302,6 +307,37 @@ def release_task(nodes: Nodes, node: str, task_id: str) -> bool:
     except BridgeError:
         return False
     return True
+
+
+_giving: dict[tuple[str, str], threading.Lock] = {}
+_giving_lock = threading.Lock()
+
+
+def _give_image(handle: PhaseHandle, link: AgentLink, node: str, image: ImageOrder) -> None:
+    """Without a registry: the image streamed from this host's engine to the node that lacks
+    it (once per node and image at a time in this process); the node checks its id."""
+    if image.pull is not None:
+        return  # the node pulls it by digest
+    with _giving_lock:
+        lock = _giving.setdefault((node, image.image_id), threading.Lock())
+    with lock:
+        if link.has_image(image.reference, image.image_id):
+            return
+        from bridge.sandbox import distribution
+
+        began, upload, sent, index = time.monotonic(), secrets.token_hex(8), 0, 0
+        part = bytearray()
+        for chunk in distribution.save(handle.ctx.sandbox, image.image_id):  # type: ignore[arg-type]
+            part += chunk
+            if len(part) >= STREAM_PART:
+                link.image_part(upload, index, bytes(part))
+                sent, index = sent + len(part), index + 1
+                part.clear()
+        link.image_part(upload, index, bytes(part))
+        link.image_done(upload, image.reference, image.image_id)
+        seconds = round(time.monotonic() - began, 3)
+        data = {"node": node, "image": image.reference, "bytes": sent + len(part)}
+        handle.emit("cluster.image_sent", {**data, "seconds": seconds})
 
 
 def _image(handle: PhaseHandle, reference: str) -> ImageOrder:

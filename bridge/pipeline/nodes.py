@@ -29,6 +29,7 @@ from bridge.errors import BridgeError
 from bridge.pipeline.node_agent import NodeAgent
 
 CALL_TIMEOUT_S = 30.0
+IMAGE_LOAD_S = 600.0  # a streamed image read into the node's engine
 
 
 # -- agents in this process (tests) ------------------------------------------------------------
@@ -68,6 +69,18 @@ class _LocalLink:
     def images(self) -> list[str]:
         self._check()
         return self.agent.images()
+
+    def has_image(self, reference: str, image_id: str) -> bool:
+        self._check()
+        return self.agent.has_image(reference, image_id)
+
+    def image_part(self, upload: str, index: int, data: bytes) -> None:
+        self._check()
+        self.agent.image_part(upload, index, data)
+
+    def image_done(self, upload: str, reference: str, image_id: str) -> None:
+        self._check()
+        self.agent.image_done(upload, reference, image_id)
 
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
         return self._stream(self.agent.run_turn(order, timeout_s))
@@ -136,6 +149,15 @@ class _AgentActor:
     def images(self) -> list[str]:
         return self.agent.images()
 
+    def has_image(self, reference: str, image_id: str) -> bool:
+        return self.agent.has_image(reference, image_id)
+
+    def image_part(self, upload: str, index: int, data: bytes) -> None:
+        self.agent.image_part(upload, index, data)
+
+    def image_done(self, upload: str, reference: str, image_id: str) -> None:
+        self.agent.image_done(upload, reference, image_id)
+
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
         yield from self.agent.run_turn(order, timeout_s)
 
@@ -147,9 +169,9 @@ class _RayLink:
     def __init__(self, ray: Any, actor: Any, node: str, timeout_s: float) -> None:
         self.ray, self.actor, self.node, self.timeout_s = ray, actor, node, timeout_s
 
-    def _get(self, ref: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+    def _get(self, ref: Any, timeout: float | None = None) -> Any:
         try:
-            return self.ray.get(ref, timeout=min(timeout, self.timeout_s))
+            return self.ray.get(ref, timeout=timeout or min(CALL_TIMEOUT_S, self.timeout_s))
         except BridgeError:
             raise
         except Exception as exc:  # noqa: BLE001 - GetTimeoutError, ActorDiedError, NodeDiedError...
@@ -175,6 +197,15 @@ class _RayLink:
 
     def images(self) -> list[str]:
         return list(self._get(self.actor.images.remote()))
+
+    def has_image(self, reference: str, image_id: str) -> bool:
+        return bool(self._get(self.actor.has_image.remote(reference, image_id)))
+
+    def image_part(self, upload: str, index: int, data: bytes) -> None:
+        self._get(self.actor.image_part.remote(upload, index, data))
+
+    def image_done(self, upload: str, reference: str, image_id: str) -> None:
+        self._get(self.actor.image_done.remote(upload, reference, image_id), IMAGE_LOAD_S)
 
     def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
         return self._stream(self.actor.run_turn, order, timeout_s)

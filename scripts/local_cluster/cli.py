@@ -187,10 +187,10 @@ def cmd_run(layout: ClusterLayout, args: argparse.Namespace) -> int:
     env["RAY_ADDRESS"] = state.address or ""
     env["WB_CLUSTER_STATE"] = str(layout.state_file)
     if not args.node:  # the control host: worker-bridge's tasks go to this cluster
-        env["WORKER_BRIDGE_CLUSTER__ADDRESS"] = state.address or ""
-        if state.registry_push:
-            env["WORKER_BRIDGE_CLUSTER__REGISTRY"] = state.registry_push
-            env["WORKER_BRIDGE_CLUSTER__NODE_REGISTRY"] = state.registry_pull or ""
+        env.setdefault("WORKER_BRIDGE_CLUSTER__ADDRESS", state.address or "")
+        if state.registry_push:  # unless the caller said otherwise ("": none)
+            env.setdefault("WORKER_BRIDGE_CLUSTER__REGISTRY", state.registry_push)
+            env.setdefault("WORKER_BRIDGE_CLUSTER__NODE_REGISTRY", state.registry_pull or "")
     netns = state.node(args.node).netns if args.node else state.control_netns
     os.execvpe("nsenter", ["nsenter", f"--net={netns_path(netns)}", "--", *argv], env)
     return 127  # not reached

@@ -332,3 +332,36 @@ def test_a_compete_of_three_spreads_its_candidates_over_the_nodes(local_cluster,
     assert {t["worker_node"] for t in tasks} == {n.name for n in local_cluster.nodes}
     diffs = {Path(t["artifacts"]["diff"]).read_bytes() for t in tasks}
     assert len(diffs) == 1  # the same change, wherever it ran
+
+
+def test_without_a_registry_the_image_streams_from_the_control_host_by_id(
+    local_cluster, repo, workdir
+):
+    image = "worker-bridge/mock:0.1.0"
+    for node in local_cluster.nodes:  # neither node holds it: it must come from here
+        engine = node.sandbox()
+        for info in engine.containers({}):
+            engine.remove(info.id)
+        held = engine.inspect_image(image)
+        if held is not None:  # by id: every name of it goes
+            engine.client.images.remove(held.id, force=True)
+    home = workdir / "stream-home"
+    env = {"WORKER_BRIDGE_CLUSTER__REGISTRY": "", "WORKER_BRIDGE_HOME": str(home)}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    spec = mock_task(repo, {"write": {"s.txt": "x\n"}})
+    path = workdir / "stream-spec.json"
+    path.write_text(json.dumps(spec))
+    first = local_cluster.run_driver(DRIVER, "run", str(path), env=env, timeout=300)
+    assert first["status"] == "succeeded", first.get("error")
+    sent = [e.data for e in _events(home, first["task_id"]) if e.kind == "cluster.image_sent"]
+    assert [(s["node"], s["image"]) for s in sent] == [(first["worker_node"], image)]
+    assert sent[0]["bytes"] > 50_000_000
+    held = local_cluster.node(first["worker_node"]).sandbox().inspect_image(image)
+    assert held is not None and held.id == DockerSandbox().inspect_image(image).id
+    second = local_cluster.run_driver(DRIVER, "run", str(path), env=env, timeout=300)
+    if second["worker_node"] == first["worker_node"]:  # held now: not sent again
+        assert not [e for e in _events(home, second["task_id"]) if e.kind == "cluster.image_sent"]
+    print(
+        f"image streamed: {sent[0]['bytes'] / 1e6:.0f} MB in {sent[0]['seconds']:.1f} s",
+        file=sys.stderr,
+    )
