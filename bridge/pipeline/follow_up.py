@@ -26,6 +26,11 @@ def queue_follow_up(ctx: Context, task_id: str, message: str, *, launch: bool = 
             f"Task {task_id} is {task.status}; only a succeeded or failed task takes a "
             "follow-up (delegate a new task instead)."
         )
+    if task.worker_node is not None:
+        raise TaskStateError(
+            f"Task {task_id} ran on the cluster's node {task.worker_node}, which let go of its "
+            "worktree when it ended; delegate a new task instead."
+        )
     if task.pruned_at or not (ctx.config.home / "worktrees" / task_id).is_dir():
         raise TaskStateError(
             f"Task {task_id}'s worktree was reclaimed; delegate a new task instead."

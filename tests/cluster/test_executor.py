@@ -152,3 +152,21 @@ def test_relays_take_free_ports_of_the_configured_range_and_say_when_none_is_lef
         taken.close()
         for hub in hubs:
             hub.stop()
+
+
+def test_a_follow_up_of_a_task_that_ran_on_a_node_says_why_it_cannot_be(on_cluster, repo):
+    from bridge.errors import TaskStateError
+
+    result = run(on_cluster, mock_task(repo, {"write": {"a": "a"}}))
+    assert result.status == "succeeded"
+    with pytest.raises(TaskStateError, match=f"ran on the cluster's node {result.worker_node}"):
+        on_cluster.follow_up(result.task_id, "more")
+
+
+def test_a_task_that_ran_on_a_node_is_accepted_into_the_users_branch(on_cluster, repo):
+    result = run(on_cluster, mock_task(repo, {"write": {"new.py": "X = 1\n"}}, verify=["true"]))
+    assert result.status == "succeeded", result.error
+    outcome = on_cluster.accept_task(result.task_id)
+    assert outcome.accepted, outcome.reason
+    assert (repo / "new.py").read_text() == "X = 1\n"
+    assert on_cluster.get_task(result.task_id).status == "accepted"
