@@ -200,16 +200,20 @@ class NodeAgent:
         """Run one worker turn; yields where it runs, its events as they come, a beat each
         second, and last how it ended. ``timeout_s``: a turn nobody touched for this long is
         cancelled (see `touch`)."""
-        yield from self._streamed(order.record.task_id, lambda: self._turn(order), timeout_s)
+        task_id, fresh = order.record.task_id, order.turn.number == 0
+        yield from self._streamed(task_id, lambda: self._turn(order), timeout_s, fresh=fresh)
 
     def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
         """Run one turn's checks on this node, reported as `run_turn` reports a turn."""
         yield from self._streamed(order.record.task_id, lambda: self._checks(order), timeout_s)
 
     def _streamed(
-        self, task_id: str, work: Callable[[], Update], timeout_s: float
+        self, task_id: str, work: Callable[[], Update], timeout_s: float, *, fresh: bool = False
     ) -> Iterator[Update]:
         yield Placed(self.name)
+        if fresh and not self._superseded(task_id):
+            yield TurnFailed("cluster", f"Task {task_id}'s earlier turn on {self.name} goes on.")
+            return
         with self._lock:
             if task_id in self._touched:
                 yield TurnFailed("cluster", f"Task {task_id} already has a turn on {self.name}.")
@@ -248,6 +252,22 @@ class NodeAgent:
             if result
             else TurnFailed("internal", f"The turn on {self.name} ended without a result.")
         )
+
+    def _superseded(self, task_id: str, wait_s: float = 60) -> bool:
+        """A task's first turn ordered again (its runner died and another took over): the
+        earlier attempt still running here is cancelled, and waited for; False if it goes on."""
+        with self._lock:
+            busy = task_id in self._touched
+        if not busy:
+            return True
+        self.cancel(task_id)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if task_id not in self._touched:
+                    return True
+            time.sleep(0.1)
+        return False
 
     def _untouched(self, task_id: str, timeout_s: float) -> bool:
         with self._lock:

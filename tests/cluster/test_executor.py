@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from support.repos import git
 from support.tasks import mock_task
+from support.waiting import poll
 
 from bridge import WorkerBridge
 from bridge.cluster.orders import ChecksDone
@@ -170,3 +171,44 @@ def test_a_task_that_ran_on_a_node_is_accepted_into_the_users_branch(on_cluster,
     assert outcome.accepted, outcome.reason
     assert (repo / "new.py").read_text() == "X = 1\n"
     assert on_cluster.get_task(result.task_id).status == "accepted"
+
+
+def test_a_first_turn_ordered_again_ends_the_earlier_attempt_still_running_on_the_node(
+    home, repo, workdir
+):
+    """A runner died mid-turn and another took the task over: its order wins on the node."""
+    import threading
+
+    from bridge.cluster.bundles import base_bundle
+    from bridge.cluster.orders import ImageOrder, TurnDone, TurnFailed, TurnOrder
+    from bridge.pipeline.node_turn import repo_key
+    from bridge.workers import Turn
+
+    bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
+    try:
+        task_id = bridge.create_task(mock_task(repo, {"sleep": 30, "write": {"a": "a"}})).task_id
+        record = bridge.store.load_task(task_id)
+    finally:
+        bridge.close()
+    image = "worker-bridge/mock:" + record.config.image_tag
+    agent = NodeAgent("n1", workdir / "node-n1", FakeSandbox())
+    order = TurnOrder(
+        record=record,
+        turn=Turn(record.spec.objective, record.spec.metadata, 0),
+        repo_key=repo_key(repo),
+        start=record.base_commit,
+        remaining_s=120,
+        images=(ImageOrder(image, FakeSandbox().inspect_image(image).id),),
+        bundles=(base_bundle(repo, record.base_commit, workdir / "bundles").read_bytes(),),
+    )
+    first: list = []
+    earlier = threading.Thread(target=lambda: first.extend(agent.run_turn(order, 60)))
+    earlier.start()
+    poll(lambda: agent.sandbox.containers({}), "the first attempt's container", 20)
+    again = Turn(record.spec.objective, {"mock": {"write": {"a": "b"}}}, 0)
+    second = list(agent.run_turn(TurnOrder(**{**order.__dict__, "turn": again}), 60))
+    earlier.join(30)
+    assert not earlier.is_alive()
+    assert isinstance(first[-1], TurnFailed) and first[-1].superseded, first[-1]
+    assert isinstance(second[-1], TurnDone), second[-1]
+    assert agent.sandbox.containers({}) == []
