@@ -1,11 +1,4 @@
-"""The cluster tests' session cluster (tests/support/cluster.py)."""
+"""The cluster tests' cluster (tests/support/cluster.py): one per session (per xdist worker),
+brought up again for a test when one before it took it down."""
 
-from support.cluster import local_cluster  # noqa: F401
-
-LAST = "test_down_leaves_nothing_behind_and_the_main_engine_as_it_was"
-
-
-def pytest_collection_modifyitems(items):
-    """The test that takes the session's cluster down runs after every other test using it."""
-    last = [item for item in items if item.name == LAST]
-    items[:] = [item for item in items if item.name != LAST] + last
+from support.cluster import local_cluster, session_cluster  # noqa: F401

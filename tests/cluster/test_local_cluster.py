@@ -97,8 +97,11 @@ def _fields(output: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def placed(local_cluster: LocalCluster) -> dict:
+def placed(session_cluster: LocalCluster) -> dict:
     """BASE_IMAGE on every node: n1 by the registry, the others streamed; each transfer."""
+    local_cluster = session_cluster
+    if not local_cluster.is_up():
+        local_cluster.up()
     host = DockerSandbox()
     state = local_cluster.state()
     registry = Registry(state["registry_push"], state["registry_pull"])

@@ -1,6 +1,7 @@
 """The simulated cluster the cluster tests stand on (scripts/local-cluster): `local_cluster`
 brings two nodes up once per test session (the engines, the registry, a Ray head and a Ray node
-per node) and takes them down at the end, also after a failure; a session killed before its
+per node), again for a test when one before took them down, and takes them down at the end,
+also after a failure; a session killed before its
 end is reaped by the next one (the cluster records the pytest process as its owner). Whether
 the cluster can run here at all is asked once: without root, the daemons, the registry or Ray
 its tests are skipped, or failed under WORKER_BRIDGE_REQUIRE_CLUSTER=1 (CI sets it).
@@ -102,6 +103,12 @@ class LocalCluster:
     def down(self) -> None:
         self.script("down", timeout=180)
 
+    def is_up(self) -> bool:
+        try:
+            return bool(self.state().get("ready"))
+        except (FileNotFoundError, ValueError):
+            return False
+
     def state(self) -> dict:
         return json.loads((self.scratch / "state.json").read_text())
 
@@ -136,8 +143,8 @@ def reap_orphans() -> None:
 
 
 @pytest.fixture(scope="session")
-def local_cluster() -> Iterator[LocalCluster]:
-    """Two simulated nodes with Ray and the registry, up for the whole session."""
+def session_cluster() -> Iterator[LocalCluster]:
+    """Two simulated nodes with Ray and the registry, for the whole session."""
     require_cluster()
     reap_orphans()
     cluster = LocalCluster(f"wbt{secrets.token_hex(3)}")
@@ -146,6 +153,15 @@ def local_cluster() -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture
+def local_cluster(session_cluster: LocalCluster) -> LocalCluster:
+    """The session's cluster, up: brought up again when a test before took it down (the test
+    of `down` does; under xdist its module may run before another's on the same worker)."""
+    if not session_cluster.is_up():
+        session_cluster.up()
+    return session_cluster
 
 
 # -- what a cluster may leave behind -----------------------------------------------------------
