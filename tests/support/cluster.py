@@ -1,8 +1,8 @@
 """The simulated cluster the cluster tests stand on (scripts/local-cluster): `local_cluster`
 brings two nodes up once per test session (the engines, the registry, a Ray head and a Ray node
 per node), again for a test when one before took them down, and takes them down at the end,
-also after a failure; a session killed before its
-end is reaped by the next one (the cluster records the pytest process as its owner). Whether
+also after a failure; a session killed before its end is reaped by the next one (the cluster
+records the pytest process as its owner). Whether
 the cluster can run here at all is asked once: without root, the daemons, the registry or Ray
 its tests are skipped, or failed under WORKER_BRIDGE_REQUIRE_CLUSTER=1 (CI sets it).
 
