@@ -21,7 +21,6 @@ finds the tasks its predecessor left running (its node went down) and ends them 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -48,6 +47,7 @@ from bridge.cluster.orders import (
 )
 from bridge.cluster.relay import RelayFolder
 from bridge.config.sections import ClusterConfig, GatewayConfig
+from bridge.config.settings import Config
 from bridge.errors import BridgeError
 from bridge.host.state_root import make_private
 from bridge.models import TERMINAL, Status
@@ -57,6 +57,7 @@ from bridge.phase.network import GatewayOpener, needs_gateway
 from bridge.pipeline.checkout import VerifyCheckout
 from bridge.pipeline.collect import CollectTimedOut, disarm_workspace, take_snapshot
 from bridge.pipeline.prepare import prepare_workspace
+from bridge.pipeline.prune import prune
 from bridge.pipeline.results import redactor_for
 from bridge.pipeline.verify import run_verification
 from bridge.pipeline.worker_turn import run_worker_turn
@@ -65,6 +66,7 @@ from bridge.sandbox import LABEL, Sandbox
 from bridge.sandbox.docker import DockerSandbox
 from bridge.store import Store
 from bridge.workers import get_worker
+from bridge.workspace import fs
 from bridge.workspace.baseline import record_files
 from bridge.workspace.git import Git
 from bridge.workspace.locks import repository_lock
@@ -133,8 +135,8 @@ class NodeAgent:
         record = self.store.load_task(task_id)
         ws = TaskWorkspace.plan(self.home, Path(record.repository), task_id)
         remove_workspace(self.home, ws, delete_branch=True)
-        shutil.rmtree(self.home / "tasks" / task_id, ignore_errors=True)
-        shutil.rmtree(self.home / "gateways" / task_id, ignore_errors=True)
+        fs.remove_tree(self.home / "tasks" / task_id)  # the worker's CLI home: however odd
+        fs.remove_tree(self.home / "gateways" / task_id)
         with self.store.transaction() as conn:  # the shadow goes too: a new attempt starts anew
             conn.execute("DELETE FROM events WHERE task_id = ?", (task_id,))
             conn.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
@@ -151,7 +153,16 @@ class NodeAgent:
         left = [row["task_id"] for row in rows if row["task_id"] not in running]
         for task_id in left:
             self.release(task_id)
+        self._prune()
         return left
+
+    def _prune(self) -> None:
+        """What no task of this node's store references any more (orphan folders, base trees
+        and object caches no checkout uses, containers of tasks it no longer knows) removed,
+        as `workspaces prune --apply` does on one host: a node's disk does not grow with
+        every base it was sent."""
+        config = Config.from_record({"home": str(self.home)})
+        prune(Context(config, self.store, self.sandbox), apply=True)
 
     def images(self) -> list[str]:
         """The image ids this node's engine holds, of worker-bridge's images."""

@@ -212,3 +212,15 @@ def test_a_first_turn_ordered_again_ends_the_earlier_attempt_still_running_on_th
     assert isinstance(first[-1], TurnFailed) and first[-1].superseded, first[-1]
     assert isinstance(second[-1], TurnDone), second[-1]
     assert agent.sandbox.containers({}) == []
+
+
+def test_an_agent_that_reaps_also_prunes_what_no_task_of_its_node_references(
+    on_cluster, nodes, repo
+):
+    result = run(on_cluster, mock_task(repo, {"write": {"a": "a"}}))
+    assert result.status == "succeeded"
+    agent = nodes.links[result.worker_node].agent
+    orphan = agent.home / "tasks" / "0123456789ab"  # as a killed agent's half-made task leaves
+    (orphan / "home" / "deep").mkdir(parents=True)
+    assert agent.reap() == []
+    assert not orphan.exists()
