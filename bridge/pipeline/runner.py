@@ -158,6 +158,8 @@ class TaskRunner:
             outcome = Outcome(
                 Status.TIMED_OUT, timeout_error(handle.limits, "the environment's setup ran")
             )
+        except CollectTimedOut:  # a node's collect (one here is judged in `_turn`)
+            outcome = Outcome(Status.TIMED_OUT, timeout_error(handle.limits, "collecting"))
         except BridgeError as exc:
             outcome = Outcome(Status.FAILED, error(exc.kind, exc.message))
         except Exception as exc:  # the unexpected still ends in a terminal status
