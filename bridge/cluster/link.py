@@ -41,6 +41,17 @@ class NodeLost(BridgeError):
         self.node = node
 
 
+class NodeOverdue(BridgeError):
+    """A node went on with a task's turn past the task's deadline and the node timeout it had
+    to end it: it is told to cancel it, and not waited for any longer."""
+
+    def __init__(self, node: str, phase: str) -> None:
+        super().__init__(
+            f"Node {node} went on past the task's deadline while {phase}.", kind="timeout"
+        )
+        self.node, self.phase = node, phase
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     name: str

@@ -26,7 +26,7 @@ from bridge.cluster.bundles import (
     receive_snapshot,
     write_bundle,
 )
-from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, Nodes, slot_scope
+from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, NodeOverdue, Nodes, slot_scope
 from bridge.cluster.orders import (
     Beat,
     ChecksDone,
@@ -62,6 +62,7 @@ TOUCH_EVERY_S = 1.0
 # repairs, follow-ups, cancels) is this host's, and a node's word is not taken for it.
 NODE_EVENTS = ("worker.", "workspace.", "sandbox.")
 CHECK_EVENTS = ("verification.command", "verification.checkout", "sandbox.")
+WORKING, VERIFYING = "the worker was running", "verification was running"  # as timeout_error says
 
 
 @dataclass
@@ -262,7 +263,7 @@ def _checks_on_node(
             bundles=tuple(bundles),
         )
         updates = link.run_checks(order, timeout_s)
-        done = _follow(handle, link, node.name, updates, timeout_s, CHECK_EVENTS)
+        done = _follow(handle, link, node.name, updates, timeout_s, CHECK_EVENTS, VERIFYING)
     finally:
         ctx.store.leases.release_scope(handle.task_id, owner, slot_scope(node.name))
     if not isinstance(done, ChecksDone):
@@ -410,9 +411,12 @@ def _follow(
     updates: Iterator[Update],
     timeout_s: float,
     kinds: tuple[str, ...] = NODE_EVENTS,
+    phase: str = WORKING,
 ) -> TurnDone | ChecksDone:
     """The node's updates until the turn ends: events recorded here, cancels passed on, the
-    node touched each second; NodeLost when it falls silent."""
+    node touched each second; NodeLost when it falls silent. A node that goes on beating is
+    not followed past the task's deadline, or a cancel, by more than ``timeout_s``: the
+    deadline and the cancel are this host's, whatever the node does with them."""
     stop = threading.Event()
     lost: list[NodeLost] = []
 
@@ -428,7 +432,7 @@ def _follow(
                     return
 
     threading.Thread(target=toucher, name=f"touch-{handle.task_id}", daemon=True).start()
-    cancelled = False
+    cancelled_at: float | None = None
     try:
         for update in updates:
             if lost:
@@ -441,16 +445,21 @@ def _follow(
             elif isinstance(update, (TurnDone, ChecksDone)):
                 return update
             elif isinstance(update, TurnFailed):
-                if update.superseded or cancelled:
+                if update.superseded or cancelled_at is not None:
                     raise Superseded("cancelled")
                 if update.kind == "collect_timeout":
                     raise CollectTimedOut()
                 raise BridgeError(update.message, kind=update.kind)
             elif isinstance(update, (Placed, Beat)):
                 pass
-            if not cancelled and handle.stopped():
-                cancelled = True
+            if cancelled_at is None and handle.stopped():
+                cancelled_at = time.monotonic()
                 link.cancel(handle.task_id)  # the node ends the turn and says so
+            elif cancelled_at is not None and time.monotonic() - cancelled_at > timeout_s:
+                raise Superseded("cancelled")  # ... or is not waited for
+            elif handle.remaining() < -timeout_s:
+                link.cancel(handle.task_id)
+                raise NodeOverdue(node, phase)
         raise NodeLost(node, f"Node {node} ended the turn without a word.")
     finally:
         stop.set()

@@ -16,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge.cluster.link import NodeOverdue
 from bridge.environments.task import SetupTimedOut, SnapshotSetupFailed, TaskEnvironment
 from bridge.errors import BridgeError, SandboxError
 from bridge.models import TERMINAL, Status
@@ -160,6 +161,8 @@ class TaskRunner:
             )
         except CollectTimedOut:  # a node's collect (one here is judged in `_turn`)
             outcome = Outcome(Status.TIMED_OUT, timeout_error(handle.limits, "collecting"))
+        except NodeOverdue as exc:
+            outcome = Outcome(Status.TIMED_OUT, timeout_error(handle.limits, exc.phase))
         except BridgeError as exc:
             outcome = Outcome(Status.FAILED, error(exc.kind, exc.message))
         except Exception as exc:  # the unexpected still ends in a terminal status
