@@ -11,6 +11,7 @@ The node is touched each second while the turn runs; a node that says nothing fo
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import tempfile
 import threading
@@ -43,6 +44,7 @@ from bridge.cluster.orders import (
 from bridge.cluster.relay import RelayHub
 from bridge.documents import WorkerExit
 from bridge.errors import BridgeError, ImageMissing
+from bridge.events import EventData
 from bridge.phase.handle import PhaseHandle, Superseded
 from bridge.phase.network import task_gateway
 from bridge.pipeline.collect import CollectTimedOut, snapshot_limits
@@ -62,6 +64,8 @@ TOUCH_EVERY_S = 1.0
 # repairs, follow-ups, cancels) is this host's, and a node's word is not taken for it.
 NODE_EVENTS = ("worker.", "workspace.", "sandbox.")
 CHECK_EVENTS = ("verification.command", "verification.checkout", "sandbox.")
+EVENTS_SLACK = 200  # a turn's events besides its progress (started, completed, dropped...)
+MOST_EVENT_BYTES = 16 << 20  # a turn's progress here: max_progress_events lines of 2,000 chars
 WORKING, VERIFYING = "the worker was running", "verification was running"  # as timeout_error says
 
 
@@ -433,15 +437,14 @@ def _follow(
 
     threading.Thread(target=toucher, name=f"touch-{handle.task_id}", daemon=True).start()
     cancelled_at: float | None = None
+    log = _NodeEvents(handle, node, kinds)
     try:
         for update in updates:
             if lost:
                 raise lost[0]
             if isinstance(update, Events):
                 for kind, data in update.events:
-                    if not kind.startswith(kinds):
-                        continue
-                    handle.emit(kind, {**data, "node": node} if kind == "worker.started" else data)
+                    log.record(kind, data)
             elif isinstance(update, (TurnDone, ChecksDone)):
                 return update
             elif isinstance(update, TurnFailed):
@@ -463,3 +466,32 @@ def _follow(
         raise NodeLost(node, f"Node {node} ended the turn without a word.")
     finally:
         stop.set()
+
+
+class _NodeEvents:
+    """What a node's turn writes into the task's log here: the ``kinds`` a turn records where
+    it runs, no more of them than a turn here records (its progress bounded by
+    max_progress_events, the rest by EVENTS_SLACK) and at most MOST_EVENT_BYTES; past that, one
+    `cluster.events_cut` says so."""
+
+    def __init__(self, handle: PhaseHandle, node: str, kinds: tuple[str, ...]) -> None:
+        self.handle, self.node, self.kinds = handle, node, kinds
+        self.progress = handle.ctx.config.max_progress_events + 1  # and the note of its cut
+        self.left, self.bytes_left = self.progress + EVENTS_SLACK, MOST_EVENT_BYTES
+        self.cut = False
+
+    def record(self, kind: str, data: EventData) -> None:
+        if not kind.startswith(self.kinds):
+            return
+        size, progress = len(json.dumps(data, default=str)), kind == "worker.progress"
+        if self.left <= 0 or size > self.bytes_left or (progress and self.progress <= 0):
+            if not self.cut:
+                self.cut = True
+                self.handle.emit("cluster.events_cut", {"node": self.node})
+            return
+        self.left, self.bytes_left, self.progress = (
+            self.left - 1,
+            self.bytes_left - size,
+            self.progress - progress,
+        )
+        self.handle.emit(kind, {**data, "node": self.node} if kind == "worker.started" else data)
