@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 import tempfile
 import threading
@@ -64,6 +65,7 @@ TOUCH_EVERY_S = 1.0
 # repairs, follow-ups, cancels) is this host's, and a node's word is not taken for it.
 NODE_EVENTS = ("worker.", "workspace.", "sandbox.")
 CHECK_EVENTS = ("verification.command", "verification.checkout", "sandbox.")
+NODE_TIMINGS = ("prepare_s", "worker_s", "snapshot_s")  # a node's TurnDone.seconds
 EVENTS_SLACK = 200  # a turn's events besides its progress (started, completed, dropped...)
 MOST_EVENT_BYTES = 16 << 20  # a turn's progress here: max_progress_events lines of 2,000 chars
 WORKING, VERIFYING = "the worker was running", "verification was running"  # as timeout_error says
@@ -170,8 +172,10 @@ def run_node_turn(
                     hub.close_turn(secret)
     finally:
         ctx.store.leases.release_scope(handle.task_id, owner, scope)
-    for key_, value in done.seconds.items():
-        handle.timings[f"node_{key_}"] = value
+    for key_ in NODE_TIMINGS:  # what a turn there measures, as numbers, or nothing
+        value = done.seconds.get(key_)
+        if isinstance(value, int | float) and math.isfinite(value):
+            handle.timings[f"node_{key_}"] = round(float(value), 3)
     handle.update(worker_exit=done.exit, session_id=done.session_id)
     if done.bundle is None or done.commit is None:
         return NodeTurn(node.name, done.exit, None)
