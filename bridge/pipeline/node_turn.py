@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.asking import INFO_STRING, parse_request_block
 from bridge.cluster.bundles import (
     BundleRefused,
     base_bundle,
@@ -43,7 +44,7 @@ from bridge.cluster.orders import (
     Update,
 )
 from bridge.cluster.relay import RelayHub
-from bridge.documents import WorkerExit
+from bridge.documents import AskedRequest, WorkerExit
 from bridge.errors import BridgeError, ImageMissing
 from bridge.events import EventData
 from bridge.phase.handle import PhaseHandle, Superseded
@@ -176,11 +177,45 @@ def run_node_turn(
         value = done.seconds.get(key_)
         if isinstance(value, int | float) and math.isfinite(value):
             handle.timings[f"node_{key_}"] = round(float(value), 3)
-    handle.update(worker_exit=done.exit, session_id=done.session_id)
+    exit_info = _node_exit(handle, done.exit, turn.number)
+    handle.update(worker_exit=exit_info, session_id=done.session_id)
     if done.bundle is None or done.commit is None:
-        return NodeTurn(node.name, done.exit, None)
+        return NodeTurn(node.name, exit_info, None)
     commit = _take_snapshot(handle, ws, done.bundle, done.commit, base)
-    return NodeTurn(node.name, done.exit, Snapshot(commit, list(done.dropped)))
+    return NodeTurn(node.name, exit_info, Snapshot(commit, list(done.dropped)))
+
+
+def _node_exit(handle: PhaseHandle, said: WorkerExit, turn: int) -> WorkerExit:
+    """The node's account of the worker's exit as a turn here records it (worker_turn.py):
+    redacted with this host's secrets (a route's key is known here only), as bounded, for this
+    turn, its request read again by the one parser (a node is believed no more than a worker's
+    final message); BridgeError when it is no account of an exit."""
+    redact, tail = handle.redactor.redact, handle.ctx.config.output_tail_chars
+    try:
+        found = WorkerExit.model_validate(said.model_dump(exclude={"request"}))
+    except ValueError as exc:  # pydantic's ValidationError
+        raise BridgeError(
+            "The node's account of the worker's exit is not one.", kind="cluster"
+        ) from exc
+    return found.model_copy(
+        update={
+            "turn": turn,
+            "summary": redact(found.summary)[:tail],
+            "last_progress": redact(found.last_progress)[:300],
+            "failure": redact(found.failure)[:500] if found.failure else None,
+            "over_limit": redact(found.over_limit)[:500] if found.over_limit else None,
+            "request": _asked_again(said.request),
+        }
+    )
+
+
+def _asked_again(request: object) -> AskedRequest | None:
+    """A request a node says the worker's final message held, as the parser takes it from a
+    block of its own; None when it would not."""
+    if not isinstance(request, dict) or not isinstance(request.get("detail"), dict):
+        return None
+    body = json.dumps({"kind": request.get("kind"), **request["detail"]}, separators=(",", ":"))
+    return parse_request_block(f"```{INFO_STRING}\n{body}\n```")
 
 
 def _take_snapshot(

@@ -536,3 +536,19 @@ def test_a_later_turn_ordered_again_ends_the_earlier_attempt_still_running_on_th
     agent.cancel(first.record.task_id)  # the earlier attempt, should it still run
     thread.join(30)
     assert isinstance(second[-1], TurnDone), second[-1]
+
+
+def test_a_worker_s_own_request_on_a_node_still_reaches_the_caller(home, workdir, repo):
+    """The request read again on the control host is the one the worker asked."""
+    bridge = bridge_on(home, make_nodes(workdir, ("n1",)))
+    block = '{"kind": "question", "text": "Which one?", "choices": ["a", "b"]}'
+    summary = f"done\n```worker-bridge-request\n{block}\n```"
+    try:
+        result = run(bridge, mock_task(repo, {"write": {"a": "a"}, "summary": summary}))
+        asked = bridge.store.requests.for_task(result.task_id)
+    finally:
+        bridge.close()
+    assert result.status == "waiting_input", result.error
+    assert [(r.kind, r.detail) for r in asked] == [
+        ("question", {"text": "Which one?", "choices": ["a", "b"]})
+    ]
