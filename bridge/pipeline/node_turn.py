@@ -52,6 +52,7 @@ from bridge.phase.network import task_gateway
 from bridge.pipeline.collect import CollectTimedOut, snapshot_limits
 from bridge.pipeline.scheduling import LEASE_TTL
 from bridge.pipeline.verify import VerificationOutcome
+from bridge.records import CommandResult, VerificationDoc
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker
 from bridge.workspace.diff import Change
@@ -318,10 +319,35 @@ def _checks_on_node(
             "its checks were not taken.",
             kind="cluster",
         )
-    doc = done.verification
-    return VerificationOutcome(
-        ok=doc.ok, image=doc.image or image, commands=list(doc.commands), timed_out=done.timed_out
-    )
+    results = _node_results(handle, node.name, done.verification, len(commands))
+    timed_out = bool(done.timed_out)
+    ok = not timed_out and all(c.passed for c in results)  # as run_commands has it
+    return VerificationOutcome(ok=ok, image=image, commands=results, timed_out=timed_out)
+
+
+def _node_results(
+    handle: PhaseHandle, node: str, doc: VerificationDoc, ordered: int
+) -> list[CommandResult]:
+    """The node's result of each command it was sent, redacted with this host's secrets and
+    bounded as run_commands bounds them. The node is trusted with each result (as the engine
+    is on one host), not with leaving one out: BridgeError when it reports another number."""
+    try:
+        found = VerificationDoc.model_validate(handle.redactor.redact_data(doc.model_dump()))
+    except ValueError as exc:  # pydantic's ValidationError
+        raise BridgeError(f"Node {node}'s checks report is not one.", kind="cluster") from exc
+    if len(found.commands) != ordered:
+        raise BridgeError(
+            f"Node {node} reported {len(found.commands)} results of the {ordered} checks it was "
+            "sent; its checks were not taken.",
+            kind="cluster",
+        )
+    chars = handle.ctx.config.output_tail_chars
+    return [
+        c.model_copy(
+            update={"stdout_tail": c.stdout_tail[-chars:], "stderr_tail": c.stderr_tail[-chars:]}
+        )
+        for c in found.commands
+    ]
 
 
 def _snapshot_bundle(task_dir: Path, ws: TaskWorkspace, snapshot: str, base: str) -> bytes:
