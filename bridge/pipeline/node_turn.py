@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.asking import INFO_STRING, parse_request_block
 from bridge.cluster.bundles import (
@@ -59,6 +60,9 @@ from bridge.workspace.diff import Change
 from bridge.workspace.git import Git
 from bridge.workspace.snapshot import Snapshot
 from bridge.workspace.worktree import TaskWorkspace
+
+if TYPE_CHECKING:
+    from bridge.store import Store
 
 STREAM_PART = 8 << 20  # an image streamed to a node without a registry, per call
 PLACE_EVERY_S = 0.25  # how often a turn waiting for a free slot looks again
@@ -367,6 +371,15 @@ def _check_claim(bundle: Path, claimed: str) -> None:
             f"The node's snapshot bundle holds {', '.join(s[:12] for s in sent) or 'nothing'}, "
             f"not the commit {claimed[:12]!r} the node reported; it was not taken."
         )
+
+
+def nodes_placed(nodes: Nodes, store: Store, task_id: str) -> set[str]:
+    """The alive nodes this host placed the task's turns or checks on (by its own events,
+    which no node can write): an earlier turn's or checks' node holds the task too."""
+    kinds = ("cluster.placed", "cluster.checks_placed")
+    found = store.events(task_id, limit=1_000_000, kinds=kinds)
+    named = {str(event.data.get("node")) for event in found}
+    return {node.name for node in nodes.nodes() if node.alive and node.name in named}
 
 
 def release_task(nodes: Nodes, node: str, task_id: str) -> bool:

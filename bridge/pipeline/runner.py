@@ -210,10 +210,13 @@ class TaskRunner:
             return
         if outcome is None and record.status not in TERMINAL:
             return
-        used = {record.worker_node, record.verify_node} - {None}
+        from bridge.pipeline.node_turn import nodes_placed, release_task
+
+        used = {record.worker_node, record.verify_node} | nodes_placed(
+            self.ctx.nodes, self.store, self.task_id
+        )
         if outcome is not None and outcome is self._waiting:
             used.discard(record.worker_node)
-        from bridge.pipeline.node_turn import release_task
 
         for node in sorted(n for n in used if n):
             if not release_task(self.ctx.nodes, node, self.task_id):
