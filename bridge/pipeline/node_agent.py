@@ -20,6 +20,7 @@ finds the tasks its predecessor left running (its node went down) and ends them 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -74,6 +75,7 @@ from bridge.workspace.worktree import TaskWorkspace, remove_workspace
 
 BATCH_S = 0.25  # how often a running turn's new events are sent
 BEAT_S = 1.0  # a beat at least this often when there is nothing new
+UPLOAD_STALE_S = 900.0  # parts come every few seconds; a load reads the file for 600 s at most
 SHADOW_EVENTS = frozenset({"task.created", "task.status"})  # the node's own bookkeeping
 
 
@@ -146,7 +148,8 @@ class NodeAgent:
         former agent left (its node went down with it) and turns ended here because the
         control host stopped listening (a cut link). The control host releases the tasks it
         finished itself; a task between turns here is released too, and its next turn fails
-        naming the node. Returns their ids."""
+        naming the node. Image uploads given up on go too (`_sweep_uploads`). Returns the
+        tasks' ids."""
         with self._lock:
             running = set(self._touched)
         rows = self.store.query("SELECT task_id FROM tasks")
@@ -154,6 +157,7 @@ class NodeAgent:
         for task_id in left:
             self.release(task_id)
         self._prune()
+        self._sweep_uploads()
         return left
 
     def _prune(self) -> None:
@@ -177,6 +181,7 @@ class NodeAgent:
         """Part ``index`` of an image archive the control host streams here (no registry)."""
         path = self._upload(upload)
         if index == 0:
+            self._sweep_uploads()
             path.unlink(missing_ok=True)
         with path.open("ab") as out:
             out.write(data)
@@ -197,6 +202,15 @@ class NodeAgent:
             check_image(self.sandbox, reference, image_id, node_name=self.name)
         finally:
             path.unlink(missing_ok=True)
+
+    def _sweep_uploads(self) -> None:
+        """Uploads nothing was written to for UPLOAD_STALE_S: their control host gave up on
+        them (it died, or lost this node mid-stream)."""
+        stale = time.time() - UPLOAD_STALE_S
+        for path in (self.root / "uploads").glob("*.tar"):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < stale:
+                    path.unlink()
 
     def _upload(self, upload: str) -> Path:
         if not upload.isalnum():
