@@ -92,17 +92,18 @@ def repo_key(repository: Path) -> str:
     return hashlib.sha256(str(repository).encode()).hexdigest()[:32]
 
 
-_hubs: dict[str, RelayHub] = {}
+_hubs: dict[tuple[str, tuple[int, int] | None], RelayHub] = {}
 _hubs_lock = threading.Lock()
 
 
 def relay_hub(host: str, ports: tuple[int, int] | None = None) -> RelayHub:
-    """This process's relay hub on ``host`` (one for all its turns), started on first use: on
-    a free port of ``ports`` (LOW, HIGH), or any free one."""
+    """This process's relay hub on ``host`` in ``ports`` (one for all the turns whose config
+    names that range), started on first use: on a free port of ``ports`` (LOW, HIGH), or any
+    free one."""
     with _hubs_lock:
-        hub = _hubs.get(host)
+        hub = _hubs.get((host, ports))
         if hub is None:
-            hub = _hubs[host] = _started_hub(host, ports)
+            hub = _hubs[host, ports] = _started_hub(host, ports)
         return hub
 
 
