@@ -500,6 +500,34 @@ def order_for(home: Path, repo: Path, workdir: Path, mock: dict, turn: int = 0, 
 
 @pytest.mark.xfail(
     strict=True,
+    reason="design: a node's copy of the repository has the tree's .gitignore files only; the "
+    "user's .git/info/exclude (and this host's core.excludesFile) never reach it",
+)
+def test_a_node_s_collect_leaves_out_what_the_user_s_repository_excludes_as_one_here_does(
+    home, workdir, repo
+):
+    import subprocess
+
+    subprocess.run(["sh", "-c", "echo secret.env >> .git/info/exclude"], cwd=repo, check=True)
+    spec = mock_task(repo, {"write": {"secret.env": "TOKEN=1\n", "kept.txt": "k\n"}})
+    local_home = workdir / "local-home"
+    local_home.mkdir(mode=0o700)
+    here = WorkerBridge(home=local_home, sandbox=FakeSandbox())
+    try:
+        local = run(here, spec)
+    finally:
+        here.close()
+    bridge = bridge_on(home, make_nodes(workdir, ("n1",)))
+    try:
+        on_node = run(bridge, spec)
+    finally:
+        bridge.close()
+    assert [c["path"] for c in local.document()["changed_files"]] == ["kept.txt"]
+    assert on_node.document()["changed_files"] == local.document()["changed_files"]
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="design: nothing calls reap on a live agent; a turn its control host stopped "
     "hearing (a cut link) is cancelled there, and its shadow and worktree stay until the "
     "agent is made again",
