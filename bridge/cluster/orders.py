@@ -49,6 +49,7 @@ class TurnOrder:
     images: tuple[ImageOrder, ...]
     bundles: tuple[bytes, ...] = ()
     gateway: GatewayTicket | None = None
+    excludes: str = ""  # the ignore rules from outside the tree (see node_turn.outside_excludes)
 
 
 @dataclass(frozen=True)

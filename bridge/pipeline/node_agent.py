@@ -236,15 +236,15 @@ class NodeAgent:
         self, task_id: str, work: Callable[[], Update], timeout_s: float, *, fresh: bool = False
     ) -> Iterator[Update]:
         yield Placed(self.name)
-        if fresh and not self._superseded(task_id):
-            yield TurnFailed("cluster", f"Task {task_id}'s earlier turn on {self.name} goes on.")
-            return
+        if fresh:  # a first turn ordered again: an earlier attempt still here ends first
+            yield from self._superseding(task_id)
         with self._lock:
             if task_id in self._touched:
                 yield TurnFailed("cluster", f"Task {task_id} already has a turn on {self.name}.")
                 return
             self._touched[task_id] = time.monotonic()
         result: list[Update] = []
+        abandoned = False  # the control host stopped listening: nobody will release it
         try:
             after = self.store.last_event()
             worker = threading.Thread(
@@ -264,7 +264,8 @@ class NodeAgent:
                         continue
                 if not worker.is_alive():
                     break
-                if self._untouched(task_id, timeout_s):
+                if not abandoned and self._untouched(task_id, timeout_s):
+                    abandoned = True
                     self.cancel(task_id)  # the control host is gone: the turn ends here
                 if time.monotonic() - last_sent >= BEAT_S:
                     last_sent = time.monotonic()
@@ -272,27 +273,32 @@ class NodeAgent:
         finally:
             with self._lock:
                 self._touched.pop(task_id, None)
+            if abandoned:  # its shadow, cancelled, can serve no later turn: nothing is kept
+                self.release(task_id)
         yield (
             result[0]
             if result
             else TurnFailed("internal", f"The turn on {self.name} ended without a result.")
         )
 
-    def _superseded(self, task_id: str, wait_s: float = 60) -> bool:
-        """A task's first turn ordered again (its runner died and another took over): the
-        earlier attempt still running here is cancelled, and waited for; False if it goes on."""
+    def _superseding(self, task_id: str, wait_s: float = 60) -> Iterator[Update]:
+        """An earlier attempt of the task still running here (its runner died and another took
+        over) cancelled, and waited for with a beat each second (the control host counts this
+        node's silence)."""
         with self._lock:
             busy = task_id in self._touched
         if not busy:
-            return True
+            return
         self.cancel(task_id)
-        deadline = time.monotonic() + wait_s
+        deadline, beat_at = time.monotonic() + wait_s, time.monotonic() + BEAT_S
         while time.monotonic() < deadline:
             with self._lock:
                 if task_id not in self._touched:
-                    return True
+                    return
             time.sleep(0.1)
-        return False
+            if time.monotonic() >= beat_at:
+                beat_at += BEAT_S
+                yield Beat()
 
     def _untouched(self, task_id: str, timeout_s: float) -> bool:
         with self._lock:
@@ -324,6 +330,7 @@ class NodeAgent:
         record = order.record
         base = record.base_commit or ""
         repo = self._repository(order.repo_key, order.bundles)
+        self._excludes(repo, order.excludes)
         turn = order.turn
         shadow = self._shadow(
             record, repo, turn.number, turn.session_id, order.remaining_s, fresh=turn.number == 0
@@ -433,6 +440,24 @@ class NodeAgent:
                 finally:
                     os.unlink(name)
         return repo
+
+    def _excludes(self, repo: Path, rules: str) -> None:
+        """The control host's ignore rules from outside the tree, as this copy's
+        .git/info/exclude (written only when they changed)."""
+        path = repo / ".git" / "info" / "exclude"
+        data = rules.encode("utf-8", "surrogateescape")
+        with repository_lock(self.home, repo):
+            try:
+                if path.read_bytes() == data:
+                    return
+            except OSError:
+                pass
+            # Only the control host's rules apply, never this machine's own excludes file.
+            Git(repo).run("config", "core.excludesFile", os.devnull)
+            path.parent.mkdir(exist_ok=True)
+            partial = path.with_name("exclude.part")
+            partial.write_bytes(data)
+            partial.replace(path)
 
     def _shadow(
         self,

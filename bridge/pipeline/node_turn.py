@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import secrets
 import tempfile
 import threading
@@ -57,7 +58,7 @@ from bridge.records import CommandResult, VerificationDoc
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker
 from bridge.workspace.diff import Change
-from bridge.workspace.git import Git
+from bridge.workspace.git import Git, common_git_dir
 from bridge.workspace.snapshot import Snapshot
 from bridge.workspace.worktree import TaskWorkspace
 
@@ -85,6 +86,28 @@ class NodeTurn:
     node: str
     exit: WorkerExit
     snapshot: Snapshot | None
+
+
+def outside_excludes(repository: Path) -> str:
+    """The ignore rules that apply to ``repository`` from outside its tree, as git reads them
+    here: this user's core.excludesFile (or git's default one), then the repository's
+    .git/info/exclude, which wins where both match (later lines win in one file). A node's
+    copy of the repository takes them instead of its own machine's, so its collect leaves out
+    what this host's would."""
+    git = Git(repository)
+    found = git.run("config", "--get", "core.excludesFile", check=False)
+    if found.returncode == 0 and found.stdout.strip():
+        personal = Path(os.path.expanduser(found.stdout.decode().strip()))
+    else:
+        config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        personal = Path(config_home) / "git" / "ignore"
+    parts = []
+    for source in (personal, common_git_dir(repository) / "info" / "exclude"):
+        try:
+            parts.append(source.read_text(encoding="utf-8", errors="surrogateescape"))
+        except OSError:
+            continue
+    return "\n".join(parts)
 
 
 def repo_key(repository: Path) -> str:
@@ -169,6 +192,7 @@ def run_node_turn(
                     images=images,
                     bundles=bundles,
                     gateway=ticket,
+                    excludes=outside_excludes(ws.repository),
                 )
                 timeout_s = ctx.config.cluster.node_timeout_s
                 done = _follow(handle, link, node.name, link.run_turn(order, timeout_s), timeout_s)

@@ -498,11 +498,6 @@ def order_for(home: Path, repo: Path, workdir: Path, mock: dict, turn: int = 0, 
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design: a node's copy of the repository has the tree's .gitignore files only; the "
-    "user's .git/info/exclude (and this host's core.excludesFile) never reach it",
-)
 def test_a_node_s_collect_leaves_out_what_the_user_s_repository_excludes_as_one_here_does(
     home, workdir, repo
 ):
@@ -526,12 +521,6 @@ def test_a_node_s_collect_leaves_out_what_the_user_s_repository_excludes_as_one_
     assert on_node.document()["changed_files"] == local.document()["changed_files"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design: nothing calls reap on a live agent; a turn its control host stopped "
-    "hearing (a cut link) is cancelled there, and its shadow and worktree stay until the "
-    "agent is made again",
-)
 def test_a_turn_ended_because_nobody_listened_leaves_nothing_on_its_node(home, repo, workdir):
     agent = NodeAgent("n1", workdir / "node-n1", FakeSandbox())
     order = order_for(home, repo, workdir, {"sleep": 30, "write": {"a": "a"}})
