@@ -197,7 +197,9 @@ def run_node_turn(
                 timeout_s = ctx.config.cluster.node_timeout_s
                 done = _follow(handle, link, node.name, link.run_turn(order, timeout_s), timeout_s)
                 if not isinstance(done, TurnDone):
-                    raise BridgeError(f"Node {node.name} answered a turn with checks.")
+                    raise BridgeError(
+                        f"Node {node.name} answered a turn with checks.", kind="cluster"
+                    )
             finally:
                 if hub is not None and secret is not None:
                     hub.close_turn(secret)
@@ -208,11 +210,13 @@ def run_node_turn(
         if isinstance(value, int | float) and math.isfinite(value):
             handle.timings[f"node_{key_}"] = round(float(value), 3)
     exit_info = _node_exit(handle, done.exit, turn.number)
-    handle.update(worker_exit=exit_info, session_id=done.session_id)
+    session = done.session_id if done.session_id and worker.session_ok(done.session_id) else None
+    handle.update(worker_exit=exit_info, session_id=session or handle.record.session_id)
     if done.bundle is None or done.commit is None:
         return NodeTurn(node.name, exit_info, None)
     commit = _take_snapshot(handle, ws, done.bundle, done.commit, base)
-    return NodeTurn(node.name, exit_info, Snapshot(commit, list(done.dropped)))
+    dropped = list(done.dropped[: handle.limits.files])  # no more than the worktree could hold
+    return NodeTurn(node.name, exit_info, Snapshot(commit, dropped))
 
 
 def _node_exit(handle: PhaseHandle, said: WorkerExit, turn: int) -> WorkerExit:

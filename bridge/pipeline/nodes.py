@@ -174,6 +174,13 @@ class _RayLink:
             return self.ray.get(ref, timeout=timeout or min(CALL_TIMEOUT_S, self.timeout_s))
         except BridgeError:
             raise
+        except self.ray.exceptions.RayTaskError as exc:  # the agent answered: with an error
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, BridgeError):
+                raise cause from exc
+            raise BridgeError(
+                f"Node {self.node}'s agent failed ({str(cause or exc)[:300]}).", kind="cluster"
+            ) from exc
         except Exception as exc:  # noqa: BLE001 - GetTimeoutError, ActorDiedError, NodeDiedError...
             raise NodeLost(
                 self.node,

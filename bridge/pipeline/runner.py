@@ -469,7 +469,10 @@ class TaskRunner:
                 handle.timed("worker_s", t0)
         handle.ensure_active()
         if done.exit.over_limit or done.snapshot is None:
-            return Outcome(Status.FAILED, error("disk", done.exit.over_limit or "")), None
+            if done.exit.over_limit:
+                return Outcome(Status.FAILED, error("disk", done.exit.over_limit)), None
+            missing = f"Node {done.node} sent no snapshot of the worker's changes."
+            return Outcome(Status.FAILED, error("cluster", missing)), None
         handle.enter_phase("collecting")
         t0 = time.monotonic()
         collected = write_artifacts(handle, ws.repository, done.snapshot)
