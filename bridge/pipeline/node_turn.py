@@ -10,11 +10,8 @@ The node is touched each second while the turn runs; a node that says nothing fo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import secrets
 import tempfile
 import threading
 import time
@@ -29,7 +26,6 @@ from bridge.cluster.bundles import (
     base_bundle,
     read_header,
     receive_snapshot,
-    write_bundle,
 )
 from bridge.cluster.link import AgentLink, NodeInfo, NodeLost, NodeOverdue, Nodes, slot_scope
 from bridge.cluster.orders import (
@@ -38,7 +34,6 @@ from bridge.cluster.orders import (
     ChecksOrder,
     Events,
     GatewayTicket,
-    ImageOrder,
     Placed,
     TurnDone,
     TurnFailed,
@@ -47,25 +42,31 @@ from bridge.cluster.orders import (
 )
 from bridge.cluster.relay import RelayHub
 from bridge.documents import AskedRequest, WorkerExit
-from bridge.errors import BridgeError, ImageMissing
+from bridge.errors import BridgeError
 from bridge.events import EventData
 from bridge.phase.handle import PhaseHandle, Superseded
 from bridge.phase.network import task_gateway
 from bridge.pipeline.collect import CollectTimedOut, snapshot_limits
+from bridge.pipeline.node_inputs import (
+    give_image,
+    image_order,
+    outside_excludes,
+    repo_key,
+    snapshot_bundle,
+)
 from bridge.pipeline.scheduling import LEASE_TTL
 from bridge.pipeline.verify import VerificationOutcome
 from bridge.records import CommandResult, VerificationDoc
 from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker
 from bridge.workspace.diff import Change
-from bridge.workspace.git import Git, common_git_dir
+from bridge.workspace.git import Git
 from bridge.workspace.snapshot import Snapshot
 from bridge.workspace.worktree import TaskWorkspace
 
 if TYPE_CHECKING:
     from bridge.store import Store
 
-STREAM_PART = 8 << 20  # an image streamed to a node without a registry, per call
 PLACE_EVERY_S = 0.25  # how often a turn waiting for a free slot looks again
 TOUCH_EVERY_S = 1.0
 # The events a worker turn records where it runs; the rest of a task's log (its statuses,
@@ -86,33 +87,6 @@ class NodeTurn:
     node: str
     exit: WorkerExit
     snapshot: Snapshot | None
-
-
-def outside_excludes(repository: Path) -> str:
-    """The ignore rules that apply to ``repository`` from outside its tree, as git reads them
-    here: this user's core.excludesFile (or git's default one), then the repository's
-    .git/info/exclude, which wins where both match (later lines win in one file). A node's
-    copy of the repository takes them instead of its own machine's, so its collect leaves out
-    what this host's would."""
-    git = Git(repository)
-    found = git.run("config", "--get", "core.excludesFile", check=False)
-    if found.returncode == 0 and found.stdout.strip():
-        personal = Path(os.path.expanduser(found.stdout.decode().strip()))
-    else:
-        config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-        personal = Path(config_home) / "git" / "ignore"
-    parts = []
-    for source in (personal, common_git_dir(repository) / "info" / "exclude"):
-        try:
-            parts.append(source.read_text(encoding="utf-8", errors="surrogateescape"))
-        except OSError:
-            continue
-    return "\n".join(parts)
-
-
-def repo_key(repository: Path) -> str:
-    """The name a node keeps its copy of ``repository`` under."""
-    return hashlib.sha256(str(repository).encode()).hexdigest()[:32]
 
 
 _hubs: dict[tuple[str, tuple[int, int] | None], RelayHub] = {}
@@ -159,7 +133,7 @@ def run_node_turn(
     least busy alive one not in ``avoid``) and take its snapshot back into ``ws.branch``."""
     ctx = handle.ctx
     record = handle.record
-    images = (_image(handle, worker.image(ctx.config)),)
+    images = (image_order(handle, worker.image(ctx.config)),)
     # From the store: the handle's record is as the runner loaded it, without the node this
     # runner's earlier turn was placed on (a repair turn must go where the worktree is).
     pinned = ctx.store.load_task(handle.task_id).worker_node if turn.number > 0 else None
@@ -170,7 +144,7 @@ def run_node_turn(
         handle.update(worker_node=node.name)
         handle.emit("cluster.placed", {"node": node.name, "turn": turn.number})
         for image in images:
-            _give_image(handle, link, node.name, image)
+            give_image(handle, link, node.name, image)
         base = record.base_commit or ""
         key = repo_key(ws.repository)
         bundles: tuple[bytes, ...] = ()
@@ -313,20 +287,20 @@ def _checks_on_node(
     ctx = handle.ctx
     base = handle.record.base_commit or ""
     worker_node = ctx.store.load_task(handle.task_id).worker_node
-    order_image = _image(handle, image)
+    order_image = image_order(handle, image)
     node = _place(handle, nodes, owner, None, avoid, shun=worker_node)
     try:
         link = nodes.agent(node.name)
         handle.update(verify_node=node.name)
         handle.emit("cluster.checks_placed", {"node": node.name, "turn": turn})
-        _give_image(handle, link, node.name, order_image)
+        give_image(handle, link, node.name, order_image)
         key = repo_key(ws.repository)
         bundles = []
         missing = link.missing(key, [base, snapshot])
         if base in missing:
             bundles.append(base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes())
         if snapshot in missing:
-            bundles.append(_snapshot_bundle(ctx.task_dir(handle.task_id), ws, snapshot, base))
+            bundles.append(snapshot_bundle(ctx.task_dir(handle.task_id), ws, snapshot, base))
         timeout_s = ctx.config.cluster.node_timeout_s
         order = ChecksOrder(
             record=handle.record,
@@ -383,14 +357,6 @@ def _node_results(
     ]
 
 
-def _snapshot_bundle(task_dir: Path, ws: TaskWorkspace, snapshot: str, base: str) -> bytes:
-    task_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
-        path = Path(scratch) / "checks.bundle"
-        write_bundle(ws.repository, snapshot, path, exclude=base)
-        return path.read_bytes()
-
-
 def _check_claim(bundle: Path, claimed: str) -> None:
     """BundleRefused unless ``bundle`` holds the commit its node reported: a node that says
     one thing and sends another is believed on neither."""
@@ -419,57 +385,6 @@ def release_task(nodes: Nodes, node: str, task_id: str) -> bool:
     except BridgeError:
         return False
     return True
-
-
-_giving: dict[tuple[str, str], threading.Lock] = {}
-_giving_lock = threading.Lock()
-
-
-def _give_image(handle: PhaseHandle, link: AgentLink, node: str, image: ImageOrder) -> None:
-    """Without a registry: the image streamed from this host's engine to the node that lacks
-    it (once per node and image at a time in this process); the node checks its id."""
-    if image.pull is not None:
-        return  # the node pulls it by digest
-    with _giving_lock:
-        lock = _giving.setdefault((node, image.image_id), threading.Lock())
-    with lock:
-        if link.has_image(image.reference, image.image_id):
-            return
-        from bridge.sandbox import distribution
-
-        began, upload, sent, index = time.monotonic(), secrets.token_hex(8), 0, 0
-        part = bytearray()
-        for chunk in distribution.save(handle.ctx.sandbox, image.image_id):  # type: ignore[arg-type]
-            part += chunk
-            if len(part) >= STREAM_PART:
-                link.image_part(upload, index, bytes(part))
-                sent, index = sent + len(part), index + 1
-                part.clear()
-        link.image_part(upload, index, bytes(part))
-        link.image_done(upload, image.reference, image.image_id)
-        seconds = round(time.monotonic() - began, 3)
-        data = {"node": node, "image": image.reference, "bytes": sent + len(part)}
-        handle.emit("cluster.image_sent", {**data, "seconds": seconds})
-
-
-def _image(handle: PhaseHandle, reference: str) -> ImageOrder:
-    """The image by this host's id, and where a node pulls it from (the registry in config,
-    pushed there once per id)."""
-    ctx = handle.ctx
-    info = ctx.sandbox.inspect_image(reference)
-    if info is None:
-        raise ImageMissing(
-            f"Image {reference} is not present on the control host; build it first "
-            "(`worker-bridge images build`)."
-        )
-    pull = None
-    cluster = ctx.config.cluster
-    if cluster.registry:
-        from bridge.cluster.images import Registry, publish
-
-        registry = Registry(cluster.registry, cluster.node_registry)
-        pull = publish(ctx.sandbox, reference, info.id, registry)  # type: ignore[arg-type]
-    return ImageOrder(reference, info.id, pull)
 
 
 def _place(

@@ -477,7 +477,7 @@ def order_for(home: Path, repo: Path, workdir: Path, mock: dict, turn: int = 0, 
     """A TurnOrder for a new task of ``repo`` as a control host would send it."""
     from bridge.cluster.bundles import base_bundle
     from bridge.cluster.orders import ImageOrder
-    from bridge.pipeline.node_turn import repo_key
+    from bridge.pipeline.node_inputs import repo_key
     from bridge.workers import Turn
 
     bridge = WorkerBridge(home=home, sandbox=FakeSandbox())

@@ -181,7 +181,7 @@ def test_a_first_turn_ordered_again_ends_the_earlier_attempt_still_running_on_th
 
     from bridge.cluster.bundles import base_bundle
     from bridge.cluster.orders import ImageOrder, TurnDone, TurnFailed, TurnOrder
-    from bridge.pipeline.node_turn import repo_key
+    from bridge.pipeline.node_inputs import repo_key
     from bridge.workers import Turn
 
     bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
