@@ -247,8 +247,8 @@ class PoolConfig(BaseModel):
 
 
 class ClusterConfig(BaseModel):
-    """Tasks on a Ray cluster (docs/cluster.md): with ``address`` set, a task's worker turns run
-    on the cluster's nodes, while the store, the keys, the gateways and the checks stay here."""
+    """Tasks on a Ray cluster (docs/cluster.md): with ``address`` set, a task's worker turns and
+    checks run on the cluster's nodes, while the store, the keys and the gateways stay here."""
 
     model_config = ConfigDict(extra="forbid")
     address: str | None = Field(
@@ -259,7 +259,8 @@ class ClusterConfig(BaseModel):
     registry: str | None = Field(
         None,
         description="HOST:PORT of a registry this host's engine pushes the task images to, for "
-        "the nodes to pull them by digest; unset: the nodes must already hold them.",
+        "the nodes to pull them by digest; unset: a node lacking one gets it streamed from this "
+        "host's engine.",
     )
     node_registry: str | None = Field(
         None, description="The same registry as the nodes' engines reach it, when that differs."

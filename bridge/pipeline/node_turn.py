@@ -246,38 +246,42 @@ def _take_snapshot(
         )
 
 
+@dataclass(frozen=True)
+class Checks:
+    """A turn's checks: the commands, on a clean checkout of ``snapshot`` (whose paths
+    ``changes`` left the base), in ``image``."""
+
+    snapshot: str
+    changes: list[Change]
+    commands: list[str]
+    image: str
+    turn: int
+
+
 def run_node_checks(
     handle: PhaseHandle,
     ws: TaskWorkspace,
-    snapshot: str,
-    changes: list[Change],
-    commands: list[str],
-    image: str,
-    turn: int,
+    checks: Checks,
     nodes: Nodes,
     owner: Owner,
     *,
     avoid: frozenset[str] = frozenset(),
 ) -> VerificationOutcome:
-    """The checks of ``snapshot`` on a node (another than the worker's when one has a slot,
-    none of ``avoid``: lost earlier); once more on another node when that one is lost (they
-    change nothing: running them again costs no budget)."""
-    args = (handle, ws, snapshot, changes, commands, image, turn, nodes, owner)
+    """The checks on a node (another than the worker's when one has a slot, none of
+    ``avoid``: lost earlier); once more on another node when that one is lost (they change
+    nothing: running them again costs no budget)."""
     try:
-        return _checks_on_node(*args, avoid)
+        return _checks_on_node(handle, ws, checks, nodes, owner, avoid)
     except NodeLost as exc:
-        handle.emit("cluster.node_lost", {"node": exc.node, "turn": turn, "checks": True})
-        return _checks_on_node(*args, avoid | {exc.node})
+        data = {"node": exc.node, "turn": checks.turn, "checks": True}
+        handle.emit("cluster.node_lost", data)
+        return _checks_on_node(handle, ws, checks, nodes, owner, avoid | {exc.node})
 
 
 def _checks_on_node(
     handle: PhaseHandle,
     ws: TaskWorkspace,
-    snapshot: str,
-    changes: list[Change],
-    commands: list[str],
-    image: str,
-    turn: int,
+    checks: Checks,
     nodes: Nodes,
     owner: Owner,
     avoid: frozenset[str],
@@ -286,8 +290,9 @@ def _checks_on_node(
     checked-out tree must be the snapshot's own here, or the result is not taken."""
     ctx = handle.ctx
     base = handle.record.base_commit or ""
+    snapshot, turn, commands = checks.snapshot, checks.turn, checks.commands
     worker_node = ctx.store.load_task(handle.task_id).worker_node
-    order_image = image_order(handle, image)
+    order_image = image_order(handle, checks.image)
     node = _place(handle, nodes, owner, None, avoid, shun=worker_node)
     try:
         link = nodes.agent(node.name)
@@ -307,7 +312,7 @@ def _checks_on_node(
             repo_key=key,
             turn=turn,
             snapshot=snapshot,
-            changes=tuple(changes),
+            changes=tuple(checks.changes),
             commands=tuple(commands),
             image=order_image,
             remaining_s=handle.remaining(),
@@ -329,7 +334,7 @@ def _checks_on_node(
     results = _node_results(handle, node.name, done.verification, len(commands))
     timed_out = bool(done.timed_out)
     ok = not timed_out and all(c.passed for c in results)  # as run_commands has it
-    return VerificationOutcome(ok=ok, image=image, commands=results, timed_out=timed_out)
+    return VerificationOutcome(ok=ok, image=checks.image, commands=results, timed_out=timed_out)
 
 
 def _node_results(

@@ -511,21 +511,11 @@ class TaskRunner:
         handle.emit("verification.started", {"commands": commands, "image": image})
         base = self.record.base_commit or ""
         if self.ctx.nodes is not None:
-            from bridge.pipeline.node_turn import run_node_checks
+            from bridge.pipeline.node_turn import Checks, run_node_checks
 
-            nodes, number = self.ctx.nodes, turn.number
-            outcome = run_node_checks(
-                handle,
-                ws,
-                snapshot,
-                changes,
-                commands,
-                image,
-                number,
-                nodes,
-                self.owner,
-                avoid=frozenset(self._lost_nodes),
-            )
+            checks = Checks(snapshot, changes, commands, image, turn.number)
+            avoid = frozenset(self._lost_nodes)
+            outcome = run_node_checks(handle, ws, checks, self.ctx.nodes, self.owner, avoid=avoid)
         else:
             checkout = self._checkout or VerifyCheckout(handle, ws, base, turn.number)
             outcome = run_verification(
