@@ -169,7 +169,11 @@ def run_node_turn(
                     excludes=outside_excludes(ws.repository),
                 )
                 timeout_s = ctx.config.cluster.node_timeout_s
+                ordered = time.monotonic()
                 done = _follow(handle, link, node.name, link.run_turn(order, timeout_s), timeout_s)
+                handle.timed(
+                    "node_turn_s", ordered
+                )  # the order's round trip, the node's work in it
                 if not isinstance(done, TurnDone):
                     raise BridgeError(
                         f"Node {node.name} answered a turn with checks.", kind="cluster"
@@ -188,7 +192,9 @@ def run_node_turn(
     handle.update(worker_exit=exit_info, session_id=session or handle.record.session_id)
     if done.bundle is None or done.commit is None:
         return NodeTurn(node.name, exit_info, None)
+    taken = time.monotonic()
     commit = _take_snapshot(handle, ws, done.bundle, done.commit, base)
+    handle.timed("receive_s", taken)
     dropped = list(done.dropped[: handle.limits.files])  # no more than the worktree could hold
     return NodeTurn(node.name, exit_info, Snapshot(commit, dropped))
 
