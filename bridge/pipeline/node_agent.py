@@ -386,9 +386,15 @@ class NodeAgent:
         repo = self._repository(order.repo_key, order.bundles)
         shadow = self._shadow(record, repo, order.turn, None, order.remaining_s, fresh=False)
         handle = self._handle(shadow, order.remaining_s)
-        self._ensure_image(order.image)
         ws = TaskWorkspace.plan(self.home, repo, record.task_id)
-        checkout = VerifyCheckout(handle, ws, record.base_commit or "", order.turn)
+        # The base checked out (layered: mounted over its kept tree) while the image is made
+        # sure of; only the snapshot's changed paths are then brought in, as on one host.
+        checkout = VerifyCheckout(handle, ws, record.base_commit or "", order.turn).start()
+        try:
+            self._ensure_image(order.image)
+        except BaseException:
+            checkout.discard()  # run_verification discards it from here on
+            raise
         outcome = run_verification(
             handle,
             checkout,
