@@ -236,8 +236,9 @@ class NodeAgent:
         self, task_id: str, work: Callable[[], Update], timeout_s: float, *, fresh: bool = False
     ) -> Iterator[Update]:
         yield Placed(self.name)
-        if fresh:  # a first turn ordered again: an earlier attempt still here ends first
-            yield from self._superseding(task_id)
+        # The task ordered again (its runner died, another took it over): an earlier attempt
+        # still running here ends first.
+        yield from self._superseding(task_id, fresh=fresh)
         with self._lock:
             if task_id in self._touched:
                 yield TurnFailed("cluster", f"Task {task_id} already has a turn on {self.name}.")
@@ -281,15 +282,20 @@ class NodeAgent:
             else TurnFailed("internal", f"The turn on {self.name} ended without a result.")
         )
 
-    def _superseding(self, task_id: str, wait_s: float = 60) -> Iterator[Update]:
-        """An earlier attempt of the task still running here (its runner died and another took
-        over) cancelled, and waited for with a beat each second (the control host counts this
-        node's silence)."""
+    def _superseding(self, task_id: str, *, fresh: bool, wait_s: float = 60) -> Iterator[Update]:
+        """An earlier attempt of the task still running here ended, and waited for with a beat
+        each second (the control host counts this node's silence). For a first turn it is
+        cancelled (its workspace is made again); for a later one only its containers go, so
+        the task's worktree and shadow stay for the turn ordered now (what the ended attempt
+        had written is in the worktree, as a killed worker's would be)."""
         with self._lock:
             busy = task_id in self._touched
         if not busy:
             return
-        self.cancel(task_id)
+        if fresh:
+            self.cancel(task_id)
+        else:
+            self.sandbox.remove_by_labels({f"{LABEL}.task": task_id})
         deadline, beat_at = time.monotonic() + wait_s, time.monotonic() + BEAT_S
         while time.monotonic() < deadline:
             with self._lock:

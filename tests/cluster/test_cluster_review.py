@@ -530,11 +530,6 @@ def test_a_turn_ended_because_nobody_listened_leaves_nothing_on_its_node(home, r
     assert not (agent.home / "worktrees" / order.record.task_id).exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design: only a first turn ordered again supersedes the earlier attempt on the "
-    "node; a repair turn ordered again by a runner that took the task over fails it",
-)
 def test_a_later_turn_ordered_again_ends_the_earlier_attempt_still_running_on_the_node(
     home, repo, workdir
 ):
