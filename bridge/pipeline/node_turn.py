@@ -10,6 +10,7 @@ The node is touched each second while the turn runs; a node that says nothing fo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tempfile
@@ -151,36 +152,17 @@ def run_node_turn(
         if link.missing(key, [base]):
             bundles = (base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes(),)
         routes = worker.routes(turn.metadata, ctx.config)
-        with task_gateway(handle, routes, turn.number) as gateway:
-            relay = (nodes.relay_host(), ctx.config.cluster.relay_ports)
-            hub = relay_hub(*relay) if gateway is not None else None
-            secret = hub.open_turn(gateway.folder) if hub is not None and gateway else None
-            try:
-                ticket = GatewayTicket(hub.address, secret) if hub and secret else None
-                order = TurnOrder(
-                    record=record,
-                    turn=turn,
-                    repo_key=key,
-                    start=start,
-                    remaining_s=handle.remaining(),
-                    images=images,
-                    bundles=bundles,
-                    gateway=ticket,
-                    excludes=outside_excludes(ws.repository),
-                )
-                timeout_s = ctx.config.cluster.node_timeout_s
-                ordered = time.monotonic()
-                done = _follow(handle, link, node.name, link.run_turn(order, timeout_s), timeout_s)
-                handle.timed(
-                    "node_turn_s", ordered
-                )  # the order's round trip, the node's work in it
-                if not isinstance(done, TurnDone):
-                    raise BridgeError(
-                        f"Node {node.name} answered a turn with checks.", kind="cluster"
-                    )
-            finally:
-                if hub is not None and secret is not None:
-                    hub.close_turn(secret)
+        order = TurnOrder(
+            record=record,
+            turn=turn,
+            repo_key=key,
+            start=start,
+            remaining_s=handle.remaining(),
+            images=images,
+            bundles=bundles,
+            excludes=outside_excludes(ws.repository),
+        )
+        done = _turn_through_gateway(handle, nodes, link, node.name, order, routes)
     finally:
         ctx.store.leases.release_scope(handle.task_id, owner, scope)
     for key_ in NODE_TIMINGS:  # what a turn there measures, as numbers, or nothing
@@ -197,6 +179,35 @@ def run_node_turn(
     handle.timed("receive_s", taken)
     dropped = list(done.dropped[: handle.limits.files])  # no more than the worktree could hold
     return NodeTurn(node.name, exit_info, Snapshot(commit, dropped))
+
+
+def _turn_through_gateway(
+    handle: PhaseHandle,
+    nodes: Nodes,
+    link: AgentLink,
+    node: str,
+    order: TurnOrder,
+    routes: list[str],
+) -> TurnDone:
+    """The order sent with the turn's gateway open here and a relay secret for the node's
+    way to it (revoked when the turn ends); how the turn ended."""
+    config = handle.ctx.config.cluster
+    with task_gateway(handle, routes, order.turn.number) as gateway:
+        hub = relay_hub(nodes.relay_host(), config.relay_ports) if gateway is not None else None
+        secret = hub.open_turn(gateway.folder) if hub is not None and gateway else None
+        try:
+            ticket = GatewayTicket(hub.address, secret) if hub and secret else None
+            sent = dataclasses.replace(order, gateway=ticket, remaining_s=handle.remaining())
+            ordered = time.monotonic()
+            updates = link.run_turn(sent, config.node_timeout_s)
+            done = _follow(handle, link, node, updates, config.node_timeout_s)
+            handle.timed("node_turn_s", ordered)  # the order's round trip, the node's work in it
+        finally:
+            if hub is not None and secret is not None:
+                hub.close_turn(secret)
+    if not isinstance(done, TurnDone):
+        raise BridgeError(f"Node {node} answered a turn with checks.", kind="cluster")
+    return done
 
 
 def _node_exit(handle: PhaseHandle, said: WorkerExit, turn: int) -> WorkerExit:
