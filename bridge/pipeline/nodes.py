@@ -119,50 +119,20 @@ class LocalNodes:
 # -- agents as Ray actors ----------------------------------------------------------------------
 
 
-class _AgentActor:
-    """The Ray actor around a node's agent: made on its node, against the engine its node
-    process names (DOCKER_HOST), with the node's state root. A new one reaps what an earlier
-    one left (its node went down)."""
+class _AgentActor(NodeAgent):
+    """The node's agent as a Ray actor: made on its node, against the engine its node process
+    names (DOCKER_HOST), with the node's state root. A new one reaps what an earlier one left
+    (its node went down), and says so with the first `reap`."""
 
     def __init__(self, name: str) -> None:
         from bridge.sandbox.docker import DockerSandbox
 
-        self.agent = NodeAgent(name, node_root(name), DockerSandbox())
-        self._reaped = self.agent.reap()  # told with the first `reap`
-
-    def missing(self, repo_key: str, commits: list[str]) -> list[str]:
-        return self.agent.missing(repo_key, commits)
-
-    def touch(self, task_id: str) -> str:
-        return self.agent.touch(task_id)
-
-    def cancel(self, task_id: str) -> None:
-        self.agent.cancel(task_id)
-
-    def release(self, task_id: str) -> None:
-        self.agent.release(task_id)
+        super().__init__(name, node_root(name), DockerSandbox())
+        self._reaped = super().reap()
 
     def reap(self) -> list[str]:
         reaped, self._reaped = self._reaped, []
-        return reaped + self.agent.reap()
-
-    def images(self) -> list[str]:
-        return self.agent.images()
-
-    def has_image(self, reference: str, image_id: str) -> bool:
-        return self.agent.has_image(reference, image_id)
-
-    def image_part(self, upload: str, index: int, data: bytes) -> None:
-        self.agent.image_part(upload, index, data)
-
-    def image_done(self, upload: str, reference: str, image_id: str) -> None:
-        self.agent.image_done(upload, reference, image_id)
-
-    def run_turn(self, order: TurnOrder, timeout_s: float) -> Iterator[Update]:
-        yield from self.agent.run_turn(order, timeout_s)
-
-    def run_checks(self, order: ChecksOrder, timeout_s: float) -> Iterator[Update]:
-        yield from self.agent.run_checks(order, timeout_s)
+        return reaped + super().reap()
 
 
 class _RayLink:
