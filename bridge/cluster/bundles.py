@@ -262,9 +262,10 @@ def _check_sent(git: Git, tip: str, base: str, sent: int) -> None:
         listed = git.run("show-index", stdin=handle).stdout.decode().split("\n")
     entries = sorted((int(line.split()[0]), line.split()[1]) for line in listed if line.strip())
     came = {sha for _, sha in entries[:sent]}
-    needed = git.run("rev-list", "--objects", tip, "--not", base).stdout.decode().split("\n")
+    # Each line is an object's id and, for a blob or tree, its path: bytes, maybe not UTF-8.
+    needed = git.run("rev-list", "--objects", tip, "--not", base).stdout.split(b"\n")
     for line in needed:
-        sha = line.split(" ", 1)[0]
+        sha = line.split(b" ", 1)[0].decode("ascii")
         if sha and sha not in came:
             raise BundleRefused(
                 f"The node's snapshot names object {sha[:12]}, which its bundle did not bring "

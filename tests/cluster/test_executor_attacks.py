@@ -648,3 +648,36 @@ def test_a_repair_turn_runs_on_the_node_holding_the_worktree_though_another_is_f
     assert git(repo, "show", f"{result.branch}:a") == "a"
     assert on_cluster.store.leases.live() == []
     nothing_left_on(nodes.links["n2"].agent, result.task_id)
+
+
+def test_a_worker_on_a_node_writing_odd_names_many_files_and_a_huge_line_gets_what_here_gets(
+    on_cluster, repo, workdir
+):
+    """Names that are not UTF-8, 3,000 files and a 200,000-character output line: the node's
+    collect, the bundle's checks and the events come out as the same task's run here."""
+    script = (
+        'python3 -c "import os\n'
+        "os.makedirs('many', exist_ok=True)\n"
+        "[open(f'many/{i}.txt', 'w').write('x') for i in range(3000)]\n"
+        "open(b'bad-\\\\xff-name.txt', 'wb').write(b'y')\n"
+        "print('L' * 200000)\""
+    )
+    spec = mock_task(repo, {"script": script}, verify=["true"])
+    local_home = workdir / "local-home-odd"
+    local_home.mkdir(mode=0o700)
+    here = WorkerBridge(home=local_home, sandbox=FakeSandbox())
+    try:
+        local = run(here, spec)
+    finally:
+        here.close()
+    result = run(on_cluster, spec)
+    assert local.status == result.status == "succeeded", (local.error, result.error)
+    assert result.document()["changed_files"] == local.document()["changed_files"]
+    assert len(result.changed_files) == 3001
+    assert Path(result.artifacts["diff"]).read_bytes() == Path(local.artifacts["diff"]).read_bytes()
+    longest = max(
+        len(str(e.data.get("text", "")))
+        for e in on_cluster.task_logs(result.task_id, limit=10_000).events
+        if e.kind == "worker.progress"
+    )
+    assert longest <= 2000  # bounded as one host bounds a progress line
