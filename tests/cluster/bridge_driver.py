@@ -6,7 +6,8 @@ marker, as ray_driver.py does.
 `run SPEC`: create the task of the spec file and run it here; the task's result document.
 `routed SPEC`: the same with a model route `test` to an upstream this driver serves on its own
 loopback (tests/support/upstream.py), its key from WB_TEST_ROUTE_KEY; also the key each
-request reached the upstream with.
+request reached the upstream with, and what the relay hub answered, after the task, to each of
+its turns' secrets presented from the worker's node (WB_TEST_NETNS: node name to namespace).
 `compete SPEC N`: a compete of N attempts of the mock worker (its coordinator a detached
 process, as always); the job's result and each candidate's task result once it ended.
 `reap NODE`: the node's agent, made again if it was gone, lets go of what it holds."""
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,7 @@ def main() -> int:
         from support.upstream import Upstream
 
         upstream = Upstream().start()
+        turns = _recording_secrets()
         home = Path(os.environ["WORKER_BRIDGE_HOME"])
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         (home / "config.yaml").write_text(ROUTE.format(url=upstream.url))
@@ -55,7 +58,9 @@ def main() -> int:
             spec = json.loads(Path(args[0]).read_text())
             result = bridge.run_task(bridge.create_task(spec).task_id)
             keys = [seen.headers.get("x-api-key") for seen in upstream.requests]
-            answer({"result": result.document(), "keys": keys})
+            netns = json.loads(os.environ["WB_TEST_NETNS"])[result.worker_node or ""]
+            after = [_presented(netns, address, secret) for address, secret in turns]
+            answer({"result": result.document(), "keys": keys, "after": after})
         finally:
             bridge.close()
             upstream.stop()
@@ -83,6 +88,44 @@ def main() -> int:
     finally:
         bridge.close()
     return 0
+
+
+def _recording_secrets() -> list:
+    """(hub address, secret) of each turn the relay hubs of this process open from now on."""
+    from bridge.cluster.relay import RelayHub
+
+    opened: list = []
+    open_turn = RelayHub.open_turn
+
+    def recorded(hub: RelayHub, folder: Path) -> str:
+        secret = open_turn(hub, folder)
+        opened.append((hub.address, secret))
+        return secret
+
+    RelayHub.open_turn = recorded  # type: ignore[method-assign]
+    return opened
+
+
+PRESENT = """
+import socket, sys
+host, port, secret = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with socket.create_connection((host, port), timeout=10) as conn:
+    conn.sendall(b"WBRELAY1 " + secret.encode() + b" routes\\n")
+    try:
+        said = conn.recv(64)
+    except ConnectionResetError:
+        said = b""
+print(said.decode(errors="replace"), end="")
+"""
+
+
+def _presented(netns: str, address: tuple, secret: str) -> dict:
+    """What the hub at ``address`` answers ``secret`` from inside the node's namespace."""
+    argv = ["nsenter", f"--net=/run/netns/{netns}", sys.executable, "-c", PRESENT]
+    done = subprocess.run(
+        [*argv, address[0], str(address[1]), secret], capture_output=True, text=True, timeout=30
+    )
+    return {"code": done.returncode, "said": done.stdout, "error": done.stderr[-500:]}
 
 
 if __name__ == "__main__":

@@ -119,9 +119,10 @@ def test_an_image_moved_by_id_arrives_with_the_same_id_by_registry_and_by_stream
     placed,
 ):
     source = placed["source"]
-    first, second = (placed["transfers"][n.name] for n in local_cluster.nodes)
-    assert (first.method, second.method) == ("registry", "stream")
-    assert first.digest and first.digest.startswith("sha256:") and second.digest is None
+    first, *others = (placed["transfers"][n.name] for n in local_cluster.nodes)
+    assert [first.method, *{t.method for t in others}] == ["registry", "stream"]
+    assert first.digest and first.digest.startswith("sha256:")
+    assert [t.digest for t in others] == [None] * len(others)
     for node in local_cluster.nodes:
         found = node.sandbox().inspect_image(BASE_IMAGE)
         assert found is not None and found.id == source.id, node.name

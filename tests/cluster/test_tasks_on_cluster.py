@@ -21,6 +21,7 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
+from bridge.cluster.images import put_image
 from bridge.sandbox import DockerSandbox
 from bridge.store import Store
 
@@ -153,14 +154,69 @@ def test_a_node_killed_mid_turn_ends_the_attempt_naming_it_and_the_turn_reruns_o
     assert [e.data["node"] for e in lost] == [node]
     lost_after = datetime.fromisoformat(lost[0].at).timestamp() - killed_at
     assert lost_after <= timeout_s + 5, lost_after
-    # The node comes back: its agent, made again, removes what the task left there.
+    _comes_back_clean(local_cluster, home, node, task_id)
+    print(f"node lost {lost_after:.1f} s after the kill (timeout {timeout_s} s)", file=sys.stderr)
+
+
+def test_a_node_killed_during_the_checks_is_lost_and_they_run_again_on_a_third(
+    local_cluster, repo, workdir
+):
+    spec = mock_task(repo, {"write": {"done.txt": "yes\n"}}, verify=["sleep 8", "test -f done.txt"])
+    spec["metadata"]["auto_repair"] = 0  # no budget: running the checks again must cost none
+    home = workdir / "kill-checks-home"
+    timeout_s = 8
+    env = {"WORKER_BRIDGE_CLUSTER__NODE_TIMEOUT_S": str(timeout_s)}
+    driver = _started(local_cluster, home, spec, workdir, env)
+    try:
+        task_id, worker = _placed(home)
+        checks = _checks_placed(home, task_id)
+        engine = local_cluster.node(checks).sandbox()
+        poll(
+            lambda: engine.containers({"io.worker-bridge.task": task_id}),
+            "the checks' container on its node",
+            120,
+        )
+        killed_at = time.time()
+        local_cluster.script("kill", checks)
+        result = _answer(driver, timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert result["status"] == "succeeded", result.get("error")
+    assert result["verification"]["ok"] is True
+    assert result["worker_node"] == worker
+    assert result["verify_node"] not in (checks, worker)  # a third node, not the lost one
+    events = _events(home, task_id)
+    assert [e.data["node"] for e in events if e.kind == "cluster.placed"] == [worker]  # one turn
+    lost = [e for e in events if e.kind == "cluster.node_lost"]
+    assert [(e.data["node"], e.data.get("checks")) for e in lost] == [(checks, True)]
+    lost_after = datetime.fromisoformat(lost[0].at).timestamp() - killed_at
+    assert lost_after <= timeout_s + 5, lost_after
+    _comes_back_clean(local_cluster, home, checks, task_id)
+    print(f"checks' node lost {lost_after:.1f} s after the kill", file=sys.stderr)
+
+
+def _checks_placed(home: Path, task_id: str, timeout: float = 120) -> str:
+    """The node the control host at ``home`` placed the task's checks on."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in _events(home, task_id) if e.kind == "cluster.checks_placed"]
+        if found:
+            return found[0].data["node"]
+        time.sleep(0.1)
+    raise AssertionError("no checks were placed")
+
+
+def _comes_back_clean(local_cluster, home: Path, node: str, task_id: str) -> None:
+    """The killed ``node`` started again: its agent, made again, removes what the task left
+    there."""
     local_cluster.script("start", node)
     engine = local_cluster.node(node).sandbox()
     env = {"WORKER_BRIDGE_HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[2])}
     reaped = local_cluster.run_driver(DRIVER, "reap", node, env=env, timeout=180)
     assert task_id in reaped["reaped"]
     assert engine.containers({"io.worker-bridge.task": task_id}) == []
-    print(f"node lost {lost_after:.1f} s after the kill (timeout {timeout_s} s)", file=sys.stderr)
 
 
 def test_a_node_cut_off_mid_turn_is_lost_within_the_timeout_and_its_turn_ends_there(
@@ -277,7 +333,7 @@ json.dump(out, open("probe.json", "w"), indent=1)
 PYEOF"""
 
 
-def test_a_route_reaches_the_upstream_through_the_relay_with_a_key_never_on_the_node(
+def test_a_route_goes_through_the_relay_its_key_never_on_the_node_its_secret_dead_after(
     local_cluster, repo, workdir
 ):
     key = "sk-cluster-" + secrets.token_hex(16)
@@ -291,11 +347,15 @@ def test_a_route_reaches_the_upstream_through_the_relay_with_a_key_never_on_the_
         "WORKER_BRIDGE_HOME": str(home),
         "WB_TEST_ROUTE_KEY": key,
         "PYTHONPATH": f"{tests.parent}:{tests}",
+        "WB_TEST_NETNS": json.dumps({n.name: n.netns for n in local_cluster.nodes}),
     }
     found = local_cluster.run_driver(DRIVER, "routed", str(path), env=env, timeout=300)
     result = found["result"]
     assert result["status"] == "succeeded", result.get("error")
     assert found["keys"] == [key]  # added on the control host, on the way out
+    # The turn's secret, presented again from its node after the turn: the hub still listens
+    # (the connection is made) and closes it without a word.
+    assert [(a["code"], a["said"]) for a in found["after"]] == [(0, "")], found["after"]
     probe = json.loads(git(repo, "show", f"{result['branch']}:probe.json"))
     assert probe["answer"]["model"] == "served-mock-model"
     assert probe["found"] == [] and probe["interfaces"] == ["lo"]
@@ -374,3 +434,47 @@ def test_without_a_registry_the_image_streams_from_the_control_host_by_id(
         f"image streamed: {sent[0]['bytes'] / 1e6:.0f} MB in {sent[0]['seconds']:.1f} s",
         file=sys.stderr,
     )
+
+
+def test_a_node_holding_another_image_under_the_workers_name_never_runs_it(
+    local_cluster, repo, workdir
+):
+    image = "worker-bridge/mock:0.1.0"
+    genuine = DockerSandbox().inspect_image(image)
+    assert genuine is not None
+    impostors = {}
+    try:
+        for node in local_cluster.nodes:  # whichever node the turn lands on holds an impostor
+            engine = node.sandbox()
+            put_image(DockerSandbox(), engine, image, node_name=node.name)
+            impostors[node.name] = _impostor(engine, genuine.id, image)
+        seen = "if [ -e /wb-impostor ]; then echo impostor; else echo genuine; fi > seen.txt"
+        spec = mock_task(repo, {"script": seen})
+        result = on_cluster(local_cluster, workdir / "impostor-home", spec, workdir)
+        assert result["status"] == "succeeded", result.get("error")
+        assert git(repo, "show", f"{result['branch']}:seen.txt") == "genuine\n"
+        held = local_cluster.node(result["worker_node"]).sandbox().inspect_image(image)
+        assert held is not None and held.id == genuine.id  # the name is the control host's again
+    finally:
+        for name, impostor in impostors.items():
+            local_cluster.node(name).sandbox().client.images.remove(impostor, force=True)
+
+
+def _impostor(engine: DockerSandbox, genuine: str, name: str) -> str:
+    """An image made from ``genuine`` with /wb-impostor added, tagged ``name`` on ``engine``."""
+    box = engine.client.containers.run(
+        genuine,
+        ["touch /wb-impostor"],
+        entrypoint=["sh", "-c"],
+        user="0",
+        network_mode="none",
+        labels={"io.worker-bridge.test": "impostor"},
+        detach=True,
+    )
+    try:
+        assert box.wait(timeout=60)["StatusCode"] == 0
+        impostor = box.commit().id
+    finally:
+        box.remove(force=True)
+    engine.client.api.tag(impostor, *name.split(":"), force=True)
+    return impostor

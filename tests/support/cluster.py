@@ -32,7 +32,7 @@ SCRIPT = ROOT / "scripts" / "local-cluster"
 SCRATCH_ROOT = Path("/dev/shm/wbc") if Path("/dev/shm").is_dir() else Path("/var/tmp/wbc")
 VENV = Path(sys.prefix)  # where the tests run from: Ray is installed there (the `cluster` extra)
 REQUIRE_CLUSTER = os.environ.get("WORKER_BRIDGE_REQUIRE_CLUSTER") == "1"
-NODES = 2
+NODES = 3
 DRIVER_MARK = "WB-DRIVER-RESULT "  # a driver's answer follows it (tests/cluster/ray_driver.py)
 TOOLS = ["ip", "nsenter", "containerd", "dockerd", "umount", "socat", "docker-registry"]
 
@@ -144,7 +144,7 @@ def reap_orphans() -> None:
 
 @pytest.fixture(scope="session")
 def session_cluster() -> Iterator[LocalCluster]:
-    """Two simulated nodes with Ray and the registry, for the whole session."""
+    """Three simulated nodes with Ray and the registry, for the whole session."""
     require_cluster()
     reap_orphans()
     cluster = LocalCluster(f"wbt{secrets.token_hex(3)}")
