@@ -144,15 +144,15 @@ def receive_snapshot(
     quarantine = scratch / "quarantine.git"
     shutil.rmtree(quarantine, ignore_errors=True)
     try:
-        sent = _unpack(repo, bundle, header.size, quarantine, limits)
+        objects = Path(Git(repo).out("rev-parse", "--path-format=absolute", "--git-common-dir"))
+        objects /= "objects"
+        sent = _unpack(objects, bundle, header.size, quarantine, limits)
         git = Git(quarantine)
         _check(git, tip, base, limits)
         _check_sent(git, tip, base, sent)
-        git.run("update-ref", "refs/quarantine", tip)
+        _adopt(quarantine, objects)
         try:
-            Git(repo).run(
-                "fetch", "--quiet", "--no-tags", str(quarantine), f"+refs/quarantine:{branch}"
-            )
+            Git(repo).run("update-ref", branch, tip)
         except GitError as exc:
             raise BundleRefused(f"The node's snapshot could not be taken ({exc.message}).") from exc
     finally:
@@ -160,15 +160,35 @@ def receive_snapshot(
     return tip
 
 
-def _unpack(repo: Path, bundle: Path, offset: int, quarantine: Path, limits: SnapshotLimits) -> int:
-    """The bundle's pack into ``quarantine``, a bare repository that reads the user's objects
-    (its alternates) and writes its own, by `git index-pack --strict` (git's fsck: a `.git` or
-    `..` entry, duplicates, bad modes refuse it) with a bounded object count, address space and
-    time (a few KB that inflate to gigabytes stop there)."""
+def _adopt(quarantine: Path, objects: Path) -> None:
+    """The quarantine's pack, checked, moved into the repository's ``objects`` as git's own
+    receive-pack moves its quarantine's: index-pack wrote it complete (`--fix-thin`) and
+    `_check_sent` found every object the snapshot needs beyond the base in it, so it is what a
+    fetch of the snapshot would have written, without a fetch's second pass over it. The index
+    goes last: git finds a pack by its index."""
+    (packed,) = (quarantine / "objects" / "pack").glob("pack-*.idx")
+    folder = objects / "pack"
+    folder.mkdir(parents=True, exist_ok=True)
+    for suffix in (".pack", ".rev", ".idx"):
+        source = packed.with_suffix(suffix)
+        if not source.exists() or (folder / source.name).exists():
+            continue  # no reverse index written; or the same pack is there already, by its name
+        partial = folder / f"tmp_{source.name}"
+        shutil.copyfile(source, partial)
+        partial.chmod(0o444)
+        partial.replace(folder / source.name)
+
+
+def _unpack(
+    objects: Path, bundle: Path, offset: int, quarantine: Path, limits: SnapshotLimits
+) -> int:
+    """The bundle's pack into ``quarantine``, a bare repository that reads the user's
+    ``objects`` (its alternates) and writes its own, by `git index-pack --strict` (git's fsck:
+    a `.git` or `..` entry, duplicates, bad modes refuse it) with a bounded object count,
+    address space and time (a few KB that inflate to gigabytes stop there)."""
     quarantine.parent.mkdir(parents=True, exist_ok=True)
     Git(quarantine.parent).run("init", "--quiet", "--bare", str(quarantine))
-    objects = Git(repo).out("rev-parse", "--path-format=absolute", "--git-common-dir")
-    (quarantine / "objects" / "info" / "alternates").write_text(f"{objects}/objects\n")
+    (quarantine / "objects" / "info" / "alternates").write_text(f"{objects}\n")
     with bundle.open("rb", buffering=0) as pack:
         pack.seek(offset)
         head = pack.read(12)
@@ -203,10 +223,10 @@ def _unpack(repo: Path, bundle: Path, offset: int, quarantine: Path, limits: Sna
 
 def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
     """BundleRefused unless ``tip`` is a snapshot collect would have made on ``base``."""
-    kind = git.run("cat-file", "-t", tip, check=False).stdout.strip()
-    if kind != b"commit":
+    said = git.out("cat-file", "--batch-check", input=f"{tip}\n".encode()).split()
+    if len(said) != 3 or said[1] != "commit":  # "<id> missing" when it is not there at all
         raise BundleRefused("The node's snapshot bundle's ref does not name a commit.")
-    if int(git.out("cat-file", "-s", tip)) > MAX_COMMIT_BYTES:
+    if int(said[2]) > MAX_COMMIT_BYTES:
         raise BundleRefused("The node's snapshot commit is larger than a snapshot's can be.")
     commit = git.run("cat-file", "commit", tip).stdout
     parents = re.findall(rb"(?m)^parent ([0-9a-f]+)$", commit.split(b"\n\n", 1)[0])
