@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bridge.cluster.bundles import BUNDLE_REF, write_bundle
+from bridge.cluster.bundles import unbundle, write_bundle
 from bridge.cluster.images import check_image
 from bridge.cluster.orders import (
     Beat,
@@ -442,15 +442,7 @@ class NodeAgent:
             return repo
         with repository_lock(self.home, repo):
             for data in bundles:
-                fd, name = tempfile.mkstemp(dir=self.home, suffix=".bundle")
-                try:
-                    with os.fdopen(fd, "wb") as out:
-                        out.write(data)
-                    tip = Git(repo).run("bundle", "list-heads", name).stdout.split()[0].decode()
-                    keep = f"refs/worker-bridge/bases/{tip}"
-                    Git(repo).run("fetch", "--quiet", "--no-tags", name, f"{BUNDLE_REF}:{keep}")
-                finally:
-                    os.unlink(name)
+                unbundle(repo, data, "refs/worker-bridge/bases/")
         return repo
 
     def _excludes(self, repo: Path, rules: str) -> None:

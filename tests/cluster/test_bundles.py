@@ -16,6 +16,7 @@ from bridge.cluster.bundles import (
     base_bundle,
     read_header,
     receive_snapshot,
+    unbundle,
     write_bundle,
 )
 from bridge.workspace.snapshot import SnapshotLimits
@@ -86,6 +87,33 @@ def test_a_snapshot_made_on_a_node_arrives_as_the_same_commit_and_diff(repo, nod
     assert taken == snapshot == git(repo, "rev-parse", BRANCH).strip()
     assert git(repo, "diff", base, snapshot) == git(node, "diff", base, snapshot)
     assert not (workdir / "scratch" / "quarantine.git").exists()
+    # Taken by moving the checked pack in: the repository is whole, and the same snapshot
+    # received again (a turn resumed) finds its pack there already.
+    git(repo, "fsck", "--strict", "--no-dangling")
+    again = receive_snapshot(repo, bundle, base, BRANCH + "-again", LIMITS, workdir / "scratch")
+    assert again == snapshot
+    packs = repo / ".git" / "objects" / "pack"
+    assert not list(packs.glob("tmp_*"))
+    assert {oct(p.stat().st_mode & 0o777) for p in packs.glob("pack-*")} == {"0o444"}
+
+
+def test_a_node_takes_the_control_hosts_base_and_thin_snapshot_bundles_by_index_pack(repo, workdir):
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "new.txt").write_text("new\n")
+    commit_all(repo, "snapshot")
+    snapshot = git(repo, "rev-parse", "HEAD").strip()
+    thin = workdir / "snapshot.bundle"
+    write_bundle(repo, snapshot, thin, exclude=base)
+    copy = workdir / "copy"
+    git(workdir, "init", "-q", str(copy))
+    prefix = "refs/worker-bridge/bases/"
+    assert unbundle(copy, base_bundle(repo, base, workdir / "cache").read_bytes(), prefix) == base
+    assert unbundle(copy, thin.read_bytes(), prefix) == snapshot
+    assert git(copy, "rev-parse", f"{prefix}{snapshot}").strip() == snapshot
+    assert git(copy, "show", f"{snapshot}:new.txt") == "new\n"
+    git(copy, "fsck", "--strict", "--no-dangling")
+    with pytest.raises(BundleRefused, match="not a git bundle"):
+        unbundle(copy, b"PACK...", prefix)
 
 
 def test_the_base_bundle_is_made_once_per_commit(repo, workdir):
