@@ -24,7 +24,9 @@ control host, as it trusts the orders it gets.
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,9 +186,10 @@ def receive_snapshot(
 def _adopt(quarantine: Path, objects: Path) -> None:
     """The quarantine's pack, checked, moved into the repository's ``objects`` as git's own
     receive-pack moves its quarantine's: index-pack wrote it complete (`--fix-thin`) and
-    `_check_sent` found every object the snapshot needs beyond the base in it, so it is what a
-    fetch of the snapshot would have written, without a fetch's second pass over it. The index
-    goes last: git finds a pack by its index."""
+    `_check_sent` found in it exactly the objects the snapshot holds beyond the base (and the
+    base's it borrowed), what a fetch of the snapshot would have stored, without a fetch's
+    second pass over it. Each file written whole (synced, read-only as the umask allows)
+    before it gets its name; the index last: git finds a pack by its index."""
     (packed,) = (quarantine / "objects" / "pack").glob("pack-*.idx")
     folder = objects / "pack"
     folder.mkdir(parents=True, exist_ok=True)
@@ -194,10 +197,17 @@ def _adopt(quarantine: Path, objects: Path) -> None:
         source = packed.with_suffix(suffix)
         if not source.exists() or (folder / source.name).exists():
             continue  # no reverse index written; or the same pack is there already, by its name
-        partial = folder / f"tmp_{source.name}"
-        shutil.copyfile(source, partial)
-        partial.chmod(0o444)
-        partial.replace(folder / source.name)
+        partial = folder / f"tmp_pack_{secrets.token_hex(8)}"  # git's own prefix for these
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)  # less the umask
+        try:
+            with source.open("rb") as reading, os.fdopen(fd, "wb") as writing:
+                shutil.copyfileobj(reading, writing)
+                writing.flush()
+                os.fsync(writing.fileno())
+            partial.replace(folder / source.name)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
 
 
 def _unpack(
@@ -294,24 +304,31 @@ def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
 
 
 def _check_sent(git: Git, tip: str, base: str, sent: int) -> None:
-    """BundleRefused unless every object the snapshot holds beyond the base came in the
-    bundle (the first ``sent`` objects of the pack; `--fix-thin` appends the base's objects it
-    borrowed after them): the quarantine reads all the user's objects, and a node must not
-    name one it was never sent (a blob of a private branch, known by its id)."""
+    """BundleRefused unless the bundle brought exactly the objects the snapshot holds beyond
+    the base (the first ``sent`` objects of the pack; `--fix-thin` appends the base's objects
+    it borrowed after them), as git's own bundle of it would: the quarantine reads all the
+    user's objects, and a node must not name one it was never sent (a blob of a private
+    branch, known by its id), nor slip in one the snapshot does not use (its pack moves into
+    the user's repository whole, where no limit of the task's would ever look at it)."""
     index = next((git.cwd / "objects" / "pack").glob("*.idx"))
     with index.open("rb") as handle:
         listed = git.run("show-index", stdin=handle).stdout.decode().split("\n")
     entries = sorted((int(line.split()[0]), line.split()[1]) for line in listed if line.strip())
     came = {sha for _, sha in entries[:sent]}
     # Each line is an object's id and, for a blob or tree, its path: bytes, maybe not UTF-8.
-    needed = git.run("rev-list", "--objects", tip, "--not", base).stdout.split(b"\n")
-    for line in needed:
-        sha = line.split(b" ", 1)[0].decode("ascii")
-        if sha and sha not in came:
-            raise BundleRefused(
-                f"The node's snapshot names object {sha[:12]}, which its bundle did not bring "
-                "and the base does not reach; it was not taken."
-            )
+    lines = git.run("rev-list", "--objects", tip, "--not", base).stdout.split(b"\n")
+    needed = {line.split(b" ", 1)[0].decode("ascii") for line in lines} - {""}
+    missing = sorted(needed - came)
+    if missing:
+        raise BundleRefused(
+            f"The node's snapshot names object {missing[0][:12]}, which its bundle did not "
+            "bring and the base does not reach; it was not taken."
+        )
+    if came - needed:
+        raise BundleRefused(
+            f"The node's snapshot bundle brings {len(came - needed)} object(s) its snapshot "
+            "does not use; it was not taken."
+        )
 
 
 def _count_entries(git: Git, tip: str, most: int) -> int:

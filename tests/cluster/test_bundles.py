@@ -274,6 +274,31 @@ def test_a_snapshot_naming_an_object_it_was_never_sent_is_refused(repo, node, wo
     _refused(repo, bundle, base, workdir, "which its bundle did not bring")
 
 
+def test_a_snapshot_bundle_bringing_objects_its_snapshot_does_not_use_is_refused(
+    repo, node, workdir
+):
+    # The review's way: the checked pack moves into the user's repository whole, so anything
+    # else in it (a script, a commit of its own, a blob past every limit, at ~1000:1 packed)
+    # would sit there where no limit of the task's looks, and ride along with every task.
+    base = git(repo, "rev-parse", "HEAD").strip()
+    blob = _hash(node, "blob", b"X = 1\n")
+    snapshot = _commit(
+        node, _tree(node, [*_base_entries(node, base), ("100644", "x.py", blob)]), base
+    )
+    parked = _hash(node, "blob", b"\0" * 10_000_000)  # 10 MB, over the 4 KB file limit
+    pack = subprocess.run(
+        ["git", "-C", str(node), "pack-objects", "--stdout", "--revs", "--thin", "--quiet"],
+        input=f"{snapshot}\n{parked}\n^{base}\n".encode(),
+        capture_output=True,
+        check=True,
+    ).stdout
+    bundle = workdir / "parked.bundle"
+    header = f"# v2 git bundle\n-{base}\n{snapshot} refs/worker-bridge/snapshot\n\n"
+    bundle.write_bytes(header.encode() + pack)
+    assert bundle.stat().st_size < LIMITS.change_bytes  # within the bundle's own bound
+    _refused(repo, bundle, base, workdir, "brings 1 object.s. its snapshot does not use")
+
+
 @pytest.mark.parametrize("name", [".gitattributes", ".GITIGNORE.", "gitmod~1"])
 def test_a_snapshot_linking_a_git_settings_file_is_refused(repo, node, workdir, name):
     # Collect leaves such a link out (git would read the file it points to); the host too.
