@@ -24,10 +24,14 @@ class BridgeCalls:
     def __init__(self, bridge: WorkerBridge) -> None:
         self.bridge = bridge
 
+    async def plain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` in a thread, its exceptions as they are."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
     async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` in a thread; BridgeError becomes a tool error."""
         try:
-            return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+            return await self.plain(fn, *args, **kwargs)
         except BridgeError as exc:
             raise ToolError(exc.message) from exc
         except ToolError:

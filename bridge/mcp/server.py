@@ -22,6 +22,7 @@ from bridge.listener import flags, options
 from bridge.listener.run import keep_recovering
 from bridge.mcp.calls import BridgeCalls
 from bridge.mcp.job_tools import JobTools
+from bridge.mcp.resources import TaskResources
 from bridge.mcp.tools import TOOLS, TaskTools
 from bridge.service import WorkerBridge
 from bridge.version import __version__
@@ -53,6 +54,7 @@ def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
         server.add_tool(
             method, name=name, description=inspect.cleandoc(method.__doc__ or ""), annotations=hints
         )
+    TaskResources(call).register(server)
     return server
 
 
