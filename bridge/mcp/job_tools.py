@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import anyio
+from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.waiting import still_running, wait_settled
+from bridge.models import TERMINAL
+from bridge.records import JobResult
 
 JOB_ENDED = {"succeeded", "unresolved", "failed", "cancelled", "accepted"}
-POLL_SECONDS = 0.5
 
 
 def _typed(metadata: dict[str, Any] | None, kind: str | None) -> dict[str, Any]:
@@ -32,12 +34,23 @@ class JobTools:
         self.call = call
         self.bridge = call.bridge
 
-    async def _wait_job(self, job_id: str) -> dict[str, Any]:
-        while True:
-            job = await self.call(self.bridge.job_status, job_id)
-            if job.status in JOB_ENDED:
-                return job.document()
-            await anyio.sleep(POLL_SECONDS)
+    async def _wait_job(self, job_id: str, ctx: Context | None) -> dict[str, Any]:
+        """The job's result once it ended, or as it is after WAIT_RETURN_S (waiting.py), with
+        progress on the way."""
+
+        async def where(job: JobResult) -> str:
+            ended = sum(1 for t in job.tasks if t.status in TERMINAL)
+            return f"job {job_id} {job.status}, {ended} of {len(job.tasks)} tasks ended"
+
+        job, settled = await wait_settled(
+            lambda: self.call(self.bridge.job_status, job_id),
+            lambda j: j.status in JOB_ENDED,
+            where,
+            ctx,
+        )
+        if settled:
+            return job.document()
+        return still_running(job.document(), "job", "worker_job_status")
 
     async def worker_compete(
         self,
@@ -92,7 +105,8 @@ class JobTools:
             bool,
             Field(
                 description="false (default): return at once; poll worker_job_status. true: "
-                "return when the job has ended (several task runs: often minutes)."
+                "return when the job has ended (several task runs: often minutes), or after 50 s "
+                "with `next` saying how to go on."
             ),
         ] = False,
         type: Annotated[
@@ -110,6 +124,7 @@ class JobTools:
                 "and metadata.judge is the judge's (the mock worker's scripts, say)."
             ),
         ] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Run the same task on several workers (or several attempts of one) and rank the
         results, when you want the best of several tries rather than one. Each candidate is an
@@ -130,7 +145,7 @@ class JobTools:
         }
         job = await self.call(self.bridge.compete, spec, workers, attempts=attempts, judge=judge)
         if wait:
-            return await self._wait_job(job.job_id)
+            return await self._wait_job(job.job_id, ctx)
         return job.document()
 
     async def worker_review(
@@ -159,7 +174,8 @@ class JobTools:
             bool,
             Field(
                 description="false (default): return at once; poll worker_job_status. true: "
-                "return when the job has ended (several worker turns: often minutes)."
+                "return when the job has ended (several worker turns: often minutes), or after "
+                "50 s with `next` saying how to go on."
             ),
         ] = False,
         type: Annotated[
@@ -177,6 +193,7 @@ class JobTools:
                 "a list with one per round)."
             ),
         ] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Have one worker implement a change and another review it, when you want a second
         opinion before accepting. The reviewer sees the implementer's verified snapshot
@@ -194,7 +211,7 @@ class JobTools:
         }
         job = await self.call(self.bridge.review, spec, worker, reviewer, rounds=rounds)
         if wait:
-            return await self._wait_job(job.job_id)
+            return await self._wait_job(job.job_id, ctx)
         return job.document()
 
     async def worker_job_status(

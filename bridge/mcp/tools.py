@@ -5,24 +5,26 @@ method and one entry. bridge/mcp/server.py serves them.
 
 Every blocking call runs in a worker thread (calls.py), so no tool blocks the event loop;
 `worker_delegate(wait=true)` polls the store asynchronously while the task runs in a detached
-runner process. A failed call is a tool error (`isError`) with one sentence the model can act
-on. The tools that only read never start a process (recovery is the server's own).
+runner process, with progress and a return by 50 s (waiting.py). A failed call is a tool error
+(`isError`) with one sentence the model can act on. The tools that only read never start a
+process (recovery is the server's own).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import anyio
+from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from bridge.documents import PruneReport
 from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.waiting import still_running, wait_settled
 from bridge.models import SETTLED
+from bridge.records import TaskResult
 
 STATUS_LIST_LIMIT = 20
-POLL_SECONDS = 0.25
 
 
 def _describe(text: str) -> Any:
@@ -36,12 +38,28 @@ class TaskTools:
         self.call = call
         self.bridge = call.bridge
 
-    async def wait_for_end(self, task_id: str) -> dict[str, Any]:
-        while True:
-            result = await self.call(self.bridge.get_task, task_id)
-            if result.status in SETTLED:  # ended, or waiting for an answer
-                return result.document()
-            await anyio.sleep(POLL_SECONDS)
+    async def wait_for_end(self, task_id: str, ctx: Context | None) -> dict[str, Any]:
+        """The task's result once it settled (ended, or waiting for an answer), or as it is
+        after WAIT_RETURN_S (waiting.py), with progress on the way."""
+        events = {"after": 0, "count": 0}
+
+        async def where(result: TaskResult) -> str:
+            page = await self.call(self.bridge.task_logs, task_id, events["after"], 1000)
+            if page.events:
+                events["after"] = page.events[-1].event_id
+                events["count"] += len(page.events)
+            phase = f" ({result.phase})" if result.phase else ""
+            return f"task {task_id} {result.status}{phase}, {events['count']} events"
+
+        result, settled = await wait_settled(
+            lambda: self.call(self.bridge.get_task, task_id),
+            lambda r: r.status in SETTLED,
+            where,
+            ctx,
+        )
+        if settled:
+            return result.document()
+        return still_running(result.document(), "task", "worker_status")
 
     # -- the tools: each one's docstring is its description --------------------------------
 
@@ -89,7 +107,9 @@ class TaskTools:
             bool,
             _describe(
                 "false (default): return at once with the task_id and poll worker_status. true: "
-                "return when the task has finished (may take minutes)."
+                "return when the task has finished or waits for an answer, or after 50 s at the "
+                "latest with `next` saying how to go on (progress is sent meanwhile to a client "
+                "that asked for it)."
             ),
         ] = False,
         type: Annotated[
@@ -118,6 +138,7 @@ class TaskTools:
                 "configured default for the repository, else the generic images."
             ),
         ] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Delegate a scoped coding task to a worker agent running in an isolated container.
 
@@ -145,7 +166,7 @@ class TaskTools:
         created = await self.call(self.bridge.create_task, spec)
         started = await self.call(self.bridge.start_detached, created.task_id)
         if wait:
-            return await self.wait_for_end(created.task_id)
+            return await self.wait_for_end(created.task_id, ctx)
         return started.document()
 
     async def worker_status(
@@ -267,16 +288,18 @@ class TaskTools:
         wait: Annotated[
             bool,
             _describe(
-                "false (default): return at once; poll worker_status. true: return when done."
+                "false (default): return at once; poll worker_status. true: return when done, "
+                "or after 50 s with `next` saying how to go on."
             ),
         ] = False,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Ask the worker for another turn on the same worktree (its earlier changes are kept),
         then collect and verify again. Use it instead of a new delegation to iterate on a
         result. Returns the task result, status 'queued' unless wait is true."""
         result = await self.call(self.bridge.follow_up, task_id, message)
         if wait:
-            return await self.wait_for_end(task_id)
+            return await self.wait_for_end(task_id, ctx)
         return result.document()
 
     async def worker_answer(
