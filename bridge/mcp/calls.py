@@ -1,10 +1,13 @@
 """Calling the facade from the MCP server's event loop: every blocking call (SQLite, git,
 Docker) in a worker thread, so no tool blocks the loop; a BridgeError becomes a tool error
-(`isError`) with its one sentence, anything else a tool error that points at the server log."""
+(`isError`) with its one sentence, anything else a tool error that points at the server log.
+A sentence that names a CLI command the tools can do names the tool instead (`for_tools`): the
+model reading it has tools, not a shell."""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +19,23 @@ from bridge.service import WorkerBridge
 
 log = logging.getLogger("worker_bridge.mcp")
 T = TypeVar("T")
+
+# The CLI's commands a sentence may name, and the tool (with its argument) that does the same.
+_AS_TOOLS = [
+    (re.compile(r"`worker-bridge tasks list`"), "`worker_status` (without a task_id)"),
+    (re.compile(r"`worker-bridge jobs list`"), "`worker_status` (each task's job_id)"),
+    (re.compile(r"`worker-bridge tasks show (\w+)`"), r"`worker_status` with task_id \1"),
+    (re.compile(r"`worker-bridge tasks logs (\w+)`"), r"`worker_logs` with task_id \1"),
+    (re.compile(r"`worker-bridge tasks answer[^`]*`"), "`worker_answer`"),
+    (re.compile(r"`worker-bridge workspaces prune --apply`"), "`worker_prune` with apply=true"),
+]
+
+
+def for_tools(sentence: str) -> str:
+    """``sentence`` with each CLI command the tools can do named as that tool."""
+    for pattern, tool in _AS_TOOLS:
+        sentence = pattern.sub(tool, sentence)
+    return sentence
 
 
 class BridgeCalls:
@@ -33,7 +53,7 @@ class BridgeCalls:
         try:
             return await self.plain(fn, *args, **kwargs)
         except BridgeError as exc:
-            raise ToolError(exc.message) from exc
+            raise ToolError(for_tools(exc.message)) from exc
         except ToolError:
             raise
         except Exception as exc:

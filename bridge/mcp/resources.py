@@ -25,7 +25,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 
 from bridge.errors import BridgeError, GitError
-from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.calls import BridgeCalls, for_tools
 from bridge.records import TaskResult
 from bridge.workspace.git import Git
 
@@ -128,7 +128,7 @@ class TaskResources:
         try:
             return await self.call.plain(fn, *args)
         except BridgeError as exc:
-            raise ResourceError(exc.message) from exc
+            raise ResourceError(for_tools(exc.message)) from exc
 
 
 def _snapshot_file(result: TaskResult, path: str) -> bytes:

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from support.mcp_http_server import http_client, http_server
-from support.mcp_session import call, delegate, mcp_server, wait_status
+from support.mcp_session import call, call_error, delegate, mcp_server, wait_status
 from support.repos import make_repo
 
 from bridge import WorkerBridge
@@ -106,6 +106,10 @@ async def test_a_bounded_server_reads_nothing_of_another_repositorys_task(home, 
             for name in ("diff", "manifest", "logs", "files/README.md")
         ]
         unknown = await refused(client, "worker-bridge://tasks/feedfacecafe/diff")
+        tool_said = await call_error(client, "worker_logs", {"task_id": foreign})
     assert all(foreign in a for a in answers), answers
+    # The way on is a tool, not a CLI command: the model has tools, not a shell.
+    for said in (unknown, tool_said):
+        assert "`worker_status` (without a task_id)" in said and "worker-bridge " not in said
     said = {a.replace(foreign, "ID") for a in answers}
     assert said == {unknown.replace("feedfacecafe", "ID")}, (said, unknown)
