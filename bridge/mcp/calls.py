@@ -15,6 +15,7 @@ import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from bridge.errors import BridgeError
+from bridge.records import AcceptResult
 from bridge.service import WorkerBridge
 
 log = logging.getLogger("worker_bridge.mcp")
@@ -28,6 +29,7 @@ _AS_TOOLS = [
     (re.compile(r"`worker-bridge tasks logs (\w+)`"), r"`worker_logs` with task_id \1"),
     (re.compile(r"`worker-bridge tasks answer[^`]*`"), "`worker_answer`"),
     (re.compile(r"`worker-bridge workspaces prune --apply`"), "`worker_prune` with apply=true"),
+    (re.compile(r"--allow-unverified\b"), "allow_unverified=true"),
 ]
 
 
@@ -62,3 +64,12 @@ class BridgeCalls:
                 f"worker-bridge hit an internal error ({exc.__class__.__name__}); "
                 "see the server log under the state root's logs/ folder."
             ) from exc
+
+
+def refused_accept(accepted: AcceptResult) -> AcceptResult:
+    """``accepted`` when it wrote the change; a tool error with its reason and kind when it was
+    refused (nothing was written): a refusal is not a success."""
+    if not accepted.accepted:
+        reason = accepted.reason or f"Task {accepted.task_id} was not accepted."
+        raise ToolError(f"{for_tools(reason)} (refused: {accepted.kind or 'accept'})")
+    return accepted

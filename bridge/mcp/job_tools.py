@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.calls import BridgeCalls, refused_accept
 from bridge.mcp.waiting import still_running, wait_settled
 from bridge.models import TERMINAL
 from bridge.records import JobResult
@@ -238,9 +238,10 @@ class JobTools:
         """Write the job's winning candidate (or the eligible one you name) into the
         repository's working tree as uncommitted changes, through the same accept as
         worker_accept (checks run again if HEAD moved); the other candidates become
-        'rejected'. Returns {accepted, applied, reason, ...}; an error when the job has no
-        eligible candidate, is unresolved without task_id, or task_id is not its candidate."""
-        return (await self.call(self.bridge.accept_job, job_id, task_id)).document()
+        'rejected'. Returns {accepted: true, applied, ...}; an error when the job has no
+        eligible candidate, is unresolved without task_id, task_id is not its candidate, or
+        the candidate's accept is refused (its reason and kind)."""
+        return refused_accept(await self.call(self.bridge.accept_job, job_id, task_id)).document()
 
     async def worker_job_cancel(
         self, job_id: Annotated[str, Field(description="The job to cancel.")]

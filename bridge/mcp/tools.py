@@ -19,7 +19,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from bridge.documents import PruneReport
-from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.calls import BridgeCalls, refused_accept
 from bridge.mcp.waiting import still_running, wait_settled
 from bridge.models import SETTLED
 from bridge.records import TaskResult
@@ -269,12 +269,12 @@ class TaskTools:
         changes (nothing is committed). Refused, changing nothing, when the task did not
         succeed, was not verified, would overwrite uncommitted edits on the same paths, adds a
         symlink pointing outside the repository, no longer applies, or (when HEAD moved) fails
-        its checks on HEAD plus the change. Returns {accepted, applied: [paths], reason, kind,
-        head, reverified}."""
+        its checks on HEAD plus the change: a tool error with the reason and its kind. Returns
+        {accepted: true, applied: [paths], head, reverified}."""
         accepted = await self.call(
             self.bridge.accept_task, task_id, allow_unverified=allow_unverified, reverify=reverify
         )
-        return accepted.document()
+        return refused_accept(accepted).document()
 
     async def worker_follow_up(
         self,

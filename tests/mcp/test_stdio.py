@@ -270,11 +270,25 @@ async def test_accepting_writes_the_change_into_the_working_tree_once(home, repo
         assert "?? notes.txt" in git(repo, "status", "--porcelain")
         assert (await call(client, "worker_status", {"task_id": task_id}))["status"] == "accepted"
 
-        again = await call(client, "worker_accept", {"task_id": task_id})
-        assert again["accepted"] is False, again
-        assert again["applied"] == []
-        assert isinstance(again["reason"], str) and "accepted" in again["reason"], again
+        again = await call_error(client, "worker_accept", {"task_id": task_id})
+        assert f"Task {task_id} is accepted" in again and "(refused: status)" in again, again
         await assert_healthy(client)
+
+
+async def test_a_refused_accept_is_a_tool_error_that_names_the_argument_to_use(
+    home, repo, docker_images
+):
+    async with mcp_server(home) as client:
+        mock = {"write": {"unchecked.txt": "u\n"}}
+        task_id = (await delegate(client, repo, mock))["task_id"]  # no verify commands
+        assert (await wait_status(client, task_id))["status"] == "succeeded"
+        refused = await call_error(client, "worker_accept", {"task_id": task_id})
+        assert not (repo / "unchecked.txt").exists(), "a refusal writes nothing"
+        args = {"task_id": task_id, "allow_unverified": True}
+        accepted = await call(client, "worker_accept", args)
+    assert "allow_unverified=true" in refused and "(refused: unverified)" in refused, refused
+    assert "--allow-unverified" not in refused
+    assert accepted["accepted"] is True and accepted["applied"] == ["unchecked.txt"]
 
 
 async def test_a_follow_up_turn_keeps_the_first_change_and_adds_the_second(
