@@ -24,10 +24,9 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 
-from bridge.errors import BridgeError, GitError
+from bridge.errors import BridgeError
 from bridge.mcp.calls import BridgeCalls, for_tools
 from bridge.records import TaskResult
-from bridge.workspace.git import Git
 
 PREFIX = "worker-bridge://tasks/{task_id}"
 MAX_RESOURCE_BYTES = 8 * 2**20
@@ -94,10 +93,8 @@ class TaskResources:
                 f"'{path[:200]}' is not a path in the repository; give it relative to its top "
                 "folder, as changed_files names it."
             )
-        result = await self._task(task_id)
-        if not result.branch:
-            raise ResourceError(f"Task {task_id} has no snapshot yet; worker_status shows why.")
-        return _text_or_bytes(await self._guarded(_snapshot_file, result, path))
+        found = await self._guarded(self.bridge.snapshot_file, task_id, path, MAX_RESOURCE_BYTES)
+        return _text_or_bytes(found)
 
     # -- the pieces -------------------------------------------------------------------------
 
@@ -129,28 +126,6 @@ class TaskResources:
             return await self.call.plain(fn, *args)
         except BridgeError as exc:
             raise ResourceError(for_tools(exc.message)) from exc
-
-
-def _snapshot_file(result: TaskResult, path: str) -> bytes:
-    """The file at ``path`` in the task's branch, within MAX_RESOURCE_BYTES."""
-    git = Git(Path(result.repository))
-    spec = f"refs/heads/{result.branch}:{path}"
-    found = git.run("cat-file", "--batch-check", input=f"{spec}\n".encode(), check=False)
-    said = found.stdout.decode(errors="replace").split()
-    if len(said) != 3 or said[1] != "blob":
-        raise ResourceError(
-            f"Task {result.task_id}'s snapshot has no file '{path[:200]}'; changed_files names "
-            "the files it changed."
-        )
-    if int(said[2]) > MAX_RESOURCE_BYTES:
-        raise ResourceError(
-            f"'{path[:200]}' is {said[2]} bytes, over the {MAX_RESOURCE_BYTES} a resource "
-            "returns; accept the task to have it in the working tree."
-        )
-    try:
-        return git.run("cat-file", "blob", said[0]).stdout
-    except GitError as exc:
-        raise ResourceError(f"Task {result.task_id}'s file could not be read ({exc}).") from exc
 
 
 def _text_or_bytes(data: bytes) -> str | bytes:

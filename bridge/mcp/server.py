@@ -14,8 +14,6 @@ import logging
 import logging.handlers
 import sys
 
-from mcp.server.mcpserver import MCPServer
-
 from bridge.errors import BridgeError
 from bridge.host.heap import freeze_start_up_heap
 from bridge.listener import flags, options
@@ -23,6 +21,7 @@ from bridge.listener.run import keep_recovering
 from bridge.mcp.calls import BridgeCalls
 from bridge.mcp.job_tools import JobTools
 from bridge.mcp.resources import TaskResources
+from bridge.mcp.tasks import BridgeTasks, TasksServer
 from bridge.mcp.tools import TOOLS, TaskTools
 from bridge.service import WorkerBridge
 from bridge.version import __version__
@@ -45,10 +44,17 @@ answer it with worker_answer, and the worker carries on in its own session.
 """
 
 
-def build_server(bridge: WorkerBridge | None = None) -> MCPServer:
+def build_server(bridge: WorkerBridge | None = None) -> TasksServer:
     call = BridgeCalls(bridge or WorkerBridge())
     tools = (TaskTools(call), JobTools(call))
-    server = MCPServer("worker-bridge", version=__version__, instructions=INSTRUCTIONS)
+    tasks = BridgeTasks(call)
+    server = TasksServer(
+        "worker-bridge",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        extensions=[tasks],
+        middleware=[tasks.middleware],
+    )
     for name, hints in TOOLS.items():
         method = next(getattr(t, name) for t in tools if hasattr(t, name))
         server.add_tool(

@@ -290,6 +290,12 @@ class WorkerBridge:
         requests = self.store.requests.for_task(task_id)
         return task_result(record, self.store.artifacts(task_id), requests=requests)
 
+    def snapshot_file(self, task_id: str, path: str, most: int) -> bytes:
+        """A file of the task's snapshot by its path in the repository (service/reading.py)."""
+        from bridge.service.reading import snapshot_file
+
+        return snapshot_file(self._task(task_id), path, most)
+
     def answer(
         self,
         task_id: str,

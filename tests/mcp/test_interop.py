@@ -73,3 +73,46 @@ def test_the_typescript_sdk_client_lists_the_tools_and_runs_a_task_to_success(
     assert outcome["changed_files"] == [{"path": "interop.txt", "change": "added"}]
     assert outcome["task_id"]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_host_runs_a_delegation_as_an_mcp_task_with_the_typescript_sdks_task_client(
+    node, home, repo, docker_images
+):
+    # The 2025-11-25 tasks utility as a host drives it: the SDK sees the tools that support
+    # tasks, creates one, polls tasks/get, fetches tasks/result; cancels another; asks for one
+    # that does not exist (tests/interop/mcp_tasks.mjs).
+    script = INTEROP / "mcp_tasks.mjs"
+    argv = [node, str(script), "--command", str(SERVER), "--home", str(home), "--repo", str(repo)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=150, env={**os.environ})
+    assert proc.returncode == 0, f"the TypeScript task client failed:\n{proc.stderr[-3000:]}"
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert seen["capabilities"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    assert seen["task_tools"] == [
+        "worker_compete",
+        "worker_delegate",
+        "worker_follow_up",
+        "worker_review",
+    ]
+    kinds = [m["type"] for m in seen["delegated"]]
+    assert kinds[0] == "taskCreated" and kinds[-1] == "result", kinds
+    task_id = seen["delegated"][0]["task"]["taskId"]
+    statuses = [m["status"] for m in seen["delegated"] if m["type"] == "taskStatus"]
+    assert statuses[-1] == "completed" and set(statuses) <= {"working", "completed"}, statuses
+    said = [m["said"] for m in seen["delegated"] if m["type"] == "taskStatus"]
+    assert any(s.startswith("running") for s in said), said  # where it is, in words
+    result = seen["delegated"][-1]["result"]
+    assert result["structuredContent"]["task_id"] == task_id  # the MCP task is our task
+    assert result["structuredContent"]["status"] == "succeeded"
+    assert result["structuredContent"]["changed_files"] == [
+        {"path": "tasks.txt", "change": "added"}
+    ]
+    assert not (repo / "tasks.txt").exists(), "nothing reaches the repository before accept"
+    assert seen["got"]["status"] == "completed" and seen["got"]["ttl"] is None
+    assert [task_id, "completed"] in seen["listed"]
+
+    cancelled = seen["cancelled"]
+    assert cancelled["status"] == "cancelled", cancelled
+    assert [m["type"] for m in seen["long"]][:1] == ["taskCreated"]
+    assert "feedfacecafe" in seen["unknown"] and "Failed to retrieve task" in seen["unknown"]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
