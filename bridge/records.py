@@ -243,6 +243,7 @@ class TaskResult(BaseModel):
     branch: str | None = None
     phase: str | None = None
     created_at: str
+    updated_at: str | None = Field(None, description="When the task's record last changed.")
     finished_at: str | None = None
     job_id: str | None = Field(None, description="The job this task is part of, if any.")
     job_role: str | None = Field(None, description="Its role there: candidate, judge...")

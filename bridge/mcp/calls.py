@@ -30,6 +30,8 @@ _AS_TOOLS = [
     (re.compile(r"`worker-bridge tasks answer[^`]*`"), "`worker_answer`"),
     (re.compile(r"`worker-bridge workspaces prune --apply`"), "`worker_prune` with apply=true"),
     (re.compile(r"--allow-unverified\b"), "allow_unverified=true"),
+    (re.compile(r"--attempts (\d+)"), r"attempts=\1"),
+    (re.compile(r"--task(?![\w-])"), "task_id"),
 ]
 
 

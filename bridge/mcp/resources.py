@@ -79,13 +79,19 @@ class TaskResources:
     async def logs(self, task_id: str) -> str:
         page = await self._guarded(self.bridge.task_logs, task_id, 0, LOG_EVENTS + 1)
         events = page.events[:LOG_EVENTS]
-        return json.dumps(
+        text = json.dumps(
             {
                 "events": [e.document() for e in events],
                 "next_after": events[-1].event_id if events else 0,
                 "has_more": len(page.events) > LOG_EVENTS,
             }
         )
+        if len(text) > MAX_RESOURCE_BYTES:
+            raise ResourceError(
+                f"Task {task_id}'s first {LOG_EVENTS} events are over {MAX_RESOURCE_BYTES} "
+                "bytes, more than a resource returns; page them with worker_logs."
+            )
+        return text
 
     async def file(self, task_id: str, path: str) -> str | bytes:
         if not path or path.startswith("/") or _BAD_PART.search(path) or _CONTROL.search(path):

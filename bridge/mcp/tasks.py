@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from mcp.server.context import CallNext, ServerRequestContext
@@ -33,6 +32,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     CallToolResult,
     CancelTaskRequestParams,
     GetTaskPayloadRequestParams,
@@ -58,6 +58,7 @@ from bridge.records import JobResult, TaskResult
 
 ERA = "2025-11-25"
 TASK_TOOLS = frozenset({"worker_delegate", "worker_follow_up", "worker_compete", "worker_review"})
+JOB_TOOLS = frozenset({"worker_compete", "worker_review"})
 POLL_INTERVAL_MS = 2000
 LISTED = 50
 CAPABILITY = ServerTasksCapability(
@@ -133,21 +134,27 @@ class BridgeTasks(Extension):
         middleware, not a `tools/call` interceptor: the SDK checks an interceptor's result
         against the plain `CallToolResult` of that revision and would refuse this one."""
         params = ctx.params or {}
-        if (
-            ctx.method != "tools/call"
-            or ctx.protocol_version != ERA
-            or params.get("task") is None
-            or params.get("name") not in TASK_TOOLS
-        ):
+        if ctx.method != "tools/call" or ctx.protocol_version != ERA or params.get("task") is None:
             return await call_next(ctx)
-        arguments = {**(params.get("arguments") or {}), "wait": False}
-        plain = {k: v for k, v in params.items() if k != "task"} | {"arguments": arguments}
+        name = params.get("name")
+        if name not in TASK_TOOLS:  # as the revision asks of a tool without taskSupport
+            raise MCPError(
+                METHOD_NOT_FOUND,
+                f"Tool {str(name)[:80]} does not run as a task; call it without `task`.",
+            )
+        given = params.get("arguments") or {}
+        if not isinstance(given, dict):
+            raise MCPError(INVALID_PARAMS, f"The arguments of {name} must be an object.")
+        plain = {k: v for k, v in params.items() if k != "task"}
+        plain["arguments"] = {**given, "wait": False}
         started = await call_next(dataclasses.replace(ctx, params=plain))
         if not isinstance(started, dict) or started.get("isError"):
             return started  # not started: the tool's own error, and no task was made
         found = started.get("structuredContent") or {}
-        work = await self._work(str(found.get("job_id") or found.get("task_id")))
-        return {"task": _wire(self._task(work))}
+        # A job's for compete and review; else the task's own (a follow-up's task is in a job
+        # too when it was a candidate: its job_id is not the work this call started).
+        work_id = found.get("job_id") if name in JOB_TOOLS else found.get("task_id")
+        return {"task": _wire(self._task(await self._work(str(work_id))))}
 
     # -- the methods ------------------------------------------------------------------------
 
@@ -155,12 +162,22 @@ class BridgeTasks(Extension):
         return _wire(self._task(await self._work(params.task_id)))
 
     async def _result(self, ctx: ServerRequestContext[Any, Any], params: Any) -> CallToolResult:
+        """What `wait: true` returns, once the work ended; for a task whose worker waits for
+        an answer, at once, with `next` saying to answer it (nothing else would end the wait:
+        a question put to the user here is not done yet)."""
         import anyio
 
         while True:
             work = await self._work(params.task_id)
-            if _ended(work):
+            waiting = isinstance(work, TaskResult) and work.status == "waiting_input"
+            if _ended(work) or waiting:
                 document = work.document()
+                if waiting:
+                    document["next"] = (
+                        f"Task {_id_of(work)} waits for an answer to its pending request(s): "
+                        "answer each with worker_answer (task_id, request_id), then ask for "
+                        "tasks/result again."
+                    )
                 text = json.dumps(document, indent=2)
                 return CallToolResult(
                     content=[TextContent(type="text", text=text)], structured_content=document
@@ -211,20 +228,17 @@ class BridgeTasks(Extension):
             status = _JOB_STATUS.get(str(work.status), "working")
             ended = sum(1 for t in work.tasks if t.status in TERMINAL)
             said = f"job {work.status}: {ended} of {len(work.tasks)} tasks ended"
-            work_id = work.job_id
         else:
             status = _TASK_STATUS.get(str(work.status), "working")
             said = f"{work.status}" + (f" ({work.phase})" if work.phase else "")
             if work.error is not None:
                 said += f": {for_tools(work.error.message)}"
-            work_id = work.task_id
-        finished = getattr(work, "finished_at", None)
         return Task(
-            task_id=work_id,
+            task_id=_id_of(work),
             status=status,
             status_message=said[:500],
             created_at=work.created_at,
-            last_updated_at=finished or _now(),
+            last_updated_at=_updated(work),
             ttl=None,  # kept until pruned
             poll_interval=POLL_INTERVAL_MS,
         )
@@ -242,5 +256,12 @@ def _ended(work: TaskResult | JobResult) -> bool:
     return work.status in TERMINAL
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
+def _updated(work: TaskResult | JobResult) -> str:
+    """When it last changed: a job's when it ended (its tasks say more), a task's record's."""
+    if isinstance(work, JobResult):
+        return work.finished_at or work.created_at
+    return work.finished_at or work.updated_at or work.created_at
+
+
+def _id_of(work: TaskResult | JobResult) -> str:
+    return work.job_id if isinstance(work, JobResult) else work.task_id

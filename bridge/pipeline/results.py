@@ -43,6 +43,7 @@ def task_result(
         branch=record.branch,
         phase=record.phase,
         created_at=record.created_at,
+        updated_at=record.updated_at,
         finished_at=record.finished_at,
         job_id=record.job_id,
         job_role=record.job_role,

@@ -17,8 +17,10 @@ def snapshot_file(record: TaskRecord, path: str, most: int) -> bytes:
         raise InvalidSpec(f"Task {record.task_id} has no snapshot yet; its status says why.")
     git = Git(Path(record.repository))
     spec = f"refs/heads/{record.branch}:{path}"
-    found = git.run("cat-file", "--batch-check", input=f"{spec}\n".encode(), check=False)
-    said = found.stdout.decode(errors="replace").split()
+    form = "--batch-check=%(objectname) %(objecttype) %(objectsize)"  # three words, no path
+    found = git.run("cat-file", form, input=f"{spec}\n".encode(), check=False)
+    line = found.stdout.decode(errors="replace").strip()
+    said = [] if line.endswith((" missing", " ambiguous")) else line.split(" ")
     if len(said) != 3 or said[1] != "blob":
         raise InvalidSpec(
             f"Task {record.task_id}'s snapshot has no file '{path[:200]}'; changed_files names "

@@ -9,7 +9,8 @@
 //    fetches `tasks/result`; every message it yielded is kept;
 // 2. `tasks/get` and `tasks/list` for that task afterwards;
 // 3. a second delegate (its worker sleeps a minute) cancelled with `tasks/cancel` once created;
-// 4. `tasks/get` of an id that does not exist.
+// 4. a compete as a task, then a follow-up of one of its candidates as a task;
+// 5. `tasks/get` of an id that does not exist.
 // Prints one JSON line on stdout with what it saw; exits 1 on any failure (reason on stderr).
 
 import { parseArgs } from "node:util";
@@ -87,6 +88,24 @@ async function main() {
       },
     );
 
+    // A compete as a task (its id the job's), then a follow-up of one candidate as a task
+    // (its id the candidate's own, not its job's).
+    const competed = await streamed(client, "worker_compete", {
+      objective: "Write c.txt",
+      repository: opts.repo,
+      workers: ["mock", "mock"],
+      verify: ["test -f c.txt"],
+      metadata: {
+        candidates: [{ mock: { write: { "c.txt": "one\n" } } }, { mock: { write: { "c.txt": "two\n" } } }],
+      },
+    });
+    const job = competed.find((m) => m.type === "result")?.result?.structuredContent;
+    const candidate = job?.tasks?.find((t) => t.role === "candidate")?.task_id;
+    const followed = await streamed(client, "worker_follow_up", {
+      task_id: candidate,
+      message: "once more",
+    });
+
     let unknown = null;
     try {
       await client.experimental.tasks.getTask("feedfacecafe");
@@ -104,6 +123,9 @@ async function main() {
         listed: listed.tasks.map((t) => [t.taskId, t.status]),
         long,
         cancelled,
+        competed,
+        candidate,
+        followed,
         unknown,
       }),
     );

@@ -80,7 +80,8 @@ def test_a_host_runs_a_delegation_as_an_mcp_task_with_the_typescript_sdks_task_c
 ):
     # The 2025-11-25 tasks utility as a host drives it: the SDK sees the tools that support
     # tasks, creates one, polls tasks/get, fetches tasks/result; cancels another; asks for one
-    # that does not exist (tests/interop/mcp_tasks.mjs).
+    # that does not exist; runs a compete and a follow-up of its candidate as tasks
+    # (tests/interop/mcp_tasks.mjs).
     script = INTEROP / "mcp_tasks.mjs"
     argv = [node, str(script), "--command", str(SERVER), "--home", str(home), "--repo", str(repo)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=150, env={**os.environ})
@@ -114,5 +115,13 @@ def test_a_host_runs_a_delegation_as_an_mcp_task_with_the_typescript_sdks_task_c
     cancelled = seen["cancelled"]
     assert cancelled["status"] == "cancelled", cancelled
     assert [m["type"] for m in seen["long"]][:1] == ["taskCreated"]
+    job = seen["competed"][0]["task"]["taskId"]
+    assert job.startswith("job-") and seen["competed"][-1]["type"] == "result"
+    assert seen["competed"][-1]["result"]["structuredContent"]["job_id"] == job
+    assert seen["candidate"] and seen["candidate"] != job
+    followed = seen["followed"]
+    assert followed[0]["task"]["taskId"] == seen["candidate"], followed  # the task, not its job
+    assert followed[-1]["type"] == "result", followed
+    assert followed[-1]["result"]["structuredContent"]["task_id"] == seen["candidate"]
     assert "feedfacecafe" in seen["unknown"] and "Failed to retrieve task" in seen["unknown"]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -66,6 +66,7 @@ async def test_a_client_over_http_reads_the_diff_manifest_logs_and_files_of_a_ta
             deep = await read(client, f"{base}/files/pkg/deep/mod.py")
             untouched = await read(client, f"{base}/files/README.md")
             missing = await refused(client, f"{base}/files/nothing.txt")
+            spaced = await refused(client, f"{base}/files/x%20blob")  # git's words in a path
             outside = await refused(client, f"{base}/files/pkg/../../etc/passwd")
             dotted = await refused(client, f"{base}/files/./README.md")
             unknown = await refused(client, "worker-bridge://tasks/no-such-task/diff")
@@ -78,6 +79,7 @@ async def test_a_client_over_http_reads_the_diff_manifest_logs_and_files_of_a_ta
     assert deep == "X = 1\n"
     assert untouched == (repo / "README.md").read_text()  # the base's files too, as the snapshot
     assert "has no file 'nothing.txt'" in missing
+    assert "has no file 'x blob'" in spaced
     assert "Unknown resource" in outside  # the SDK's own check: no `..` in a template's value
     assert "not a path in the repository" in dotted  # ours, for what it lets through
     assert "no-such-task" in unknown

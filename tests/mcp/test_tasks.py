@@ -12,13 +12,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import mcp.types as types
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
+from support.asking import block
 from support.cli import MCP_SERVER
-from support.mcp_session import REQUEST_TIMEOUT_S, call, delegate, mcp_server, server_env
+from support.mcp_session import (
+    REQUEST_TIMEOUT_S,
+    call,
+    cancel_unfinished,
+    delegate,
+    mcp_server,
+    server_env,
+    wait_status,
+)
 from support.repos import make_repo
 from support.tasks import TERMINAL
 
@@ -128,3 +138,31 @@ async def test_a_session_that_declares_no_tasks_keeps_todays_tools(home):
             await get(client, "feedfacecafe")
     assert capabilities.tasks is None
     assert all(t.execution is None for t in tools)
+
+
+async def test_a_task_waiting_for_an_answer_is_input_required_and_its_result_says_how_on(
+    home, repo, docker_images
+):
+    question = {"kind": "question", "text": "Which database?", "choices": ["sqlite", "redis"]}
+    mock = {"summary": "One question first.\n" + block(question)}
+    async with mcp_server(home) as first:
+        task_id = (await delegate(first, repo, mock))["task_id"]
+        await wait_status(first, task_id, {"waiting_input", "failed"})
+    async with legacy_session(home) as client:
+        asked = await get(client, task_id)
+        with anyio.fail_after(30):  # answered at once: nothing else would end this wait
+            found = await result(client, task_id)
+        plain = types.CallToolRequestParams(
+            name="worker_status", arguments={"task_id": task_id}, task=types.TaskMetadata()
+        )
+        with pytest.raises(MCPError) as refused:  # a tool without taskSupport, as a task
+            await client.session.send_request(
+                types.CallToolRequest(params=plain), types.CallToolResult
+            )
+        cancel_unfinished(home)
+    assert asked.status == "input_required" and asked.status_message == "waiting_input"
+    document = found.structured_content
+    assert document["status"] == "waiting_input"
+    assert "worker_answer" in document["next"] and task_id in document["next"]
+    assert refused.value.error.code == types.METHOD_NOT_FOUND
+    assert "does not run as a task" in str(refused.value)
