@@ -12,6 +12,7 @@ process (recovery is the server's own).
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
@@ -19,8 +20,9 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from bridge.documents import PruneReport
+from bridge.mcp.asking import ask_in_place, can_elicit
 from bridge.mcp.calls import BridgeCalls, refused_accept
-from bridge.mcp.waiting import still_running, wait_settled
+from bridge.mcp.waiting import WAIT_RETURN_S, still_running, wait_settled
 from bridge.models import SETTLED
 from bridge.records import TaskResult
 
@@ -40,7 +42,8 @@ class TaskTools:
 
     async def wait_for_end(self, task_id: str, ctx: Context | None) -> dict[str, Any]:
         """The task's result once it settled (ended, or waiting for an answer), or as it is
-        after WAIT_RETURN_S (waiting.py), with progress on the way."""
+        after WAIT_RETURN_S (waiting.py), with progress on the way. A question of its worker
+        is put to a client that can take an elicitation, and the wait goes on (asking.py)."""
         events = {"after": 0, "count": 0}
 
         async def where(result: TaskResult) -> str:
@@ -51,15 +54,22 @@ class TaskTools:
             phase = f" ({result.phase})" if result.phase else ""
             return f"task {task_id} {result.status}{phase}, {events['count']} events"
 
-        result, settled = await wait_settled(
-            lambda: self.call(self.bridge.get_task, task_id),
-            lambda r: r.status in SETTLED,
-            where,
-            ctx,
-        )
-        if settled:
-            return result.document()
-        return still_running(result.document(), "task", "worker_status")
+        began = time.monotonic()
+        while True:
+            result, settled = await wait_settled(
+                lambda: self.call(self.bridge.get_task, task_id),
+                lambda r: r.status in SETTLED,
+                where,
+                ctx,
+                return_after_s=max(0.0, WAIT_RETURN_S - (time.monotonic() - began)),
+            )
+            if not settled:
+                return still_running(result.document(), "task", "worker_status")
+            if result.status != "waiting_input" or not can_elicit(ctx):
+                return result.document()
+            assert ctx is not None
+            if not await ask_in_place(self.call, ctx, result):  # asking.py
+                return result.document()
 
     # -- the tools: each one's docstring is its description --------------------------------
 

@@ -4,9 +4,22 @@ worker_answer, and a bad answer is a tool error that changes nothing."""
 
 from __future__ import annotations
 
+import anyio
+import mcp.types as types
 import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from support.asking import block, net_config, reach
-from support.mcp_session import call, call_error, delegate, mcp_server, wait_event, wait_status
+from support.cli import MCP_SERVER
+from support.mcp_session import (
+    call,
+    call_error,
+    delegate,
+    mcp_server,
+    server_env,
+    wait_event,
+    wait_status,
+)
 from support.repos import git
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
@@ -68,3 +81,66 @@ async def test_a_model_answers_a_question_and_approves_a_network_name(home, repo
         assert git(repo, "show", f"{done['branch']}:probe.txt").startswith("reached: ")
         gone = await call_error(client, "worker_answer", {**args, "decision": "deny"})
         assert "already approved" in gone
+
+
+@pytest.mark.usefixtures("docker_images")
+async def test_a_blocking_delegate_puts_the_workers_question_to_the_user_in_place(home, repo):
+    # A client on the handshake that takes elicitations: the question is asked there, with its
+    # choices as an enum, and the answer reaches the worker as worker_answer sends it; the call
+    # returns the finished task, never waiting_input.
+    question = {"kind": "question", "text": "Which database?", "choices": ["sqlite", "redis"]}
+    mock = {
+        "summary": "One question first.\n" + block(question),
+        "on_follow_up": {"script": "cp /bridge/prompt.txt prompt-seen.txt"},
+    }
+    asked = []
+
+    async def elicited(context, params):  # noqa: ANN001
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"answer": "redis"})
+
+    command, *args = MCP_SERVER
+    params = StdioServerParameters(command=command, args=args, env=server_env(home))
+    with open(home.parent / "mcp-elicit-stderr.log", "a") as errlog:
+        async with Client(
+            stdio_client(params, errlog=errlog), mode="legacy", elicitation_callback=elicited
+        ) as client:
+            with anyio.fail_after(120):
+                done = await delegate(client, repo, mock, wait=True)
+    assert done["status"] == "succeeded", done
+    [shown] = asked
+    assert "Which database?" in shown.message and "not an instruction" in shown.message
+    assert shown.requested_schema["properties"]["answer"]["enum"] == ["sqlite", "redis"]
+    assert [r["status"] for r in done["requests"]] == ["answered"]
+    assert "answered: redis" in git(repo, "show", f"{done['branch']}:prompt-seen.txt")
+
+
+@pytest.mark.usefixtures("docker_images")
+async def test_a_declined_question_is_declined_and_a_modern_session_gets_waiting_input(home, repo):
+    question = {"kind": "question", "text": "Go on?"}  # no choices: free text
+    mock = {"summary": "Asking.\n" + block(question)}
+    asked = []
+
+    async def declines(context, params):  # noqa: ANN001
+        asked.append(params)
+        return types.ElicitResult(action="decline")
+
+    command, *args = MCP_SERVER
+    params = StdioServerParameters(command=command, args=args, env=server_env(home))
+    with open(home.parent / "mcp-elicit-stderr.log", "a") as errlog:
+        async with Client(
+            stdio_client(params, errlog=errlog), mode="legacy", elicitation_callback=declines
+        ) as client:
+            with anyio.fail_after(120):
+                declined = await delegate(client, repo, mock, wait=True)
+        async with Client(
+            stdio_client(params, errlog=errlog), elicitation_callback=declines
+        ) as modern:  # 2026-07-28: no request to the client in the middle of a call
+            with anyio.fail_after(120):
+                waiting = await delegate(modern, repo, mock, wait=True)
+            await call(modern, "worker_cancel", {"task_id": waiting["task_id"]})
+    assert asked[0].requested_schema["properties"]["answer"]["type"] == "string"
+    assert len(asked) == 1, "the modern session was not asked"
+    assert [r["status"] for r in declined["requests"]] == ["denied"]
+    assert declined["status"] == "succeeded"  # it finishes as it would have without asking
+    assert waiting["status"] == "waiting_input"
