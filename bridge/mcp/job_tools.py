@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult
 from pydantic import Field
 
 from bridge.mcp.calls import BridgeCalls, refused_accept
-from bridge.mcp.waiting import still_running, wait_settled
+from bridge.mcp.results import AcceptAnswer, JobAnswer, accept_answer, job_answer
+from bridge.mcp.waiting import next_step, wait_settled
 from bridge.models import TERMINAL
 from bridge.records import JobResult
 
@@ -34,7 +36,7 @@ class JobTools:
         self.call = call
         self.bridge = call.bridge
 
-    async def _wait_job(self, job_id: str, ctx: Context | None) -> dict[str, Any]:
+    async def _wait_job(self, job_id: str, ctx: Context | None) -> CallToolResult:
         """The job's result once it ended, or as it is after WAIT_RETURN_S (waiting.py), with
         progress on the way."""
 
@@ -49,8 +51,8 @@ class JobTools:
             ctx,
         )
         if settled:
-            return job.document()
-        return still_running(job.document(), "job", "worker_job_status")
+            return job_answer(job)
+        return job_answer(job, next_step("job", job.status, "worker_job_status"))
 
     async def worker_compete(
         self,
@@ -125,7 +127,7 @@ class JobTools:
             ),
         ] = None,
         ctx: Context | None = None,
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         """Run the same task on several workers (or several attempts of one) and rank the
         results, when you want the best of several tries rather than one. Each candidate is an
         ordinary task on its own worktree from the same base; they run in parallel within the
@@ -146,7 +148,7 @@ class JobTools:
         job = await self.call(self.bridge.compete, spec, workers, attempts=attempts, judge=judge)
         if wait:
             return await self._wait_job(job.job_id, ctx)
-        return job.document()
+        return job_answer(job)
 
     async def worker_review(
         self,
@@ -194,7 +196,7 @@ class JobTools:
             ),
         ] = None,
         ctx: Context | None = None,
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         """Have one worker implement a change and another review it, when you want a second
         opinion before accepting. The reviewer sees the implementer's verified snapshot
         read-only and answers approve or changes_requested with findings; requested changes
@@ -212,17 +214,17 @@ class JobTools:
         job = await self.call(self.bridge.review, spec, worker, reviewer, rounds=rounds)
         if wait:
             return await self._wait_job(job.job_id, ctx)
-        return job.document()
+        return job_answer(job)
 
     async def worker_job_status(
         self, job_id: Annotated[str, Field(description="The job to show.")]
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         """Show a job: status (created, running, then succeeded, unresolved, failed, cancelled
         or accepted), its tasks with their roles (candidate, judge) and statuses, and once
         ranked the candidates best first, each with `eligible`, `reasons` and the figures
         (changed_lines, files, duration_s, tokens, checks), the `winner` and the orderings.
         Cheap: poll it."""
-        return (await self.call(self.bridge.job_status, job_id)).document()
+        return job_answer(await self.call(self.bridge.job_status, job_id))
 
     async def worker_job_accept(
         self,
@@ -234,18 +236,20 @@ class JobTools:
                 "job is 'unresolved'. Must be an eligible candidate of the job."
             ),
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> AcceptAnswer:
         """Write the job's winning candidate (or the eligible one you name) into the
         repository's working tree as uncommitted changes, through the same accept as
         worker_accept (checks run again if HEAD moved); the other candidates become
         'rejected'. Returns {accepted: true, applied, ...}; an error when the job has no
         eligible candidate, is unresolved without task_id, task_id is not its candidate, or
         the candidate's accept is refused (its reason and kind)."""
-        return refused_accept(await self.call(self.bridge.accept_job, job_id, task_id)).document()
+        return accept_answer(
+            refused_accept(await self.call(self.bridge.accept_job, job_id, task_id))
+        )
 
     async def worker_job_cancel(
         self, job_id: Annotated[str, Field(description="The job to cancel.")]
-    ) -> dict[str, Any]:
+    ) -> JobAnswer:
         """Cancel a job and every task of it (their containers are killed). A job that already
         ended is left as it is. Returns the job with its tasks' final statuses."""
-        return (await self.call(self.bridge.cancel_job, job_id)).document()
+        return job_answer(await self.call(self.bridge.cancel_job, job_id))

@@ -23,7 +23,6 @@ Not yet: the 2026-07-28 `io.modelcontextprotocol/tasks` extension, `notification
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from mcp.server.context import CallNext, ServerRequestContext
@@ -45,13 +44,13 @@ from mcp.types import (
     TasksCancelCapability,
     TasksListCapability,
     TasksToolsCapability,
-    TextContent,
     ToolExecution,
 )
 
 from bridge.errors import BridgeError, JobNotFound, TaskNotFound
 from bridge.mcp.calls import BridgeCalls, for_tools
 from bridge.mcp.job_tools import JOB_ENDED
+from bridge.mcp.results import job_answer, task_answer
 from bridge.mcp.waiting import POLL_SECONDS
 from bridge.models import TERMINAL
 from bridge.records import JobResult, TaskResult
@@ -171,17 +170,16 @@ class BridgeTasks(Extension):
             work = await self._work(params.task_id)
             waiting = isinstance(work, TaskResult) and work.status == "waiting_input"
             if _ended(work) or waiting:
-                document = work.document()
+                if isinstance(work, JobResult):
+                    return job_answer(work)
+                said = None
                 if waiting:
-                    document["next"] = (
-                        f"Task {_id_of(work)} waits for an answer to its pending request(s): "
+                    said = (
+                        f"Task {work.task_id} waits for an answer to its pending request(s): "
                         "answer each with worker_answer (task_id, request_id), then ask for "
                         "tasks/result again."
                     )
-                text = json.dumps(document, indent=2)
-                return CallToolResult(
-                    content=[TextContent(type="text", text=text)], structured_content=document
-                )
+                return task_answer(work, said)
             await anyio.sleep(POLL_SECONDS)
 
     async def _list(self, ctx: ServerRequestContext[Any, Any], params: Any) -> dict[str, Any]:

@@ -16,13 +16,25 @@ import time
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from bridge.documents import PruneReport
 from bridge.mcp.asking import ask_in_place, can_elicit
 from bridge.mcp.calls import BridgeCalls, refused_accept
-from bridge.mcp.waiting import WAIT_RETURN_S, still_running, wait_settled
+from bridge.mcp.results import (
+    AcceptAnswer,
+    LogAnswer,
+    LogPage,
+    TaskAnswer,
+    TaskList,
+    WorkerList,
+    WorkerListAnswer,
+    accept_answer,
+    answer,
+    task_answer,
+)
+from bridge.mcp.waiting import WAIT_RETURN_S, next_step, wait_settled
 from bridge.models import SETTLED
 from bridge.records import TaskResult
 
@@ -40,7 +52,7 @@ class TaskTools:
         self.call = call
         self.bridge = call.bridge
 
-    async def wait_for_end(self, task_id: str, ctx: Context | None) -> dict[str, Any]:
+    async def wait_for_end(self, task_id: str, ctx: Context | None) -> CallToolResult:
         """The task's result once it settled (ended, or waiting for an answer), or as it is
         after WAIT_RETURN_S (waiting.py), with progress on the way. A question of its worker
         is put to a client that can take an elicitation, and the wait goes on (asking.py)."""
@@ -64,12 +76,12 @@ class TaskTools:
                 return_after_s=max(0.0, WAIT_RETURN_S - (time.monotonic() - began)),
             )
             if not settled:
-                return still_running(result.document(), "task", "worker_status")
+                return task_answer(result, next_step("task", result.status, "worker_status"))
             if result.status != "waiting_input" or not can_elicit(ctx):
-                return result.document()
+                return task_answer(result)
             assert ctx is not None
             if not await ask_in_place(self.call, ctx, result):  # asking.py
-                return result.document()
+                return task_answer(result)
 
     # -- the tools: each one's docstring is its description --------------------------------
 
@@ -149,7 +161,7 @@ class TaskTools:
             ),
         ] = None,
         ctx: Context | None = None,
-    ) -> dict[str, Any]:
+    ) -> TaskAnswer:
         """Delegate a scoped coding task to a worker agent running in an isolated container.
 
         Use it for self-contained work that takes a worker minutes (a feature, a refactor, a bug
@@ -177,14 +189,14 @@ class TaskTools:
         started = await self.call(self.bridge.start_detached, created.task_id)
         if wait:
             return await self.wait_for_end(created.task_id, ctx)
-        return started.document()
+        return task_answer(started)
 
     async def worker_status(
         self,
         task_id: Annotated[
             str | None, _describe("The task to show. Leave out to list recent tasks, newest first.")
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> CallToolResult:
         """Show a delegated task's result: status (created, queued, running, verifying, then
         succeeded, failed, cancelled, timed_out, accepted or rejected; or waiting_input when
         the worker asked something and waits for your answer), the worker's summary,
@@ -196,26 +208,35 @@ class TaskTools:
         (on a cluster: where the worker and the checks ran). Cheap: poll it. Without
         task_id: {"tasks": [...]} for the most recent tasks, newest first."""
         if task_id:
-            return (await self.call(self.bridge.get_task, task_id)).document()
+            return task_answer(await self.call(self.bridge.get_task, task_id))
         tasks = await self.call(self.bridge.list_tasks, None, STATUS_LIST_LIMIT)
-        return {"tasks": [t.document() for t in tasks]}
+        lines = [f"{t.task_id} {t.status} {t.worker}: {t.objective[:80]!r}" for t in tasks]
+        summary = f"{len(tasks)} most recent task(s), newest first:\n" + "\n".join(lines)
+        return answer(TaskList(tasks=tasks).model_dump(mode="json", by_alias=True), summary)
 
-    async def list_workers(self) -> dict[str, Any]:
+    async def list_workers(self) -> WorkerListAnswer:
         """List the workers that can run tasks here, with whether their image is installed and
         healthy, the image, and what they can do. Pick `worker` for worker_delegate from it.
         Each has a `circuit`: `open` means it failed repeatedly (its key refused, its CLI
         crashing, turns timing out) and new tasks for it are refused until `retry_at`;
         `half_open` means one task is trying it again. Prefer another worker meanwhile."""
-        return {"workers": [w.document() for w in await self.call(self.bridge.list_workers)]}
+        workers = await self.call(self.bridge.list_workers)
+        said = [
+            f"{w.name} ({'healthy' if w.healthy else w.reason or 'not healthy'})" for w in workers
+        ]
+        return answer(
+            WorkerList(workers=workers).model_dump(mode="json", by_alias=True),
+            "Workers: " + ", ".join(said) + ".",
+        )
 
     async def worker_cancel(
         self,
         task_id: Annotated[str, _describe("The task to cancel.")],
-    ) -> dict[str, Any]:
+    ) -> TaskAnswer:
         """Cancel a task: its container (worker or verification) is killed with everything in
         it, and the status becomes 'cancelled' for good. A task that already finished is left
         as it is. Returns the task's result with its final status."""
-        return (await self.call(self.bridge.cancel_task, task_id)).document()
+        return task_answer(await self.call(self.bridge.cancel_task, task_id))
 
     async def worker_logs(
         self,
@@ -228,19 +249,21 @@ class TaskTools:
             ),
         ] = 0,
         limit: Annotated[int, Field(ge=1, le=1000, description="Most events to return.")] = 200,
-    ) -> dict[str, Any]:
+    ) -> LogAnswer:
         """Read a task's event log: status changes, workspace and worker events, each line of the
         worker's output (worker.progress) and each verification command. Returns
         {events: [{event_id, kind, at, data}], next_after, has_more}; call again with
         after=next_after while has_more is true, or later to follow a running task."""
         page = await self.call(self.bridge.task_logs, task_id, after, limit + 1)
         events = page.events[:limit]
-        next_after = events[-1].event_id if events else after
-        return {
-            "events": [e.document() for e in events],
-            "next_after": next_after,
-            "has_more": len(page.events) > limit,
-        }
+        found = LogPage(
+            events=events,
+            next_after=events[-1].event_id if events else after,
+            has_more=len(page.events) > limit,
+        )
+        summary = f"{len(events)} event(s) of task {task_id} after {after}; next_after "
+        summary += f"{found.next_after}" + (", more follow." if found.has_more else ".")
+        return answer(found.model_dump(mode="json"), summary)
 
     async def worker_prune(
         self,
@@ -254,11 +277,16 @@ class TaskTools:
                 "Also reclaim succeeded tasks whose change was never accepted (their work is lost)."
             ),
         ] = False,
-    ) -> PruneReport:
+    ) -> Annotated[CallToolResult, PruneReport]:
         """Reclaim disk from finished tasks: worktrees and branches of failed, cancelled,
         timed-out, rejected and accepted tasks, orphan folders and containers, and old artifacts.
         Running tasks are never touched. Dry run unless apply is true."""
-        return await self.call(self.bridge.prune_workspaces, apply, include_unaccepted)
+        report = await self.call(self.bridge.prune_workspaces, apply, include_unaccepted)
+        done = "Removed" if report["applied"] else "Would remove (a dry run)"
+        failed = sum(1 for a in report["actions"] if a.get("failed"))
+        summary = f"{done}: {len(report['actions'])} item(s)"
+        summary += f"; {failed} could not be removed." if failed else "."
+        return answer(dict(report), summary)
 
     async def worker_accept(
         self,
@@ -274,7 +302,7 @@ class TaskTools:
                 "false writes without (the result then says reverified=false)."
             ),
         ] = True,
-    ) -> dict[str, Any]:
+    ) -> AcceptAnswer:
         """Write the task's verified change into the repository's working tree as uncommitted
         changes (nothing is committed). Refused, changing nothing, when the task did not
         succeed, was not verified, would overwrite uncommitted edits on the same paths, adds a
@@ -284,7 +312,7 @@ class TaskTools:
         accepted = await self.call(
             self.bridge.accept_task, task_id, allow_unverified=allow_unverified, reverify=reverify
         )
-        return refused_accept(accepted).document()
+        return accept_answer(refused_accept(accepted))
 
     async def worker_follow_up(
         self,
@@ -303,14 +331,14 @@ class TaskTools:
             ),
         ] = False,
         ctx: Context | None = None,
-    ) -> dict[str, Any]:
+    ) -> TaskAnswer:
         """Ask the worker for another turn on the same worktree (its earlier changes are kept),
         then collect and verify again. Use it instead of a new delegation to iterate on a
         result. Returns the task result, status 'queued' unless wait is true."""
         result = await self.call(self.bridge.follow_up, task_id, message)
         if wait:
             return await self.wait_for_end(task_id, ctx)
-        return result.document()
+        return task_answer(result)
 
     async def worker_answer(
         self,
@@ -332,7 +360,7 @@ class TaskTools:
                 "out when giving a decision."
             ),
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> TaskAnswer:
         """Answer what a delegated worker asked. When worker_status shows status
         'waiting_input' (or a running task) with an entry of `requests` whose status is
         'pending', the worker needs your decision: kind 'network' (detail host, port: a name
@@ -352,7 +380,7 @@ class TaskTools:
         result = await self.call(
             self.bridge.answer, task_id, request_id, decision=decision, text=text
         )
-        return result.document()
+        return task_answer(result)
 
 
 # Every tool, with what it does to the world (MCP's hints, which clients use to decide what may

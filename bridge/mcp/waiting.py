@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -52,10 +52,9 @@ async def wait_settled(
         await anyio.sleep(POLL_SECONDS)
 
 
-def still_running(document: dict[str, Any], what: str, status_tool: str) -> dict[str, Any]:
-    """A result returned before it settled: the document, and `next`, the way on."""
-    return {
-        **document,
-        "next": f"The {what} is still {document.get('status')} after {WAIT_RETURN_S:.0f} s of "
-        f"waiting; call {status_tool} with its id for the result (or wait again).",
-    }
+def next_step(what: str, status: str, status_tool: str) -> str:
+    """The sentence a result returned before its work settled carries as `next`."""
+    return (
+        f"The {what} is still {status} after {WAIT_RETURN_S:.0f} s of waiting; call "
+        f"{status_tool} with its id for the result (or wait again)."
+    )

@@ -275,6 +275,34 @@ async def test_accepting_writes_the_change_into_the_working_tree_once(home, repo
         await assert_healthy(client)
 
 
+async def test_each_tool_declares_the_typed_record_it_returns(home):
+    # The SDK's client checks every result against these (tests/support/mcp_session.py's
+    # call, which also holds the text to a few lines for the model, not the document again).
+    async with mcp_server(home) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    shapes = {
+        "worker_delegate": {"task_id", "status", "changed_files", "verification", "requests"},
+        "worker_cancel": {"task_id", "status"},
+        "worker_follow_up": {"task_id", "status"},
+        "worker_answer": {"task_id", "requests"},
+        "worker_accept": {"accepted", "applied", "head"},
+        "worker_logs": {"events", "next_after", "has_more"},
+        "list_workers": {"workers"},
+        "worker_prune": {"applied", "actions"},
+        "worker_compete": {"job_id", "tasks", "candidates", "winner"},
+        "worker_review": {"job_id", "rounds"},
+        "worker_job_status": {"job_id", "status"},
+        "worker_job_accept": {"accepted", "applied"},
+        "worker_job_cancel": {"job_id", "status"},
+    }
+    for name, fields in shapes.items():
+        schema = tools[name].output_schema
+        assert schema and schema["type"] == "object", name
+        assert fields <= set(schema["properties"]), (name, sorted(schema["properties"]))
+    # One task, or the recent ones: two shapes, so no single schema (structured all the same).
+    assert tools["worker_status"].output_schema is None
+
+
 async def test_a_refused_accept_is_a_tool_error_that_names_the_argument_to_use(
     home, repo, docker_images
 ):

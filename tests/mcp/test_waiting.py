@@ -77,12 +77,8 @@ async def test_a_wait_returns_by_its_bound_with_progress_on_the_way(monkeypatch)
     assert places[0] == "phase one" and "phase two" in places  # a change is said at once
     waited = [p for p, _ in ctx.reports]
     assert max(b - a for a, b in itertools.pairwise(waited)) <= 0.5 + 0.2
-    document = waiting.still_running(
-        {"task_id": "t1", "status": "running"}, "task", "worker_status"
-    )
-    assert document["task_id"] == "t1"
-    assert document["next"].startswith("The task is still running after 50 s")
-    assert "worker_status" in document["next"]
+    said = waiting.next_step("task", "running", "worker_status")
+    assert said.startswith("The task is still running after 50 s") and "worker_status" in said
 
 
 async def test_a_wait_that_settles_returns_at_once_without_progress():

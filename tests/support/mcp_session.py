@@ -4,7 +4,6 @@ must fail as tool errors, and bounded polls of a task's status and events."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -78,8 +77,9 @@ async def call(client: Client, name: str, args: dict[str, Any] | None = None) ->
     text = result.content[0].text if result.content else ""
     assert not result.is_error, f"{name}({args}) failed: {text}"
     assert isinstance(result.structured_content, dict), (name, result)
-    # the text content carries the same document, for clients that ignore structuredContent
-    assert json.loads(text) == result.structured_content
+    # the text content is a few lines for the model, not the document a second time
+    assert text.strip() and len(text) < 4000, text
+    assert not text.lstrip().startswith("{"), text
     return result.structured_content
 
 
