@@ -1,9 +1,10 @@
 """The token gate in front of every HTTP listener (ASGI): `GET /healthz` answered by the gate
 itself, the web view under `/ui` passed to its own sign-in, anything else only with
-`Authorization: Bearer <token>`, compared in constant time. A refusal is a 401 that says what
-to send, the connection closed after it (without the token a client never holds more than one
-request head), and a log line naming the client, the path and why (missing, malformed, wrong),
-never the token."""
+`Authorization: Bearer <token>`, compared in constant time. A refusal is a 401 that says what to
+send (in its body and its challenge's `error_description`; OAuth's discovery paths answer 404
+with the same sentence, so a client that went looking for OAuth says why there is none), the
+connection closed after it (without the token a client never holds more than one request head),
+and a log line naming the client, the path and why (missing, malformed, wrong), never the token."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ from bridge.listener.limits import (
 from bridge.version import __version__
 
 log = logging.getLogger("worker_bridge.mcp.http")
+# What a refused client is told: the token is a static one, nothing to discover or log in to.
+STATIC_TOKEN = (
+    "This server takes a static bearer token, not OAuth: send the header 'Authorization: "
+    "Bearer <token>' with the token it was started with (its --token-file or "
+    "$WORKER_BRIDGE_MCP_TOKEN)."
+)
+OAUTH_DISCOVERY = ("/.well-known/oauth-", "/.well-known/openid-configuration")
 
 
 def token_matches(presented: bytes, token: bytes | None) -> bool:
@@ -48,6 +56,10 @@ class BearerGate:
             return await self.app(scope, receive, send)
         if kind == "http" and scope["path"] == HEALTH_PATH and scope["method"] == "GET":
             return await _respond(send, 200, self._health)
+        if kind == "http" and scope["path"].startswith(OAUTH_DISCOVERY):
+            # A client that met a 401 looks for OAuth here: say there is none, and what to send.
+            body = {"error": "no_oauth", "message": STATIC_TOKEN}
+            return await _respond(send, 404, json.dumps(body).encode())
         if self.ui is not None and kind == "http" and _is_ui(scope["path"]):
             return await self.ui(scope, receive, send)
         refusal = self._refusal(scope)
@@ -64,11 +76,8 @@ class BearerGate:
         challenge = 'Bearer realm="worker-bridge"'
         if not refusal.startswith("missing"):
             challenge += ', error="invalid_token"'
-        body = {
-            "error": "unauthorized",
-            "message": "send the header 'Authorization: Bearer <token>' with the token this "
-            "server was started with",
-        }
+        challenge += f', error_description="{STATIC_TOKEN}"'  # RFC 6750: what a client shows
+        body = {"error": "unauthorized", "message": STATIC_TOKEN}
         # Closed after the answer: without the token a connection holds one head, never more.
         refused = [(b"www-authenticate", challenge), (b"connection", "close")]
         await _respond(send, 401, json.dumps(body).encode(), refused)

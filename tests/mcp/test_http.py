@@ -69,8 +69,17 @@ async def test_health_answers_without_a_token_and_everything_else_wants_it(home,
         elsewhere = [httpx2.get(f"{server.url}/"), httpx2.post(f"{server.url}/healthz")]
         for response in [missing, bad, basic, *elsewhere]:
             assert response.status_code == 401, (response.request.url, response.text)
-            assert response.headers["www-authenticate"].startswith("Bearer "), response.headers
+            challenge = response.headers["www-authenticate"]
+            assert challenge.startswith("Bearer "), response.headers
+            # What a client shows: a static token, not OAuth (RFC 6750's error_description).
+            assert 'error_description="This server takes a static bearer token' in challenge
+            assert "not OAuth" in response.json()["message"]
             assert token not in response.text
+        # A client that met the 401 and looks for OAuth is told there is none, and why.
+        for path in ("oauth-protected-resource/mcp", "oauth-authorization-server"):
+            discovery = httpx2.get(f"{server.url}/.well-known/{path}")
+            assert discovery.status_code == 404, discovery.text
+            assert "static bearer token, not OAuth" in discovery.json()["message"]
 
         async with http_client(server.url, token) as client:  # the right token gets in
             assert {t.name for t in (await client.list_tools()).tools} == MCP_TOOLS
