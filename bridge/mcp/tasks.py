@@ -10,7 +10,7 @@ id for compete and review). Then:
   `completed`, `failed`, `cancelled`), a `statusMessage` saying so in words, and how often to
   poll;
 - `tasks/result`: waits until the task or job ended and returns what the tool with
-  `wait: true` returns;
+  `wait: true` returns (a task whose worker waits for an answer: at once, saying to answer it);
 - `tasks/list`: the recent tasks and jobs;
 - `tasks/cancel`: cancels it, as `worker_cancel` / `worker_job_cancel` do.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import anyio
 from mcp.server.context import CallNext, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
@@ -164,8 +165,6 @@ class BridgeTasks(Extension):
         """What `wait: true` returns, once the work ended; for a task whose worker waits for
         an answer, at once, with `next` saying to answer it (nothing else would end the wait:
         a question put to the user here is not done yet)."""
-        import anyio
-
         while True:
             work = await self._work(params.task_id)
             waiting = isinstance(work, TaskResult) and work.status == "waiting_input"
