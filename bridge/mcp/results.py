@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
+from bridge.mcp.calls import for_tools
 from bridge.records import AcceptResult, Event, JobResult, TaskResult, WorkerInfo
 
 SHOWN_FILES = 8
@@ -53,6 +54,10 @@ def answer(document: dict[str, Any], summary: str) -> CallToolResult:
 
 
 def task_answer(result: TaskResult, next_step: str | None = None) -> CallToolResult:
+    """The task's result for a model: its error's way on named as a tool (`for_tools`)."""
+    if result.error is not None:
+        error = result.error.model_copy(update={"message": for_tools(result.error.message)})
+        result = result.model_copy(update={"error": error})
     document = result.document()
     if next_step:
         document["next"] = next_step
