@@ -7,16 +7,13 @@ from __future__ import annotations
 import anyio
 import mcp.types as types
 import pytest
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from support.asking import block, net_config, reach
-from support.cli import MCP_SERVER
 from support.mcp_session import (
     call,
     call_error,
     delegate,
+    legacy_session,
     mcp_server,
-    server_env,
     wait_event,
     wait_status,
 )
@@ -99,14 +96,9 @@ async def test_a_blocking_delegate_puts_the_workers_question_to_the_user_in_plac
         asked.append(params)
         return types.ElicitResult(action="accept", content={"answer": "redis"})
 
-    command, *args = MCP_SERVER
-    params = StdioServerParameters(command=command, args=args, env=server_env(home))
-    with open(home.parent / "mcp-elicit-stderr.log", "a") as errlog:
-        async with Client(
-            stdio_client(params, errlog=errlog), mode="legacy", elicitation_callback=elicited
-        ) as client:
-            with anyio.fail_after(120):
-                done = await delegate(client, repo, mock, wait=True)
+    async with legacy_session(home, elicitation_callback=elicited) as client:
+        with anyio.fail_after(120):
+            done = await delegate(client, repo, mock, wait=True)
     assert done["status"] == "succeeded", done
     [shown] = asked
     assert "Which database?" in shown.message and "not an instruction" in shown.message
@@ -125,20 +117,13 @@ async def test_a_declined_question_is_declined_and_a_modern_session_gets_waiting
         asked.append(params)
         return types.ElicitResult(action="decline")
 
-    command, *args = MCP_SERVER
-    params = StdioServerParameters(command=command, args=args, env=server_env(home))
-    with open(home.parent / "mcp-elicit-stderr.log", "a") as errlog:
-        async with Client(
-            stdio_client(params, errlog=errlog), mode="legacy", elicitation_callback=declines
-        ) as client:
-            with anyio.fail_after(120):
-                declined = await delegate(client, repo, mock, wait=True)
-        async with Client(
-            stdio_client(params, errlog=errlog), elicitation_callback=declines
-        ) as modern:  # 2026-07-28: no request to the client in the middle of a call
-            with anyio.fail_after(120):
-                waiting = await delegate(modern, repo, mock, wait=True)
-            await call(modern, "worker_cancel", {"task_id": waiting["task_id"]})
+    async with legacy_session(home, elicitation_callback=declines) as client:
+        with anyio.fail_after(120):
+            declined = await delegate(client, repo, mock, wait=True)
+    async with mcp_server(home) as modern:  # 2026-07-28: no request in the middle of a call
+        with anyio.fail_after(120):
+            waiting = await delegate(modern, repo, mock, wait=True)
+        await call(modern, "worker_cancel", {"task_id": waiting["task_id"]})
     assert asked[0].requested_schema["properties"]["answer"]["type"] == "string"
     assert len(asked) == 1, "the modern session was not asked"
     assert [r["status"] for r in declined["requests"]] == ["denied"]

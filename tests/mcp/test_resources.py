@@ -12,10 +12,14 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from support.mcp_http_server import http_client, http_server
-from support.mcp_session import call, call_error, delegate, mcp_server, wait_status
-from support.repos import make_repo
-
-from bridge import WorkerBridge
+from support.mcp_session import (
+    call,
+    call_error,
+    delegate,
+    mcp_server,
+    task_elsewhere,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
 
@@ -89,18 +93,7 @@ async def test_a_client_over_http_reads_the_diff_manifest_logs_and_files_of_a_ta
 async def test_a_bounded_server_reads_nothing_of_another_repositorys_task(home, repo, workdir):
     # A task of another repository in the same state root (made by an unbounded bridge): the
     # bounded server answers as if it did not exist, in the same words as an unknown id.
-    other = make_repo(workdir, "other")
-    bridge = WorkerBridge(home=home)
-    try:
-        spec = {
-            "objective": "x",
-            "worker": "mock",
-            "workspace": {"repository": str(other)},
-            "metadata": {"mock": {"write": {"secret.txt": "s\n"}}},
-        }
-        foreign = bridge.create_task(spec).task_id
-    finally:
-        bridge.close()
+    foreign = task_elsewhere(home, workdir, {"write": {"secret.txt": "s\n"}})
     (home / "config.yaml").write_text(f"repositories:\n  - {repo}\n")
     async with mcp_server(home) as client:
         answers = [

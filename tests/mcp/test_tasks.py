@@ -8,47 +8,26 @@ task client, which the Python SDK does not have.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
-
 import anyio
 import mcp.types as types
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from support.asking import block
-from support.cli import MCP_SERVER
 from support.mcp_session import (
-    REQUEST_TIMEOUT_S,
     call,
     cancel_unfinished,
     delegate,
+    legacy_session,
     mcp_server,
-    server_env,
+    task_elsewhere,
     wait_status,
 )
-from support.repos import make_repo
 from support.tasks import TERMINAL
 
 from bridge import WorkerBridge
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_task_outlives_the_test")]
-
-
-@asynccontextmanager
-async def legacy_session(home: Path) -> AsyncIterator[Client]:
-    """A server process and a client session on the 2025-11-25 handshake."""
-    command, *args = MCP_SERVER
-    params = StdioServerParameters(command=command, args=args, env=server_env(home))
-    with open(home.parent / "mcp-legacy-stderr.log", "a") as errlog:
-        async with Client(
-            stdio_client(params, errlog=errlog),
-            mode="legacy",
-            read_timeout_seconds=REQUEST_TIMEOUT_S,
-        ) as client:
-            yield client
 
 
 async def get(client: Client, task_id: str) -> types.GetTaskResult:
@@ -94,19 +73,7 @@ async def test_another_server_process_answers_for_a_task_and_waits_for_its_resul
 async def test_a_bounded_server_answers_another_repositorys_task_as_unknown_and_leaves_it(
     home, repo, workdir, docker_images
 ):
-    other = make_repo(workdir, "other")
-    bridge = WorkerBridge(home=home)
-    try:
-        spec = {
-            "objective": "x",
-            "worker": "mock",
-            "workspace": {"repository": str(other)},
-            "metadata": {"mock": {"sleep": 30}},
-        }
-        foreign = bridge.create_task(spec).task_id
-        bridge.start_detached(foreign)
-    finally:
-        bridge.close()
+    foreign = task_elsewhere(home, workdir, {"sleep": 30}, start=True)
     (home / "config.yaml").write_text(f"repositories:\n  - {repo}\n")
     said = {}
     async with legacy_session(home) as client:

@@ -1,6 +1,7 @@
 """An MCP client's side of the tests: the eight tools' names, `worker-bridge-mcp` started as a
-stdio subprocess with an initialised SDK client session on it, tool calls that must succeed or
-must fail as tool errors, and bounded polls of a task's status and events."""
+stdio subprocess with an initialised SDK client session on it (the SDK's default protocol, or the
+2025-11-25 handshake: `legacy_session`), tool calls that must succeed or must fail as tool
+errors, bounded polls of a task's status and events, and a task of another repository."""
 
 from __future__ import annotations
 
@@ -69,6 +70,48 @@ async def mcp_server(
             yield client
     assert not stray, f"non-protocol output on the server's stdout: {stray!r}"
     assert "Traceback" not in errlog_path.read_text(), errlog_path.read_text()
+
+
+@asynccontextmanager
+async def legacy_session(home: Path, **client: Any) -> AsyncIterator[Client]:
+    """A server process and a client session on the 2025-11-25 handshake (where the server
+    offers MCP tasks and may ask the client in the middle of a call), with ``client``'s own
+    arguments (an elicitation_callback...)."""
+    command, *args = MCP_SERVER
+    params = StdioServerParameters(command=command, args=args, env=server_env(home))
+    with open(home.parent / "mcp-legacy-stderr.log", "a") as errlog:
+        async with Client(
+            stdio_client(params, errlog=errlog),
+            mode="legacy",
+            read_timeout_seconds=REQUEST_TIMEOUT_S,
+            **client,
+        ) as session:
+            yield session
+
+
+def task_elsewhere(home: Path, workdir: Path, mock: dict, *, start: bool = False) -> str:
+    """A task of another repository than the `repo` fixture's, made in ``home`` by a bridge
+    without a `repositories` bound (and started when ``start``): for a bounded server to not
+    see."""
+    from support.repos import make_repo
+
+    from bridge import WorkerBridge
+
+    other = make_repo(workdir, "other")
+    bridge = WorkerBridge(home=home)
+    try:
+        spec = {
+            "objective": "x",
+            "worker": "mock",
+            "workspace": {"repository": str(other)},
+            "metadata": {"mock": mock},
+        }
+        task_id = bridge.create_task(spec).task_id
+        if start:
+            bridge.start_detached(task_id)
+        return task_id
+    finally:
+        bridge.close()
 
 
 async def call(client: Client, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
