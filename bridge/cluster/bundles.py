@@ -69,10 +69,9 @@ class Header:
     size: int  # bytes up to and including the blank line; the pack follows
 
 
-def write_bundle(repo: Path, tip: str, dest: Path, *, exclude: str | None = None) -> int:
+def bundle_bytes(repo: Path, tip: str, *, exclude: str | None = None) -> bytes:
     """A bundle of ``tip`` and what it reaches, less what ``exclude`` reaches (a thin bundle
-    the receiver can read only with ``exclude``), written to ``dest``; its size in bytes."""
-    git = Git(repo)
+    the receiver can read only with ``exclude``)."""
     header = SIGNATURE
     revs = f"{tip}\n"
     if exclude is not None:
@@ -80,12 +79,20 @@ def write_bundle(repo: Path, tip: str, dest: Path, *, exclude: str | None = None
         revs += f"^{exclude}\n"
     header += f"{tip} {BUNDLE_REF}\n\n".encode()
     options = ["--thin"] if exclude is not None else []
-    packed = git.run("pack-objects", "--stdout", "--revs", "--quiet", *options, input=revs.encode())
+    packed = Git(repo).run(
+        "pack-objects", "--stdout", "--revs", "--quiet", *options, input=revs.encode()
+    )
+    return header + packed.stdout
+
+
+def write_bundle(repo: Path, tip: str, dest: Path, *, exclude: str | None = None) -> int:
+    """`bundle_bytes` written to ``dest``; its size in bytes."""
+    data = bundle_bytes(repo, tip, exclude=exclude)
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".part")
-    partial.write_bytes(header + packed.stdout)
+    partial.write_bytes(data)
     partial.replace(dest)  # a reader never sees half a bundle
-    return len(header) + len(packed.stdout)
+    return len(data)
 
 
 def base_bundle(repo: Path, base: str, cache: Path) -> Path:
@@ -254,10 +261,10 @@ def _unpack(
 
 def _check(git: Git, tip: str, base: str, limits: SnapshotLimits) -> None:
     """BundleRefused unless ``tip`` is a snapshot collect would have made on ``base``."""
-    said = git.out("cat-file", "--batch-check", input=f"{tip}\n".encode()).split()
-    if len(said) != 3 or said[1] != "commit":  # "<id> missing" when it is not there at all
+    found = git.object_info(tip)
+    if found is None or found[1] != "commit":
         raise BundleRefused("The node's snapshot bundle's ref does not name a commit.")
-    if int(said[2]) > MAX_COMMIT_BYTES:
+    if found[2] > MAX_COMMIT_BYTES:
         raise BundleRefused("The node's snapshot commit is larger than a snapshot's can be.")
     commit = git.run("cat-file", "commit", tip).stdout
     parents = re.findall(rb"(?m)^parent ([0-9a-f]+)$", commit.split(b"\n\n", 1)[0])

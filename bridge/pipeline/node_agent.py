@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 import time
 import traceback
@@ -31,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bridge.cluster.bundles import unbundle, write_bundle
+from bridge.cluster.bundles import bundle_bytes, unbundle
 from bridge.cluster.images import check_image
 from bridge.cluster.orders import (
     Beat,
@@ -373,10 +372,7 @@ class NodeAgent:
             return TurnDone(exit_info, session, seconds=seconds)
         t0 = time.monotonic()
         snapshot = take_snapshot(handle, ws, order.start, baseline)
-        with tempfile.TemporaryDirectory(dir=self.home) as scratch:
-            path = Path(scratch) / "snapshot.bundle"
-            write_bundle(repo, snapshot.commit, path, exclude=base)
-            bundle = path.read_bytes()
+        bundle = bundle_bytes(repo, snapshot.commit, exclude=base)
         seconds["snapshot_s"] = round(time.monotonic() - t0, 3)
         return TurnDone(
             exit_info,

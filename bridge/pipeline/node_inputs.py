@@ -1,24 +1,24 @@
 """What a node is given for a task, from the control host (bridge/pipeline/node_turn.py sends
 it): the images by this host's id (pulled by the node from the registry, or streamed from this
-host's engine), the task's repository under a key of its own, the snapshot as a bundle for the
-checks, and the ignore rules from outside the repository's tree."""
+host's engine), the bundles of the task's base and snapshot it lacks (its copy of the repository
+kept under the repository's `repo_id`), and the ignore rules from outside the repository's
+tree."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from bridge.cluster.bundles import write_bundle
+from bridge.cluster.bundles import base_bundle, bundle_bytes
 from bridge.cluster.link import AgentLink
 from bridge.cluster.orders import ImageOrder
 from bridge.errors import ImageMissing
 from bridge.phase.handle import PhaseHandle
 from bridge.workspace.git import Git, common_git_dir
+from bridge.workspace.rawgit import repo_id
 from bridge.workspace.worktree import TaskWorkspace
 
 STREAM_PART = 8 << 20  # an image streamed to a node without a registry, per call
@@ -44,11 +44,6 @@ def outside_excludes(repository: Path) -> str:
         except OSError:
             continue
     return "\n".join(parts)
-
-
-def repo_key(repository: Path) -> str:
-    """The name a node keeps its copy of ``repository`` under."""
-    return hashlib.sha256(str(repository).encode()).hexdigest()[:32]
 
 
 _giving: dict[tuple[str, str], threading.Lock] = {}
@@ -102,9 +97,17 @@ def image_order(handle: PhaseHandle, reference: str) -> ImageOrder:
     return ImageOrder(reference, info.id, pull)
 
 
-def snapshot_bundle(task_dir: Path, ws: TaskWorkspace, snapshot: str, base: str) -> bytes:
-    task_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=task_dir) as scratch:
-        path = Path(scratch) / "checks.bundle"
-        write_bundle(ws.repository, snapshot, path, exclude=base)
-        return path.read_bytes()
+def bundles_lacking(
+    handle: PhaseHandle, link: AgentLink, ws: TaskWorkspace, snapshot: str | None = None
+) -> tuple[bytes, ...]:
+    """The bundles of the task's base (made once per commit, kept in this state root) and of
+    ``snapshot`` (thin on the base) that the node on ``link`` does not hold yet."""
+    base = handle.record.base_commit or ""
+    wanted = [base] if snapshot is None else [base, snapshot]
+    missing = link.missing(repo_id(ws.repository), wanted)
+    bundles = []
+    if base in missing:
+        bundles.append(base_bundle(ws.repository, base, handle.ctx.home / "bundles").read_bytes())
+    if snapshot is not None and snapshot in missing:
+        bundles.append(bundle_bytes(ws.repository, snapshot, exclude=base))
+    return tuple(bundles)

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from bridge.asking import INFO_STRING, parse_request_block
 from bridge.cluster.bundles import (
     BundleRefused,
-    base_bundle,
     read_header,
     receive_snapshot,
 )
@@ -49,11 +48,10 @@ from bridge.phase.handle import PhaseHandle, Superseded
 from bridge.phase.network import task_gateway
 from bridge.pipeline.collect import CollectTimedOut, snapshot_limits
 from bridge.pipeline.node_inputs import (
+    bundles_lacking,
     give_image,
     image_order,
     outside_excludes,
-    repo_key,
-    snapshot_bundle,
 )
 from bridge.pipeline.scheduling import LEASE_TTL
 from bridge.pipeline.verify import VerificationOutcome
@@ -62,6 +60,7 @@ from bridge.store.owners import Owner
 from bridge.workers import Turn, Worker
 from bridge.workspace.diff import Change
 from bridge.workspace.git import Git
+from bridge.workspace.rawgit import repo_id
 from bridge.workspace.snapshot import Snapshot
 from bridge.workspace.worktree import TaskWorkspace
 
@@ -147,19 +146,15 @@ def run_node_turn(
         for image in images:
             give_image(handle, link, node.name, image)
         base = record.base_commit or ""
-        key = repo_key(ws.repository)
-        bundles: tuple[bytes, ...] = ()
-        if link.missing(key, [base]):
-            bundles = (base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes(),)
         routes = worker.routes(turn.metadata, ctx.config)
         order = TurnOrder(
             record=record,
             turn=turn,
-            repo_key=key,
+            repo_key=repo_id(ws.repository),
             start=start,
             remaining_s=handle.remaining(),
             images=images,
-            bundles=bundles,
+            bundles=bundles_lacking(handle, link, ws),
             excludes=outside_excludes(ws.repository),
         )
         done = _turn_through_gateway(handle, nodes, link, node.name, order, routes)
@@ -306,7 +301,6 @@ def _checks_on_node(
     """The checks on one node, from bundles of the base and the snapshot; the node's
     checked-out tree must be the snapshot's own here, or the result is not taken."""
     ctx = handle.ctx
-    base = handle.record.base_commit or ""
     snapshot, turn, commands = checks.snapshot, checks.turn, checks.commands
     worker_node = ctx.store.load_task(handle.task_id).worker_node
     order_image = image_order(handle, checks.image)
@@ -316,24 +310,17 @@ def _checks_on_node(
         handle.update(verify_node=node.name)
         handle.emit("cluster.checks_placed", {"node": node.name, "turn": turn})
         give_image(handle, link, node.name, order_image)
-        key = repo_key(ws.repository)
-        bundles = []
-        missing = link.missing(key, [base, snapshot])
-        if base in missing:
-            bundles.append(base_bundle(ws.repository, base, ctx.home / "bundles").read_bytes())
-        if snapshot in missing:
-            bundles.append(snapshot_bundle(ctx.task_dir(handle.task_id), ws, snapshot, base))
         timeout_s = ctx.config.cluster.node_timeout_s
         order = ChecksOrder(
             record=handle.record,
-            repo_key=key,
+            repo_key=repo_id(ws.repository),
             turn=turn,
             snapshot=snapshot,
             changes=tuple(checks.changes),
             commands=tuple(commands),
             image=order_image,
             remaining_s=handle.remaining(),
-            bundles=tuple(bundles),
+            bundles=bundles_lacking(handle, link, ws, snapshot),
         )
         updates = link.run_checks(order, timeout_s)
         done = _follow(handle, link, node.name, updates, timeout_s, CHECK_EVENTS, VERIFYING)

@@ -16,19 +16,16 @@ def snapshot_file(record: TaskRecord, path: str, most: int) -> bytes:
     if not record.branch:
         raise InvalidSpec(f"Task {record.task_id} has no snapshot yet; its status says why.")
     git = Git(Path(record.repository))
-    spec = f"refs/heads/{record.branch}:{path}"
-    form = "--batch-check=%(objectname) %(objecttype) %(objectsize)"  # three words, no path
-    found = git.run("cat-file", form, input=f"{spec}\n".encode(), check=False)
-    line = found.stdout.decode(errors="replace").strip()
-    said = [] if line.endswith((" missing", " ambiguous")) else line.split(" ")
-    if len(said) != 3 or said[1] != "blob":
+    found = git.object_info(f"refs/heads/{record.branch}:{path}")
+    if found is None or found[1] != "blob":
         raise InvalidSpec(
             f"Task {record.task_id}'s snapshot has no file '{path[:200]}'; changed_files names "
             "the files it changed."
         )
-    if int(said[2]) > most:
+    sha, _, size = found
+    if size > most:
         raise InvalidSpec(
-            f"'{path[:200]}' is {said[2]} bytes, over the {most} bytes read at once; accept the "
+            f"'{path[:200]}' is {size} bytes, over the {most} bytes read at once; accept the "
             "task to have it in the working tree."
         )
-    return git.run("cat-file", "blob", said[0]).stdout
+    return git.run("cat-file", "blob", sha).stdout

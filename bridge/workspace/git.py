@@ -146,6 +146,19 @@ class Git:
     def out(self, *args: str, **kwargs) -> str:
         return self.run(*args, **kwargs).stdout.decode().strip()
 
+    def object_info(self, name: str) -> tuple[str, str, int] | None:
+        """(id, type, size) of the object ``name`` names (a `rev:path` too), without reading
+        it; None when it names none."""
+        if "\n" in name:
+            return None  # one line per name is all `--batch-check` reads
+        form = "--batch-check=%(objectname) %(objecttype) %(objectsize)"  # no path in it
+        found = self.run("cat-file", form, input=f"{name}\n".encode(), check=False)
+        line = found.stdout.decode(errors="replace").strip()
+        if line.endswith((" missing", " ambiguous")) or len(line.split(" ")) != 3:
+            return None
+        sha, kind, size = line.split(" ")
+        return sha, kind, int(size)
+
     def resolve_commit(self, ref: str) -> str:
         """The commit a ref names, or InvalidSpec naming the ref."""
         if not ref or ref.startswith("-") or any(c in ref for c in "\0\n\r"):

@@ -477,8 +477,8 @@ def order_for(home: Path, repo: Path, workdir: Path, mock: dict, turn: int = 0, 
     """A TurnOrder for a new task of ``repo`` as a control host would send it."""
     from bridge.cluster.bundles import base_bundle
     from bridge.cluster.orders import ImageOrder
-    from bridge.pipeline.node_inputs import repo_key
     from bridge.workers import Turn
+    from bridge.workspace.rawgit import repo_id
 
     bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
     try:
@@ -490,7 +490,7 @@ def order_for(home: Path, repo: Path, workdir: Path, mock: dict, turn: int = 0, 
     return TurnOrder(
         record=record,
         turn=Turn(record.spec.objective, record.spec.metadata, turn),
-        repo_key=repo_key(repo),
+        repo_key=repo_id(repo),
         start=start or record.base_commit,
         remaining_s=120,
         images=(ImageOrder(image, FakeSandbox().inspect_image(image).id),),

@@ -181,8 +181,8 @@ def test_a_first_turn_ordered_again_ends_the_earlier_attempt_still_running_on_th
 
     from bridge.cluster.bundles import base_bundle
     from bridge.cluster.orders import ImageOrder, TurnDone, TurnFailed, TurnOrder
-    from bridge.pipeline.node_inputs import repo_key
     from bridge.workers import Turn
+    from bridge.workspace.rawgit import repo_id
 
     bridge = WorkerBridge(home=home, sandbox=FakeSandbox())
     try:
@@ -195,7 +195,7 @@ def test_a_first_turn_ordered_again_ends_the_earlier_attempt_still_running_on_th
     order = TurnOrder(
         record=record,
         turn=Turn(record.spec.objective, record.spec.metadata, 0),
-        repo_key=repo_key(repo),
+        repo_key=repo_id(repo),
         start=record.base_commit,
         remaining_s=120,
         images=(ImageOrder(image, FakeSandbox().inspect_image(image).id),),

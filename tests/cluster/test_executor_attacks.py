@@ -23,7 +23,7 @@ from support.tasks import mock_task
 from support.waiting import poll
 
 from bridge import WorkerBridge
-from bridge.cluster.bundles import BUNDLE_REF, write_bundle
+from bridge.cluster.bundles import BUNDLE_REF, bundle_bytes
 from bridge.cluster.orders import Events, Placed, TurnDone, TurnOrder, Update
 from bridge.gateway.server import ROUTES_SOCKET
 from bridge.phase.network import RELAY
@@ -307,9 +307,7 @@ def commit(repo: Path, tree_sha: str, *parents: str) -> str:
 
 
 def bundle_of(repo: Path, tip: str, base: str) -> bytes:
-    path = repo.parent / f"forged-{os.urandom(4).hex()}.bundle"
-    write_bundle(repo, tip, path, exclude=base)
-    return path.read_bytes()
+    return bundle_bytes(repo, tip, exclude=base)
 
 
 def hook_in_git_dir(repo: Path, base: str) -> tuple[str, bytes]:
