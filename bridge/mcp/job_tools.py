@@ -13,10 +13,8 @@ from pydantic import Field
 from bridge.mcp.calls import BridgeCalls, refused_accept
 from bridge.mcp.results import AcceptAnswer, JobAnswer, accept_answer, job_answer
 from bridge.mcp.waiting import next_step, wait_settled
-from bridge.models import TERMINAL
+from bridge.models import JOB_TERMINAL, TERMINAL
 from bridge.records import JobResult
-
-JOB_ENDED = {"succeeded", "unresolved", "failed", "cancelled", "accepted"}
 
 
 def _typed(metadata: dict[str, Any] | None, kind: str | None) -> dict[str, Any]:
@@ -46,7 +44,7 @@ class JobTools:
 
         job, settled = await wait_settled(
             lambda: self.call(self.bridge.job_status, job_id),
-            lambda j: j.status in JOB_ENDED,
+            lambda j: j.status in JOB_TERMINAL,
             where,
             ctx,
         )

@@ -16,7 +16,6 @@ read instead; nothing is ever cut short silently.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from mcp.server.mcpserver.exceptions import ResourceError
 
 from bridge.errors import BridgeError
 from bridge.mcp.calls import BridgeCalls, for_tools
+from bridge.mcp.results import LogPage
 from bridge.records import TaskResult
 
 PREFIX = "worker-bridge://tasks/{task_id}"
@@ -60,32 +60,14 @@ class TaskResources:
         )(self.file)
 
     async def diff(self, task_id: str) -> str | bytes:
-        result = await self._task(task_id)
-        path = result.artifacts.get("diff")
-        if not path:
-            raise ResourceError(f"Task {task_id} has no diff yet; worker_status shows its status.")
-        return _text_or_bytes(await self._read(Path(path), f"task {task_id}'s diff", task_id))
+        return _text_or_bytes(await self._artifact(task_id, "diff"))
 
     async def manifest(self, task_id: str) -> str:
-        result = await self._task(task_id)
-        path = result.artifacts.get("manifest")
-        if not path:
-            raise ResourceError(
-                f"Task {task_id} has no manifest yet; worker_status shows its status."
-            )
-        data = await self._read(Path(path), f"task {task_id}'s manifest", task_id)
-        return data.decode("utf-8", "replace")
+        return (await self._artifact(task_id, "manifest")).decode("utf-8", "replace")
 
     async def logs(self, task_id: str) -> str:
         page = await self._guarded(self.bridge.task_logs, task_id, 0, LOG_EVENTS + 1)
-        events = page.events[:LOG_EVENTS]
-        text = json.dumps(
-            {
-                "events": [e.document() for e in events],
-                "next_after": events[-1].event_id if events else 0,
-                "has_more": len(page.events) > LOG_EVENTS,
-            }
-        )
+        text = LogPage.of(page.events, 0, LOG_EVENTS).model_dump_json()
         if len(text) > MAX_RESOURCE_BYTES:
             raise ResourceError(
                 f"Task {task_id}'s first {LOG_EVENTS} events are over {MAX_RESOURCE_BYTES} "
@@ -104,8 +86,15 @@ class TaskResources:
 
     # -- the pieces -------------------------------------------------------------------------
 
-    async def _task(self, task_id: str) -> TaskResult:
-        return await self._guarded(self.bridge.get_task, task_id)
+    async def _artifact(self, task_id: str, name: str) -> bytes:
+        """The task's artifact ``name`` (its diff, its manifest), within MAX_RESOURCE_BYTES."""
+        result: TaskResult = await self._guarded(self.bridge.get_task, task_id)
+        path = result.artifacts.get(name)
+        if not path:
+            raise ResourceError(
+                f"Task {task_id} has no {name} yet; worker_status shows its status."
+            )
+        return await self._read(Path(path), f"task {task_id}'s {name}", task_id)
 
     async def _read(self, path: Path, what: str, task_id: str) -> bytes:
         def read() -> bytes:

@@ -14,6 +14,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from bridge.mcp.calls import for_tools
+from bridge.models import TERMINAL
 from bridge.records import AcceptResult, Event, JobResult, TaskResult, WorkerInfo
 
 SHOWN_FILES = 8
@@ -38,11 +39,21 @@ class LogPage(BaseModel):
     next_after: int
     has_more: bool = Field(description="Whether more events follow next_after now.")
 
+    @classmethod
+    def of(cls, events: list[Event], after: int, limit: int) -> LogPage:
+        """The page of ``events`` (read with one more than ``limit``, to know whether more
+        follow) after ``after``."""
+        shown = events[:limit]
+        return cls(
+            events=shown,
+            next_after=shown[-1].event_id if shown else after,
+            has_more=len(events) > limit,
+        )
+
 
 TaskAnswer = Annotated[CallToolResult, TaskResult]
 JobAnswer = Annotated[CallToolResult, JobResult]
 AcceptAnswer = Annotated[CallToolResult, AcceptResult]
-TaskListAnswer = Annotated[CallToolResult, TaskList]
 WorkerListAnswer = Annotated[CallToolResult, WorkerList]
 LogAnswer = Annotated[CallToolResult, LogPage]
 
@@ -68,7 +79,7 @@ def job_answer(job: JobResult, next_step: str | None = None) -> CallToolResult:
     document = job.document()
     if next_step:
         document["next"] = next_step
-    ended = sum(1 for t in job.tasks if t.status in _ENDED)
+    ended = sum(1 for t in job.tasks if t.status in TERMINAL)
     lines = [
         f"Job {job.job_id} ({job.kind}): {job.status}; {ended} of {len(job.tasks)} tasks ended."
     ]
@@ -113,13 +124,10 @@ def task_summary(result: TaskResult, next_step: str | None = None) -> str:
         lines.append(next_step)
     elif result.status == "succeeded":
         lines.append("Read the diff, then worker_accept or worker_follow_up.")
-    elif result.status not in _ENDED and not pending:
+    elif result.status not in TERMINAL and not pending:
         lines.append("Poll worker_status with the task_id.")
     lines.append("The whole result is in structuredContent.")
     return "\n".join(lines)
-
-
-_ENDED = {"succeeded", "failed", "cancelled", "timed_out", "accepted", "rejected"}
 
 
 def _shown(items: list[str]) -> str:

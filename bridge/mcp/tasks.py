@@ -23,9 +23,9 @@ Not yet: the 2026-07-28 `io.modelcontextprotocol/tasks` extension, `notification
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
-import anyio
 from mcp.server.context import CallNext, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
@@ -50,10 +50,9 @@ from mcp.types import (
 
 from bridge.errors import BridgeError, JobNotFound, TaskNotFound
 from bridge.mcp.calls import BridgeCalls, for_tools
-from bridge.mcp.job_tools import JOB_ENDED
 from bridge.mcp.results import job_answer, task_answer
-from bridge.mcp.waiting import POLL_SECONDS
-from bridge.models import TERMINAL
+from bridge.mcp.waiting import wait_settled
+from bridge.models import JOB_TERMINAL, SETTLED, TERMINAL
 from bridge.records import JobResult, TaskResult
 
 ERA = "2025-11-25"
@@ -165,21 +164,18 @@ class BridgeTasks(Extension):
         """What `wait: true` returns, once the work ended; for a task whose worker waits for
         an answer, at once, with `next` saying to answer it (nothing else would end the wait:
         a question put to the user here is not done yet)."""
-        while True:
-            work = await self._work(params.task_id)
-            waiting = isinstance(work, TaskResult) and work.status == "waiting_input"
-            if _ended(work) or waiting:
-                if isinstance(work, JobResult):
-                    return job_answer(work)
-                said = None
-                if waiting:
-                    said = (
-                        f"Task {work.task_id} waits for an answer to its pending request(s): "
-                        "answer each with worker_answer (task_id, request_id), then ask for "
-                        "tasks/result again."
-                    )
-                return task_answer(work, said)
-            await anyio.sleep(POLL_SECONDS)
+        work, _ = await wait_settled(
+            lambda: self._work(params.task_id), _settled, _nowhere, None, return_after_s=math.inf
+        )
+        if isinstance(work, JobResult):
+            return job_answer(work)
+        said = None
+        if work.status == "waiting_input":
+            said = (
+                f"Task {work.task_id} waits for an answer to its pending request(s): answer "
+                "each with worker_answer (task_id, request_id), then ask for tasks/result again."
+            )
+        return task_answer(work, said)
 
     async def _list(self, ctx: ServerRequestContext[Any, Any], params: Any) -> dict[str, Any]:
         tasks = await self._called(self.bridge.list_tasks, None, LISTED)
@@ -249,8 +245,17 @@ def _wire(task: Task) -> dict[str, Any]:
 
 def _ended(work: TaskResult | JobResult) -> bool:
     if isinstance(work, JobResult):
-        return str(work.status) in JOB_ENDED
+        return work.status in JOB_TERMINAL
     return work.status in TERMINAL
+
+
+def _settled(work: TaskResult | JobResult) -> bool:
+    """Ended; or, for a task, waiting for an answer, which nothing here would end."""
+    return _ended(work) or (isinstance(work, TaskResult) and work.status in SETTLED)
+
+
+async def _nowhere(work: TaskResult | JobResult) -> str:
+    return ""  # tasks/result reports no progress: its client polls tasks/get
 
 
 def _updated(work: TaskResult | JobResult) -> str:

@@ -255,13 +255,8 @@ class TaskTools:
         {events: [{event_id, kind, at, data}], next_after, has_more}; call again with
         after=next_after while has_more is true, or later to follow a running task."""
         page = await self.call(self.bridge.task_logs, task_id, after, limit + 1)
-        events = page.events[:limit]
-        found = LogPage(
-            events=events,
-            next_after=events[-1].event_id if events else after,
-            has_more=len(page.events) > limit,
-        )
-        summary = f"{len(events)} event(s) of task {task_id} after {after}; next_after "
+        found = LogPage.of(page.events, after, limit)
+        summary = f"{len(found.events)} event(s) of task {task_id} after {after}; next_after "
         summary += f"{found.next_after}" + (", more follow." if found.has_more else ".")
         return answer(found.model_dump(mode="json"), summary)
 
