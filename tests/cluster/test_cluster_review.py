@@ -15,6 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.local_nodes import (  # noqa: F401 - the autouse fixture
+    make_nodes,
+    on_worker_start,
+    run,
+    turns_end_before_the_folders_go,
+)
 from support.tasks import mock_task
 from support.waiting import poll
 
@@ -33,53 +39,16 @@ from bridge.phase.network import RELAY
 from bridge.pipeline.node_agent import NodeAgent
 from bridge.pipeline.nodes import LocalNodes
 from bridge.records import VerificationDoc
-from bridge.sandbox import ContainerSpec
-from bridge.sandbox.fake import FakeSandbox, Scripted
+from bridge.sandbox.fake import FakeSandbox
 from bridge.store.owners import Owner
 
-ROLE = "io.worker-bridge.role"
-
-
 # -- the cluster: agents in this process -------------------------------------------------------
-
-
-def make_nodes(
-    workdir: Path,
-    names: tuple[str, ...] = ("n1", "n2"),
-    agent: type[NodeAgent] = NodeAgent,
-    sandbox: Callable[[], FakeSandbox] = FakeSandbox,
-) -> LocalNodes:
-    agents = [agent(name, workdir / f"node-{name}", sandbox()) for name in names]
-    return LocalNodes(agents, slots=1)
-
-
-def on_worker_start(nodes: LocalNodes, name: str, act: Callable[[], None]) -> None:
-    """``act`` runs when a worker's container starts on node ``name``."""
-
-    def behaviour(spec: ContainerSpec) -> Scripted | None:
-        if spec.labels.get(ROLE) == "worker":
-            act()
-        return None
-
-    sandbox = nodes.links[name].agent.sandbox
-    assert isinstance(sandbox, FakeSandbox)
-    sandbox.behaviour = behaviour
-
-
-@pytest.fixture(autouse=True)
-def turns_end_before_the_folders_go(workdir: Path) -> Iterator[None]:
-    yield
-    poll(lambda: not any(t.name.startswith("turn-") for t in threading.enumerate()), "turns", 30)
 
 
 def bridge_on(home: Path, nodes: LocalNodes, config: str = "") -> WorkerBridge:
     if config:
         (home / "config.yaml").write_text(config)
     return WorkerBridge(home=home, sandbox=FakeSandbox(), nodes=nodes)
-
-
-def run(bridge: WorkerBridge, spec: dict):
-    return bridge.run_task(bridge.create_task(spec).task_id)
 
 
 def logged(bridge: WorkerBridge, task_id: str) -> list:

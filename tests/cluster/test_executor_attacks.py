@@ -14,10 +14,17 @@ import subprocess
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.local_nodes import (  # noqa: F401 - the autouse fixture
+    make_nodes,
+    node_sandbox,
+    on_worker_start,
+    run,
+    turns_end_before_the_folders_go,
+)
 from support.repos import git
 from support.tasks import mock_task
 from support.waiting import poll
@@ -30,52 +37,14 @@ from bridge.phase.network import RELAY
 from bridge.pipeline.node_agent import NodeAgent
 from bridge.pipeline.nodes import LocalNodes
 from bridge.pipeline.outcomes import repairs_taken
-from bridge.sandbox import ContainerSpec
-from bridge.sandbox.fake import FakeSandbox, Scripted
+from bridge.sandbox.fake import FakeSandbox
 from bridge.store.owners import Owner
 
-ROLE = "io.worker-bridge.role"
 KEY_VAR = "WB_CLUSTER_ATTACK_KEY"
 KEY = "sk-node-" + os.urandom(16).hex()
 
 
 # -- the cluster: agents in this process -------------------------------------------------------
-
-
-def make_nodes(
-    workdir: Path,
-    names: tuple[str, ...] = ("n1", "n2"),
-    agent: type[NodeAgent] = NodeAgent,
-    sandbox: Callable[[], FakeSandbox] = FakeSandbox,
-) -> LocalNodes:
-    agents = [agent(name, workdir / f"node-{name}", sandbox()) for name in names]
-    return LocalNodes(agents, slots=1)
-
-
-def node_sandbox(nodes: LocalNodes, name: str) -> FakeSandbox:
-    found = nodes.links[name].agent.sandbox
-    assert isinstance(found, FakeSandbox)
-    return found
-
-
-def on_worker_start(nodes: LocalNodes, name: str, act: Callable[[], None]) -> None:
-    """``act`` runs when the worker's container starts on node ``name`` (the container then
-    runs as it would: the mock worker as a local process)."""
-
-    def behaviour(spec: ContainerSpec) -> Scripted | None:
-        if spec.labels.get(ROLE) == "worker":
-            act()
-        return None
-
-    node_sandbox(nodes, name).behaviour = behaviour
-
-
-@pytest.fixture(autouse=True)
-def turns_end_before_the_folders_go(workdir: Path) -> Iterator[None]:
-    """A lost node's turn goes on in its thread after the test: it ends before the test's
-    folders are removed under it."""
-    yield
-    poll(lambda: not any(t.name.startswith("turn-") for t in threading.enumerate()), "turns", 20)
 
 
 @pytest.fixture
@@ -88,10 +57,6 @@ def on_cluster(home: Path, nodes: LocalNodes) -> Iterator[WorkerBridge]:
     bridge = WorkerBridge(home=home, sandbox=FakeSandbox(), nodes=nodes)
     yield bridge
     bridge.close()
-
-
-def run(bridge: WorkerBridge, spec: dict):
-    return bridge.run_task(bridge.create_task(spec).task_id)
 
 
 def events(bridge: WorkerBridge, task_id: str, kind: str) -> list[dict]:

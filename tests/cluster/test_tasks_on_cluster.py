@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -75,8 +76,9 @@ def test_a_task_runs_on_a_node_and_its_diff_equals_the_same_task_run_here(
     print(f"timings on the cluster {result['timings']}, here {local.timings}", file=sys.stderr)
 
 
-def _started(local_cluster, home: Path, spec: dict, workdir: Path, env: dict | None = None):
-    """The driver running ``spec`` in the background; returns (process, spec path)."""
+@contextmanager
+def _driving(local_cluster, home: Path, spec: dict, workdir: Path, env: dict | None = None):
+    """The driver running ``spec`` in the background, killed on the way out if it still runs."""
     path = workdir / f"spec-{len(list(workdir.glob('spec-*')))}.json"
     path.write_text(json.dumps(spec))
     argv = [sys.executable, str(SCRIPT), "--name", local_cluster.name]
@@ -84,9 +86,15 @@ def _started(local_cluster, home: Path, spec: dict, workdir: Path, env: dict | N
     argv += ["run", "--", sys.executable, str(DRIVER), "run", str(path)]
     environ = {**os.environ, "WORKER_BRIDGE_HOME": str(home), **(env or {})}
     environ["PYTHONPATH"] = str(Path(__file__).parents[2])
-    return subprocess.Popen(
+    driver = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ, text=True
     )
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
 
 
 def _answer(process: subprocess.Popen, timeout: float) -> dict:
@@ -130,23 +138,18 @@ def test_a_node_killed_mid_turn_ends_the_attempt_naming_it_and_the_turn_reruns_o
     )
     home = workdir / "kill-home"
     timeout_s = 8
-    driver = _started(
+    with _driving(
         local_cluster,
         home,
         spec,
         workdir,
         {"WORKER_BRIDGE_CLUSTER__NODE_TIMEOUT_S": str(timeout_s)},
-    )
-    try:
+    ) as driver:
         task_id, node = _placed(home)
         _wait_for(home, task_id, "worker.started")  # the node's container runs: kill it under it
         killed_at = time.time()
         local_cluster.script("kill", node)
         result = _answer(driver, timeout=240)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
     assert result["status"] == "succeeded", result.get("error")
     assert result["worker_node"] != node
     events = _events(home, task_id)
@@ -166,8 +169,7 @@ def test_a_node_killed_during_the_checks_is_lost_and_they_run_again_on_a_third(
     home = workdir / "kill-checks-home"
     timeout_s = 8
     env = {"WORKER_BRIDGE_CLUSTER__NODE_TIMEOUT_S": str(timeout_s)}
-    driver = _started(local_cluster, home, spec, workdir, env)
-    try:
+    with _driving(local_cluster, home, spec, workdir, env) as driver:
         task_id, worker = _placed(home)
         checks = _checks_placed(home, task_id)
         engine = local_cluster.node(checks).sandbox()
@@ -179,10 +181,6 @@ def test_a_node_killed_during_the_checks_is_lost_and_they_run_again_on_a_third(
         killed_at = time.time()
         local_cluster.script("kill", checks)
         result = _answer(driver, timeout=240)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
     assert result["status"] == "succeeded", result.get("error")
     assert result["verification"]["ok"] is True
     assert result["worker_node"] == worker
@@ -227,20 +225,17 @@ def test_a_node_cut_off_mid_turn_is_lost_within_the_timeout_and_its_turn_ends_th
     home = workdir / "cut-home"
     timeout_s = 6
     env = {"WORKER_BRIDGE_CLUSTER__NODE_TIMEOUT_S": str(timeout_s)}
-    driver = _started(local_cluster, home, spec, workdir, env)
     node = None
     try:
-        task_id, node = _placed(home)
-        _wait_for(home, task_id, "worker.started")
-        engine = local_cluster.node(node).sandbox()
-        assert engine.containers({"io.worker-bridge.task": task_id})
-        cut_at = time.time()
-        local_cluster.script("cut", node)
-        result = _answer(driver, timeout=240)
+        with _driving(local_cluster, home, spec, workdir, env) as driver:
+            task_id, node = _placed(home)
+            _wait_for(home, task_id, "worker.started")
+            engine = local_cluster.node(node).sandbox()
+            assert engine.containers({"io.worker-bridge.task": task_id})
+            cut_at = time.time()
+            local_cluster.script("cut", node)
+            result = _answer(driver, timeout=240)
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
         if node is not None:
             local_cluster.script("join", node)
     assert result["status"] == "failed"
@@ -270,8 +265,7 @@ def test_a_node_cut_off_mid_turn_is_lost_within_the_timeout_and_its_turn_ends_th
 def test_a_cancel_reaches_the_container_on_its_node(local_cluster, repo, workdir):
     spec = mock_task(repo, {"sleep": 60, "write": {"done.txt": "yes\n"}})
     home = workdir / "cancel-home"
-    driver = _started(local_cluster, home, spec, workdir)
-    try:
+    with _driving(local_cluster, home, spec, workdir) as driver:
         task_id, node = _placed(home)
         _wait_for(home, task_id, "worker.started")
         engine = local_cluster.node(node).sandbox()
@@ -284,10 +278,6 @@ def test_a_cancel_reaches_the_container_on_its_node(local_cluster, repo, workdir
             bridge.close()
         result = _answer(driver, timeout=120)
         took = time.monotonic() - began
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
     assert result["status"] == "cancelled"
     assert engine.containers({"io.worker-bridge.task": task_id}) == []
     print(f"cancelled on {node} in {took:.1f} s", file=sys.stderr)
