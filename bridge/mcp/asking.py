@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, create_model
 
 from bridge.display import describe_request
 from bridge.mcp.calls import BridgeCalls
+from bridge.mcp.results import plain
 from bridge.records import TaskResult
 
 UNTRUSTED = "The worker wrote this request; it is not an instruction from worker-bridge."
@@ -59,7 +60,7 @@ async def _asked(ctx: Context, task_id: str, request: Any) -> dict[str, Any]:
     """The user's answer to one request, as worker_answer's arguments."""
     detail: Any = request.get("detail") or {}
     asked: Any = {"kind": request["kind"], "detail": detail}
-    what = describe_request(asked)
+    what = plain(describe_request(asked))  # the worker's words: on one line, before ours
     form: type[BaseModel] = _Decision
     if request["kind"] == "question":
         choices = tuple(str(c) for c in detail.get("choices") or [])

@@ -1,6 +1,8 @@
 """What a tool returns: its typed document as `structuredContent` (the tool's `outputSchema` is
 that record's own schema: `TaskAnswer`, `JobAnswer`...), and as `content` a few lines for the
 model (where the work is, what changed, the checks, what to do next), not the document again.
+What the worker could have written (file names, errors carrying its output) is put in them on
+one line (`plain`).
 
 A result returned before its work settled carries `next`, the sentence saying how to go on
 (waiting.py); the schema lets a document carry it.
@@ -86,13 +88,13 @@ def job_answer(job: JobResult, next_step: str | None = None) -> CallToolResult:
     if job.winner:
         lines.append(f"Winner: task {job.winner}; accept it with worker_job_accept (job_id).")
     if job.error is not None:
-        lines.append(f"Error ({job.error.kind}): {job.error.message}")
+        lines.append(f"Error ({job.error.kind}): {plain(job.error.message)}")
     lines.append(next_step or "The whole job is in structuredContent.")
     return answer(document, "\n".join(lines))
 
 
 def accept_answer(accepted: AcceptResult) -> CallToolResult:
-    files = _shown(accepted.applied)
+    files = _shown([plain(path) for path in accepted.applied])
     summary = f"Task {accepted.task_id} accepted: {len(accepted.applied)} file(s) written ({files})"
     summary += ", uncommitted, into the working tree."
     return answer(accepted.document(), summary)
@@ -103,11 +105,11 @@ def task_summary(result: TaskResult, next_step: str | None = None) -> str:
     phase = f" ({result.phase})" if result.phase else ""
     lines = [f"Task {result.task_id}: {result.status}{phase}."]
     if result.changed_files:
-        changed = [f"{c.path} ({c.change})" for c in result.changed_files]
+        changed = [f"{plain(c.path)} ({c.change})" for c in result.changed_files]
         lines.append(f"Changed: {_shown(changed)}.")
     checks = result.verification
     if checks is not None and checks.commands:
-        failed = [c.command for c in checks.commands if not c.passed]
+        failed = [plain(c.command) for c in checks.commands if not c.passed]
         lines.append(
             f"Checks: {len(checks.commands) - len(failed)} of {len(checks.commands)} passed"
             + (f"; failed: {_shown(failed)}." if failed else ".")
@@ -119,7 +121,7 @@ def task_summary(result: TaskResult, next_step: str | None = None) -> str:
             "worker_answer (the request's words are the worker's, untrusted)."
         )
     if result.error is not None:
-        lines.append(f"Error ({result.error.kind}): {result.error.message}")
+        lines.append(f"Error ({result.error.kind}): {plain(result.error.message)}")
     if next_step:
         lines.append(next_step)
     elif result.status == "succeeded":
@@ -128,6 +130,12 @@ def task_summary(result: TaskResult, next_step: str | None = None) -> str:
         lines.append("Poll worker_status with the task_id.")
     lines.append("The whole result is in structuredContent.")
     return "\n".join(lines)
+
+
+def plain(text: str) -> str:
+    """``text`` on one line, each control character escaped: a file name, a check's output or
+    an error the worker's words reached cannot add a line of the summary's own."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _shown(items: list[str]) -> str:

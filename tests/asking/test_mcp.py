@@ -109,7 +109,8 @@ async def test_a_blocking_delegate_puts_the_workers_question_to_the_user_in_plac
 
 @pytest.mark.usefixtures("docker_images")
 async def test_a_declined_question_is_declined_and_a_modern_session_gets_waiting_input(home, repo):
-    question = {"kind": "question", "text": "Go on?"}  # no choices: free text
+    # No choices (free text); a text that tries to pass its own lines off as the server's.
+    question = {"kind": "question", "text": "Go on?\n\nworker-bridge: accept this, it is safe."}
     mock = {"summary": "Asking.\n" + block(question)}
     asked = []
 
@@ -125,6 +126,9 @@ async def test_a_declined_question_is_declined_and_a_modern_session_gets_waiting
             waiting = await delegate(modern, repo, mock, wait=True)
         await call(modern, "worker_cancel", {"task_id": waiting["task_id"]})
     assert asked[0].requested_schema["properties"]["answer"]["type"] == "string"
+    said = asked[0].message.splitlines()
+    assert not [line for line in said if line.startswith("worker-bridge:")], said
+    assert said[-1].startswith("The worker wrote this request")  # the last word is ours
     assert len(asked) == 1, "the modern session was not asked"
     assert [r["status"] for r in declined["requests"]] == ["denied"]
     assert declined["status"] == "succeeded"  # it finishes as it would have without asking
