@@ -157,6 +157,7 @@ def test_a_node_killed_mid_turn_ends_the_attempt_naming_it_and_the_turn_reruns_o
     assert [e.data["node"] for e in lost] == [node]
     lost_after = datetime.fromisoformat(lost[0].at).timestamp() - killed_at
     assert lost_after <= timeout_s + 5, lost_after
+    _no_leases_left(home)
     _comes_back_clean(local_cluster, home, node, task_id)
     print(f"node lost {lost_after:.1f} s after the kill (timeout {timeout_s} s)", file=sys.stderr)
 
@@ -191,6 +192,7 @@ def test_a_node_killed_during_the_checks_is_lost_and_they_run_again_on_a_third(
     assert [(e.data["node"], e.data.get("checks")) for e in lost] == [(checks, True)]
     lost_after = datetime.fromisoformat(lost[0].at).timestamp() - killed_at
     assert lost_after <= timeout_s + 5, lost_after
+    _no_leases_left(home)
     _comes_back_clean(local_cluster, home, checks, task_id)
     print(f"checks' node lost {lost_after:.1f} s after the kill", file=sys.stderr)
 
@@ -240,6 +242,7 @@ def test_a_node_cut_off_mid_turn_is_lost_within_the_timeout_and_its_turn_ends_th
             local_cluster.script("join", node)
     assert result["status"] == "failed"
     assert result["error"]["kind"] == "node_lost" and node in result["error"]["message"]
+    _no_leases_left(home)
     lost = [e for e in _events(home, task_id) if e.kind == "cluster.node_lost"]
     lost_after = datetime.fromisoformat(lost[0].at).timestamp() - cut_at
     assert lost_after <= timeout_s + 5, lost_after
@@ -280,7 +283,18 @@ def test_a_cancel_reaches_the_container_on_its_node(local_cluster, repo, workdir
         took = time.monotonic() - began
     assert result["status"] == "cancelled"
     assert engine.containers({"io.worker-bridge.task": task_id}) == []
+    _no_leases_left(home)
     print(f"cancelled on {node} in {took:.1f} s", file=sys.stderr)
+
+
+def _no_leases_left(home: Path) -> None:
+    """The control host holds no lease of the task any more: no node slot, no repository or
+    worker limit (a lost node's slot included)."""
+    store = Store(home / "bridge.db")
+    try:
+        assert store.leases.live() == []
+    finally:
+        store.close()
 
 
 def _wait_for(home: Path, task_id: str, kind: str, timeout: float = 120) -> None:
