@@ -248,6 +248,20 @@ def test_a_tag_in_place_of_the_commit_is_refused_and_leaves_nothing(repo, node, 
     _refused(repo, bundle, base, workdir, "does not name a commit")
 
 
+def _forged(repo: Path, objects: str, snapshot: str, base: str, path: Path, *options: str) -> Path:
+    """A bundle of ``snapshot`` on ``base`` whose pack holds what ``objects`` lists (given to
+    pack-objects with ``options``), not what git's own bundle of the snapshot would."""
+    pack = subprocess.run(
+        ["git", "-C", str(repo), "pack-objects", "--stdout", "--quiet", *options],
+        input=objects.encode(),
+        capture_output=True,
+        check=True,
+    ).stdout
+    header = f"# v2 git bundle\n-{base}\n{snapshot} refs/worker-bridge/snapshot\n\n"
+    path.write_bytes(header.encode() + pack)
+    return path
+
+
 def test_a_snapshot_naming_an_object_it_was_never_sent_is_refused(repo, node, workdir):
     # The review's way: the quarantine reads all the user's objects, so a tree naming a blob
     # of a private branch (its id known) came through without the blob ever being sent.
@@ -262,15 +276,8 @@ def test_a_snapshot_naming_an_object_it_was_never_sent_is_refused(repo, node, wo
     git(full, "fetch", "-q", "origin", "private")
     tree = _tree(full, [*_base_entries(full, base), ("100644", "leak.txt", secret)])
     snapshot = _commit(full, tree, base)
-    pack = subprocess.run(  # the commit and its tree alone: the blob is not in it
-        ["git", "-C", str(full), "pack-objects", "--stdout", "--quiet"],
-        input=f"{snapshot}\n{tree}\n".encode(),
-        capture_output=True,
-        check=True,
-    ).stdout
-    bundle = workdir / "leaky.bundle"
-    header = f"# v2 git bundle\n-{base}\n{snapshot} refs/worker-bridge/snapshot\n\n"
-    bundle.write_bytes(header.encode() + pack)
+    # The commit and its tree alone: the blob is not in it.
+    bundle = _forged(full, f"{snapshot}\n{tree}\n", snapshot, base, workdir / "leaky.bundle")
     _refused(repo, bundle, base, workdir, "which its bundle did not bring")
 
 
@@ -286,15 +293,8 @@ def test_a_snapshot_bundle_bringing_objects_its_snapshot_does_not_use_is_refused
         node, _tree(node, [*_base_entries(node, base), ("100644", "x.py", blob)]), base
     )
     parked = _hash(node, "blob", b"\0" * 10_000_000)  # 10 MB, over the 4 KB file limit
-    pack = subprocess.run(
-        ["git", "-C", str(node), "pack-objects", "--stdout", "--revs", "--thin", "--quiet"],
-        input=f"{snapshot}\n{parked}\n^{base}\n".encode(),
-        capture_output=True,
-        check=True,
-    ).stdout
-    bundle = workdir / "parked.bundle"
-    header = f"# v2 git bundle\n-{base}\n{snapshot} refs/worker-bridge/snapshot\n\n"
-    bundle.write_bytes(header.encode() + pack)
+    revs = f"{snapshot}\n{parked}\n^{base}\n"
+    bundle = _forged(node, revs, snapshot, base, workdir / "parked.bundle", "--revs", "--thin")
     assert bundle.stat().st_size < LIMITS.change_bytes  # within the bundle's own bound
     _refused(repo, bundle, base, workdir, "brings 1 object.s. its snapshot does not use")
 
