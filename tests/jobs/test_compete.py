@@ -109,7 +109,9 @@ def test_a_judge_sees_labels_and_diffs_but_no_worker_names_or_failing_candidates
     done = wait_job(limited, job.job_id)
     assert done.status == "succeeded", (done.error, done.ordering)
     judges = [t for t in done.tasks if t.role == "judge"]
-    assert len(judges) == 2
+    # A judge is asked only of two eligible candidates or more: when it is not, say why not.
+    why = [(c["label"], c["eligible"], c["reasons"]) for c in done.candidates]
+    assert len(judges) == 2, why
     labels = {c["label"]: c["task_id"] for c in done.candidates}
     shown: list[str] = []
     for asking in judges:
